@@ -1,0 +1,404 @@
+"""Typed, strict recipe schema: YAML load, validation and `--set` overrides.
+
+A recipe has seven sections (data, model, attack, train, runtime, eval,
+output). Unknown keys, wrong types and out-of-range values are rejected with
+one line that names the recipe file, the key's full path, what is allowed and
+what was received.
+
+Example:
+
+```python
+recipe = load_recipe("recipes/quickstart.yaml", ["train.epochs=2"])
+recipe.attack.eps
+```
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RecipeError(ValueError):
+    """A recipe, override or CLI value that cannot be used (exit code 2)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+Fraction = Field(ge=0.0, le=1.0)
+
+
+class AugmentConfig(_Section):
+    """Augmentation applied on the input pipeline, never on the device."""
+
+    random_crop_pad: int = Field(0, ge=0, le=64)
+    brightness: float = Field(0.0, ge=0.0, le=1.0)
+    contrast: float = Field(0.0, ge=0.0, le=1.0)
+    # Off by default: some traffic signs change meaning when mirrored.
+    horizontal_flip: bool = False
+
+
+class DataConfig(_Section):
+    """Where the examples come from and how they are fed."""
+
+    source: Literal["digits", "mnist", "gtsrb", "arrays", "folder", "tfds"] = (
+        "digits"
+    )
+    # Directory (mnist IDX files, GTSRB manual dir, image folder) or file
+    # prefix (arrays: PATH_x.npy / PATH_y.npy).
+    path: Optional[str] = None
+    tfds_name: Optional[str] = None
+    image_size: Optional[tuple[int, int]] = None
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    val_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    limit_train: Optional[int] = Field(None, ge=1)
+    limit_test: Optional[int] = Field(None, ge=1)
+    shuffle_buffer: int = Field(10_000, ge=0)
+    cache: Union[Literal["memory", "none"], str] = "memory"
+    deterministic: bool = False
+    roi_crop: bool = True
+    on_corrupt: Literal["error", "skip"] = "error"
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    seed: int = 0
+
+
+class BatchNormConfig(_Section):
+    """BatchNorm policy; see README 'BatchNorm'."""
+
+    momentum: Optional[float] = Field(None, gt=0.0, lt=1.0)
+    trainable: bool = True
+    recalibrate: bool = False
+    recalibrate_batches: int = Field(50, ge=1)
+
+
+class ModelConfig(_Section):
+    """Classifier = input adapter -> preprocess -> backbone -> head."""
+
+    backbone: str = "small_cnn"
+    # "module:function" returning a keras.Model; runs code, see README.
+    builder: Optional[str] = None
+    weights: Optional[str] = None
+    input_size: Optional[tuple[int, int]] = None
+    freeze: Literal["all_trainable", "frozen", "top_k"] = "all_trainable"
+    top_k: int = Field(0, ge=0)
+    warmup_epochs: int = Field(0, ge=0)
+    finetune_lr_factor: float = Field(0.1, gt=0.0, le=1.0)
+    width: int = Field(32, ge=1, le=1024)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    batchnorm: BatchNormConfig = Field(default_factory=BatchNormConfig)
+
+    @model_validator(mode="after")
+    def _top_k_needs_k(self) -> "ModelConfig":
+        if self.freeze == "top_k" and self.top_k < 1:
+            raise ValueError(
+                "freeze: top_k needs top_k >= 1. Received: top_k=0"
+            )
+        return self
+
+
+class AttackConfig(_Section):
+    """The training attack. Pixel space: eps is in units of [0, 1] pixels."""
+
+    method: Literal["none", "fgsm", "fgsm_rs", "pgd", "trades"] = "fgsm_rs"
+    eps: float = Field(8 / 255, ge=0.0, le=1.0)
+    # FGSM random start step; default 1.25 * eps (Wong et al. 2020).
+    alpha: Optional[float] = Field(None, gt=0.0, le=2.0)
+    steps: int = Field(7, ge=1, le=1000)
+    step_size: Optional[float] = Field(None, gt=0.0)
+    norm: Literal["inf", "2"] = "inf"
+    random_start: bool = True
+    backend: Literal["advtrain", "cleverhans"] = "advtrain"
+    adv_weight: float = Field(0.5, ge=0.0, le=1.0)
+    mode: Literal["inference", "train"] = "inference"
+    fused: bool = False
+    beta: float = Field(6.0, ge=0.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _norm_as_text(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("norm"), (int, float)):
+            value = data["norm"]
+            data = dict(data)
+            data["norm"] = "inf" if value == float("inf") else str(int(value))
+        return data
+
+    @model_validator(mode="after")
+    def _compatible(self) -> "AttackConfig":
+        if self.backend == "cleverhans" and self.method not in ("fgsm", "pgd"):
+            raise ValueError(
+                "backend: cleverhans supports method fgsm or pgd. "
+                f"Received: method={self.method}"
+            )
+        if self.fused and self.method not in ("fgsm", "fgsm_rs"):
+            raise ValueError(
+                "fused: true needs method fgsm or fgsm_rs. "
+                f"Received: method={self.method}"
+            )
+        return self
+
+
+class TrainConfig(_Section):
+    epochs: int = Field(10, ge=0)
+    # The global batch: split evenly across replicas.
+    batch_size: int = Field(64, ge=1)
+    steps_per_epoch: Optional[int] = Field(None, ge=1)
+    optimizer: Literal["adam", "sgd", "adamw"] = "adam"
+    learning_rate: float = Field(1e-3, gt=0.0, le=10.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    lr_schedule: Literal["constant", "cosine", "onecycle"] = "constant"
+    scale_lr: bool = False
+    reference_batch: int = Field(256, ge=1)
+    warmup_epochs: float = Field(0.0, ge=0.0)
+    seed: int = 0
+
+
+class EvalConfig(_Section):
+    batch_size: int = Field(256, ge=1)
+    eps: Optional[float] = Field(None, ge=0.0, le=1.0)
+    norm: Literal["inf", "2"] = "inf"
+    fgsm: bool = True
+    pgd_steps: int = Field(20, ge=0, le=10_000)
+    pgd_step_size: Optional[float] = Field(None, gt=0.0)
+    pgd_restarts: int = Field(1, ge=1, le=1000)
+    eps_sweep: list[float] = Field(default_factory=list)
+    max_examples: Optional[int] = Field(None, ge=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _sweep_in_range(self) -> "EvalConfig":
+        for value in self.eps_sweep:
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(
+                    f"eps_sweep values must be in [0, 1]. Received: {value}"
+                )
+        return self
+
+
+class RuntimeConfig(_Section):
+    strategy: Literal[
+        "auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
+    ] = "auto"
+    cpu_replicas: Optional[int] = Field(None, ge=1, le=64)
+    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = (
+        "float32"
+    )
+    jit_compile: Union[Literal["auto"], bool] = "auto"
+    steps_per_execution: Union[Literal["auto"], int] = "auto"
+    deterministic: bool = False
+
+    @model_validator(mode="after")
+    def _positive_steps(self) -> "RuntimeConfig":
+        spe = self.steps_per_execution
+        if isinstance(spe, int) and spe < 1:
+            raise ValueError(
+                "steps_per_execution must be 'auto' or >= 1. "
+                f"Received: {spe}"
+            )
+        return self
+
+
+class OutputConfig(_Section):
+    dir: Optional[str] = None
+    checkpoint_every_epochs: int = Field(1, ge=1)
+    checkpoint_every_steps: Optional[int] = Field(None, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    tensorboard: bool = True
+    plots: bool = True
+
+
+class Recipe(_Section):
+    """A whole training run."""
+
+    name: str = "run"
+    description: str = ""
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    attack: AttackConfig = Field(default_factory=AttackConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------- loading
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe loader that also rejects duplicate keys."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode):
+    mapping: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in mapping:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key '{key}'",
+                key_node.start_mark,
+            )
+        mapping[key] = loader.construct_object(value_node, deep=True)
+    return mapping
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parses YAML with a safe loader; any error becomes one RecipeError line."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (safe)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if "could not determine a constructor" in str(exc):
+            problem = (
+                f"{problem}; tags that build Python objects are not allowed"
+            )
+        raise RecipeError(f"{source}:{where}: invalid YAML: {problem}") from None
+
+
+def _known_keys(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
+    for part in path:
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        sub = _submodel(annotation)
+        if sub is None:
+            return []
+        model = sub
+    return list(model.model_fields)
+
+
+def _submodel(annotation: Any) -> Optional[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _format_error(error: dict[str, Any], source: str) -> str:
+    loc = tuple(str(p) for p in error["loc"])
+    path = ".".join(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        known = _known_keys(Recipe, loc[:-1])
+        close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
+        hint = f" Did you mean '{'.'.join(loc[:-1] + (close[0],))}'?" if close else ""
+        allowed = ", ".join(known)
+        return f"{source}: unknown key '{path}'.{hint} Allowed here: {allowed}."
+    received = error.get("input")
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    if isinstance(received, (dict, list)) and kind != "literal_error":
+        received_text = ""
+    else:
+        received_text = f" Received: {path or 'value'}={received!r}"
+    where = f" '{path}'" if path else ""
+    return f"{source}: invalid value for{where}: {message}.{received_text}".replace(
+        "..", "."
+    )
+
+
+def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
+    errors = exc.errors(include_url=False)
+    # Prefer an unknown-key error: it usually explains the others.
+    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+    line = _format_error(errors[0], source)
+    if len(errors) > 1:
+        line += f" ({len(errors) - 1} more problem(s) after this one)"
+    return RecipeError(line)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Applies `section.key=value` overrides; values are parsed as YAML."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(
+                f"--set: expected section.key=value. Received: {item!r}"
+            )
+        path, raw = item.split("=", 1)
+        keys = [k for k in path.strip().split(".")]
+        if not all(keys):
+            raise RecipeError(
+                f"--set: empty key in {path!r}. Expected section.key=value."
+            )
+        value = parse_yaml(raw, f"--set {path}") if raw.strip() else None
+        node = data
+        for key in keys[:-1]:
+            child = node.get(key)
+            if child is None:
+                child = {}
+                node[key] = child
+            if not isinstance(child, dict):
+                raise RecipeError(
+                    f"--set {path}: '{key}' is a value, not a section."
+                )
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
+    """Validates a parsed recipe; errors are one-line RecipeErrors."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{source}: a recipe must be a mapping of sections. "
+            f"Received: {type(data).__name__}"
+        )
+    try:
+        return Recipe.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise _first_error(exc, source) from None
+
+
+def load_recipe(path: Union[str, Path], overrides: Optional[list[str]] = None) -> Recipe:
+    """Reads, overrides and validates a recipe file.
+
+    Args:
+        path: a YAML recipe.
+        overrides: `section.key=value` strings applied after loading.
+
+    Raises:
+        RecipeError: one line naming the file and the key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"{path}: recipe file not found.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{path}: cannot read recipe: {exc}") from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{path}: a recipe must be a mapping of sections. "
+            f"Received: {type(data).__name__}"
+        )
+    data = apply_overrides(data, overrides or [])
+    return recipe_from_dict(data, str(path))

@@ -1,0 +1,12 @@
+"""Datasets as `tf.data` pipelines of raw pixels and integer labels.
+
+`load_splits(cfg)` returns unbatched train / validation / test datasets whose
+elements are `(image, label)`: images are uint8 (0..255) or float32 in [0, 1]
+at the dataset's native size and channels; the model does the rest.
+`make_input(...)` batches one of them for training or evaluation.
+"""
+
+from advtrain.data.pipeline import DataSplits, load_splits, make_input
+from advtrain.data.sources import register_source, sources
+
+__all__ = ["DataSplits", "load_splits", "make_input", "register_source", "sources"]

@@ -1,0 +1,68 @@
+"""Serializable layers that let the model take raw [0, 1] pixels."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="advtrain")
+class BackbonePreprocess(keras.layers.Layer):
+    """Maps [0, 1] pixels to a backbone's input space, inside the model.
+
+    Modes follow `keras.applications.imagenet_utils.preprocess_input` on
+    0..255 RGB images: "caffe" (RGB->BGR, ImageNet mean subtracted), "tf"
+    ([-1, 1]), "torch" (ImageNet mean/std), "none" (unchanged).
+    """
+
+    _MEAN = (0.485, 0.456, 0.406)
+    _STD = (0.229, 0.224, 0.225)
+    _CAFFE_MEAN_BGR = (103.939, 116.779, 123.68)
+
+    def __init__(self, mode: str = "none", **kwargs):
+        super().__init__(**kwargs)
+        if mode not in ("none", "caffe", "tf", "torch"):
+            raise ValueError(
+                "mode must be one of none, caffe, tf, torch. "
+                f"Received: mode={mode}"
+            )
+        self.mode = mode
+
+    def call(self, inputs):
+        x = ops.cast(inputs, self.compute_dtype)
+        if self.mode == "tf":
+            return x * 2.0 - 1.0
+        if self.mode == "torch":
+            mean = ops.convert_to_tensor(self._MEAN, dtype=x.dtype)
+            std = ops.convert_to_tensor(self._STD, dtype=x.dtype)
+            return (x - mean) / std
+        if self.mode == "caffe":
+            x = ops.flip(x, axis=-1) * 255.0
+            mean = ops.convert_to_tensor(self._CAFFE_MEAN_BGR, dtype=x.dtype)
+            return x - mean
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "mode": self.mode}
+
+
+@keras.saving.register_keras_serializable(package="advtrain")
+class ToChannels(keras.layers.Layer):
+    """Repeats a single grayscale channel to the backbone's channel count."""
+
+    def __init__(self, channels: int, **kwargs):
+        super().__init__(**kwargs)
+        self.channels = channels
+
+    def call(self, inputs):
+        if inputs.shape[-1] == self.channels:
+            return inputs
+        if inputs.shape[-1] != 1:
+            raise ValueError(
+                f"Cannot map {inputs.shape[-1]} channels to {self.channels}; "
+                "only grayscale (1 channel) is expanded."
+            )
+        return ops.repeat(inputs, self.channels, axis=-1)
+
+    def get_config(self):
+        return {**super().get_config(), "channels": self.channels}
