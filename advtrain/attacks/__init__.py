@@ -1,0 +1,20 @@
+"""Attacks: pure functions over a `model_fn`, and the `Attack` spec."""
+
+from advtrain.attacks.attack import Attack, attacks, register_attack
+from advtrain.attacks.cleverhans_backend import cleverhans_fgsm, cleverhans_pgd
+from advtrain.attacks.common import canonical_norm, per_example_cross_entropy
+from advtrain.attacks.fgsm import fgsm, fgsm_random_start
+from advtrain.attacks.pgd import pgd
+
+__all__ = [
+    "Attack",
+    "attacks",
+    "canonical_norm",
+    "cleverhans_fgsm",
+    "cleverhans_pgd",
+    "fgsm",
+    "fgsm_random_start",
+    "per_example_cross_entropy",
+    "pgd",
+    "register_attack",
+]

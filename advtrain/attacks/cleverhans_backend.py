@@ -1,0 +1,115 @@
+"""cleverhans.tf2's FGM and PGD behind advtrain's attack interface."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from advtrain.attacks.common import (
+    LossFn,
+    ModelFn,
+    Norm,
+    as_float_tensor,
+    canonical_norm,
+    check_eps,
+    labels_or_predictions,
+    per_example_cross_entropy,
+)
+
+
+def _cleverhans_loss(loss_fn: Optional[LossFn]):
+    loss_fn = loss_fn or per_example_cross_entropy
+
+    def wrapped(labels, logits):
+        return loss_fn(labels, logits)
+
+    return wrapped
+
+
+def _np_norm(norm: str):
+    return np.inf if norm == "inf" else 2
+
+
+def cleverhans_fgsm(
+    model_fn: ModelFn,
+    x: Any,
+    y: Optional[Any] = None,
+    *,
+    eps: float,
+    norm: Norm = "inf",
+    loss_fn: Optional[LossFn] = None,
+    clip_min: Optional[float] = 0.0,
+    clip_max: Optional[float] = 1.0,
+) -> tf.Tensor:
+    """`cleverhans.tf2.attacks.fast_gradient_method` with our arguments.
+
+    cleverhans computes in float32; the result is cast back to `x.dtype`.
+    """
+    from cleverhans.tf2.attacks.fast_gradient_method import (
+        fast_gradient_method,
+    )
+
+    norm = canonical_norm(norm)
+    check_eps("eps", eps)
+    x = as_float_tensor(x)
+    y = labels_or_predictions(model_fn, x, y)
+    x_adv = fast_gradient_method(
+        model_fn,
+        x,
+        eps,
+        _np_norm(norm),
+        loss_fn=_cleverhans_loss(loss_fn),
+        clip_min=clip_min,
+        clip_max=clip_max,
+        y=y,
+    )
+    return tf.cast(x_adv, x.dtype)
+
+
+def cleverhans_pgd(
+    model_fn: ModelFn,
+    x: Any,
+    y: Optional[Any] = None,
+    *,
+    eps: float,
+    steps: int = 10,
+    step_size: Optional[float] = None,
+    norm: Norm = "inf",
+    random_start: bool = True,
+    loss_fn: Optional[LossFn] = None,
+    clip_min: Optional[float] = 0.0,
+    clip_max: Optional[float] = 1.0,
+) -> tf.Tensor:
+    """`cleverhans.tf2.attacks.projected_gradient_descent` with our arguments."""
+    from cleverhans.tf2.attacks.projected_gradient_descent import (
+        projected_gradient_descent,
+    )
+
+    norm = canonical_norm(norm)
+    check_eps("eps", eps)
+    step_size = 2.5 * eps / steps if step_size is None else step_size
+    if step_size > eps:
+        # cleverhans asserts eps_iter <= eps; say so before it does.
+        raise ValueError(
+            "The cleverhans backend needs step_size <= eps. "
+            f"Received: step_size={step_size}, eps={eps}"
+        )
+    x = as_float_tensor(x)
+    y = labels_or_predictions(model_fn, x, y)
+    x_adv = projected_gradient_descent(
+        model_fn,
+        x,
+        eps,
+        step_size,
+        steps,
+        _np_norm(norm),
+        loss_fn=_cleverhans_loss(loss_fn),
+        clip_min=clip_min,
+        clip_max=clip_max,
+        y=y,
+        rand_init=random_start,
+        sanity_checks=False,
+    )
+    return tf.cast(x_adv, x.dtype)

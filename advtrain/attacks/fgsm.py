@@ -1,0 +1,106 @@
+"""Fast Gradient Sign Method, with and without a uniform random start."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from advtrain.attacks.common import (
+    LossFn,
+    ModelFn,
+    Norm,
+    as_float_tensor,
+    canonical_norm,
+    check_eps,
+    clip_pixels,
+    input_gradient,
+    labels_or_predictions,
+    project,
+    random_in_ball,
+    steepest_step,
+)
+
+
+def fgsm(
+    model_fn: ModelFn,
+    x: Any,
+    y: Optional[Any] = None,
+    *,
+    eps: float,
+    norm: Norm = "inf",
+    loss_fn: Optional[LossFn] = None,
+    clip_min: Optional[float] = 0.0,
+    clip_max: Optional[float] = 1.0,
+    loss_scale: Optional[Any] = None,
+) -> tf.Tensor:
+    """One steepest-ascent step of size `eps` (Goodfellow et al. 2015).
+
+    With `norm="inf"` this is FGSM (`eps * sign(grad)`); with `norm=2` the
+    fast gradient method with an L2-normalised gradient.
+
+    Args:
+        model_fn: maps pixels to logits, e.g. `lambda x: model(x)`.
+        x: float pixels, typically in [0, 1].
+        y: integer labels (or probability rows); None uses predictions.
+        eps: perturbation size in pixel units.
+        norm: "inf" or 2.
+        loss_fn: `(labels, logits) -> per-example loss`; cross-entropy.
+        clip_min, clip_max: valid pixel range (None: no clipping).
+        loss_scale: multiplies the loss before differentiating (mixed
+            precision); the step only uses the gradient's direction.
+
+    Returns:
+        Adversarial pixels with the dtype of `x`.
+
+    Example:
+
+    ```python
+    x_adv = fgsm(lambda x: model(x, training=False), x, y, eps=8 / 255)
+    ```
+    """
+    norm = canonical_norm(norm)
+    check_eps("eps", eps)
+    x = as_float_tensor(x)
+    y = labels_or_predictions(model_fn, x, y)
+    grad = input_gradient(model_fn, x, y, loss_fn, loss_scale)
+    return clip_pixels(x + steepest_step(grad, eps, norm), clip_min, clip_max)
+
+
+def fgsm_random_start(
+    model_fn: ModelFn,
+    x: Any,
+    y: Optional[Any] = None,
+    *,
+    eps: float,
+    alpha: Optional[float] = None,
+    norm: Norm = "inf",
+    loss_fn: Optional[LossFn] = None,
+    clip_min: Optional[float] = 0.0,
+    clip_max: Optional[float] = 1.0,
+    loss_scale: Optional[Any] = None,
+    seed: Any = None,
+) -> tf.Tensor:
+    """FGSM from a uniform random point in the eps-ball, step `alpha`.
+
+    The "fast is better than free" variant (Wong, Rice and Kolter 2020): the
+    random start and a step `alpha = 1.25 * eps` avoid the catastrophic
+    overfitting of plain FGSM training. The result is projected back onto
+    the eps-ball and the pixel range.
+
+    Example:
+
+    ```python
+    x_adv = fgsm_random_start(model_fn, x, y, eps=0.3, alpha=0.375)
+    ```
+    """
+    norm = canonical_norm(norm)
+    check_eps("eps", eps)
+    alpha = 1.25 * eps if alpha is None else alpha
+    check_eps("alpha", alpha)
+    x = as_float_tensor(x)
+    y = labels_or_predictions(model_fn, x, y)
+    start = clip_pixels(x + random_in_ball(x, eps, norm, seed), clip_min, clip_max)
+    grad = input_gradient(model_fn, start, y, loss_fn, loss_scale)
+    delta = project(start + steepest_step(grad, alpha, norm) - x, eps, norm)
+    return clip_pixels(x + delta, clip_min, clip_max)

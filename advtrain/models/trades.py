@@ -1,0 +1,84 @@
+"""TRADES (Zhang et al. 2019) as a two-hook subclass of AdversarialModel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from advtrain.attacks import pgd
+from advtrain.models.adversarial import AdversarialModel
+
+
+def per_example_kl(p_clean, logits_adv):
+    """KL(p_clean || softmax(logits_adv)) per example, in float32."""
+    p = tf.cast(p_clean, tf.float32)
+    log_q = tf.nn.log_softmax(tf.cast(logits_adv, tf.float32))
+    log_p = tf.math.log(tf.clip_by_value(p, 1e-12, 1.0))
+    return tf.reduce_sum(p * (log_p - log_q), axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="advtrain")
+class TRADES(AdversarialModel):
+    """Trades accuracy for robustness with a KL term.
+
+    loss = CE(y, f(x)) + beta * KL(f(x) || f(x_adv)), where x_adv maximises
+    the same KL with PGD (`attack.steps`, `attack.step_size`, `attack.eps`).
+    Only the two hooks change; the step, metrics and saving are inherited.
+
+    Example:
+
+    ```python
+    model = TRADES(classifier, Attack("pgd", eps=0.3, steps=10), beta=6.0)
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True))
+    ```
+    """
+
+    needs_clean_logits = True
+
+    def __init__(self, classifier, attack=None, beta: float = 6.0, **kwargs: Any):
+        kwargs.setdefault("adv_weight", 0.5)
+        super().__init__(classifier, attack, **kwargs)
+        if not isinstance(beta, (int, float)) or beta < 0:
+            raise ValueError(f"beta must be >= 0. Received: beta={beta!r}")
+        self.beta = float(beta)
+        self._kl = keras.losses.KLDivergence(reduction="sum_over_batch_size")
+
+    def generate_adversarial(self, x, y):
+        p_clean = tf.stop_gradient(
+            tf.nn.softmax(tf.cast(self.attack_model_fn(x), tf.float32))
+        )
+        a = self.attack
+        x_adv = pgd(
+            self.attack_model_fn,
+            x,
+            p_clean,
+            eps=a.eps,
+            steps=a.steps,
+            step_size=a.step_size,
+            norm=a.norm,
+            random_start=a.random_start,
+            loss_fn=per_example_kl,
+            clip_min=a.clip_min,
+            clip_max=a.clip_max,
+            loss_scale=self.attack_loss_scale(),
+            seed=self.seed_generator,
+        )
+        return tf.stop_gradient(x_adv)
+
+    def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
+        natural = self._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight
+        )
+        p_clean = tf.nn.softmax(tf.cast(y_pred, tf.float32))
+        p_adv = tf.nn.softmax(tf.cast(y_pred_adv, tf.float32))
+        robust = self._kl(p_clean, p_adv, sample_weight=sample_weight)
+        self.clean_loss_tracker.update_state(natural)
+        self.adv_loss_tracker.update_state(robust)
+        return natural + self.beta * robust
+
+    def get_config(self):
+        return {**super().get_config(), "beta": self.beta}

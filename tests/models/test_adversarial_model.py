@@ -1,0 +1,138 @@
+"""AdversarialModel keeps Keras semantics and mixes the two losses."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import bn_classifier, dense_classifier
+
+from advtrain.attacks import Attack, fgsm
+from advtrain.models import AdversarialModel
+
+
+def _compile(model, lr=0.05):
+    model.compile(
+        optimizer=keras.optimizers.SGD(lr),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def _same_weights(a, b, atol=0.0):
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_allclose(wa, wb, atol=atol, rtol=0)
+
+
+def test_adv_weight_zero_matches_plain_keras_step_for_step(digits):
+    x, y = digits[0][:256], digits[1][:256]
+    plain = _compile(bn_classifier(seed=3))
+    wrapped_clf = bn_classifier(seed=3)
+    wrapped = _compile(AdversarialModel(wrapped_clf, Attack("fgsm", eps=0.1), 0.0))
+    _same_weights(plain, wrapped_clf)
+    for step in range(4):
+        xb, yb = x[step * 64:(step + 1) * 64], y[step * 64:(step + 1) * 64]
+        logs_plain = plain.train_on_batch(xb, yb, return_dict=True)
+        logs_adv = wrapped.train_on_batch(xb, yb, return_dict=True)
+        _same_weights(plain, wrapped_clf, atol=1e-6)
+        assert logs_adv["loss"] == pytest.approx(logs_plain["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("w", [0.3, 1.0])
+def test_loss_is_the_weighted_mix(digits, w):
+    x, y = tf.constant(digits[0][:64]), tf.constant(digits[1][:64])
+    clf = dense_classifier(seed=1)
+    model = _compile(AdversarialModel(clf, Attack("fgsm", eps=0.1), w))
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x_adv = fgsm(lambda z: clf(z, training=False), x, y, eps=0.1)
+    clean_loss, adv_loss = float(ce(y, clf(x))), float(ce(y, clf(x_adv)))
+    model.reset_metrics()
+    logs = model.train_on_batch(x, y, return_dict=True)
+    assert logs["loss"] == pytest.approx((1 - w) * clean_loss + w * adv_loss, rel=1e-5)
+    assert logs["adv_loss"] == pytest.approx(adv_loss, rel=1e-5)
+    assert 0.0 <= logs["adv_accuracy"] <= 1.0
+
+
+def test_attack_in_inference_mode_leaves_batchnorm_statistics(digits):
+    x, y = tf.constant(digits[0][:64]), tf.constant(digits[1][:64])
+    clf = bn_classifier()
+    bn = next(layer for layer in clf.layers if isinstance(layer, keras.layers.BatchNormalization))
+    before = [v.numpy().copy() for v in (bn.moving_mean, bn.moving_variance)]
+    model = AdversarialModel(clf, Attack("pgd", eps=0.1, steps=3), 0.5)
+    model.generate_adversarial(x, y)
+    after = [v.numpy() for v in (bn.moving_mean, bn.moving_variance)]
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+    # The research option does update them: the test can tell the modes apart.
+    train_mode = AdversarialModel(clf, Attack("pgd", eps=0.1, steps=3), 0.5, attack_mode="train")
+    train_mode.generate_adversarial(x, y)
+    assert not np.allclose(before[0], bn.moving_mean.numpy())
+
+
+def test_zero_sample_weights_leave_weights_unchanged(digits):
+    x, y = digits[0][:32], digits[1][:32]
+    clf = dense_classifier()
+    model = _compile(AdversarialModel(clf, Attack("fgsm_rs", eps=0.1), 0.5))
+    before = [w.copy() for w in clf.get_weights()]
+    model.train_on_batch(x, y, sample_weight=np.zeros(32, "float32"))
+    for a, b in zip(before, clf.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fit_reports_clean_and_adversarial_metrics(digits):
+    x, y = digits
+    model = _compile(AdversarialModel(dense_classifier(), Attack("fgsm_rs", eps=0.1), 0.5), lr=0.3)
+    history = model.fit(x[:512], y[:512], batch_size=32, epochs=4, verbose=0)
+    for key in ("loss", "accuracy", "adv_accuracy", "clean_loss", "adv_loss"):
+        assert key in history.history
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert history.history["accuracy"][-1] > history.history["adv_accuracy"][-1] - 0.05
+    results = model.evaluate(x[512:640], y[512:640], verbose=0, return_dict=True)
+    assert results["accuracy"] > 0.5
+    assert model.predict(x[:5], verbose=0).shape == (5, 10)
+
+
+def test_keras_round_trip(tmp_path, digits):
+    x, y = digits
+    model = _compile(AdversarialModel(bn_classifier(), Attack("pgd", eps=0.2, steps=2), 0.7))
+    model.fit(x[:128], y[:128], batch_size=64, epochs=1, verbose=0)
+    path = tmp_path / "adv.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded, AdversarialModel)
+    assert loaded.adv_weight == 0.7
+    assert loaded.attack == Attack("pgd", eps=0.2, steps=2)
+    np.testing.assert_allclose(
+        loaded.predict(x[:16], verbose=0), model.predict(x[:16], verbose=0), atol=1e-6
+    )
+    loaded.fit(x[:128], y[:128], batch_size=64, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(adv_weight=1.5), "adv_weight must be between 0.0 and 1.0"),
+        (dict(adv_weight=0.5, attack=None), "needs an attack"),
+        (dict(attack_mode="eval"), "attack_mode must be one of"),
+        (dict(attack="fgsm"), "attack must be an advtrain.attacks.Attack"),
+    ],
+)
+def test_constructor_validates(kwargs, message):
+    args = dict(attack=Attack("fgsm", eps=0.1), adv_weight=0.5)
+    args.update(kwargs)
+    with pytest.raises((ValueError, TypeError), match=message):
+        AdversarialModel(dense_classifier(), **args)
+
+
+def test_generate_adversarial_hook_is_used(digits):
+    x, y = digits[0][:64], digits[1][:64]
+    calls = []
+
+    class Recording(AdversarialModel):
+        def generate_adversarial(self, x, y):
+            calls.append(1)
+            return tf.clip_by_value(x + 0.05, 0.0, 1.0)
+
+    model = _compile(Recording(dense_classifier(), Attack("fgsm", eps=0.1), 0.5))
+    model.train_on_batch(x, y)
+    assert calls

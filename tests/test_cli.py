@@ -1,0 +1,148 @@
+"""The CLI end to end on a tiny recipe, and its bad-input behaviour."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from advtrain.cli import app
+
+runner = CliRunner()
+
+TINY = {
+    "name": "tiny",
+    "description": "test",
+    "data": {"source": "digits", "limit_train": 256, "limit_test": 64},
+    "model": {"backbone": "small_cnn", "width": 4},
+    "attack": {"method": "fgsm_rs", "eps": 0.1},
+    "train": {"epochs": 2, "batch_size": 64},
+    "eval": {"pgd_steps": 2, "pgd_restarts": 2, "eps_sweep": [0.0, 0.1]},
+    "output": {"tensorboard": True},
+}
+
+
+def write_recipe(tmp_path, data, name="recipe.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    recipe = write_recipe(tmp, TINY)
+    out = tmp / "out"
+    result = runner.invoke(app, ["run", str(recipe), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_run_writes_every_artifact(finished_run):
+    out, output = finished_run
+    for name in ("recipe.yaml", "model.keras", "metrics.json", "history.csv", "eps_sweep.png"):
+        assert (out / name).is_file(), name
+    assert list((out / "checkpoints").glob("epoch-*.keras"))
+    assert list((out / "logs").rglob("*tfevents*"))
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("clean_accuracy", "fgsm_accuracy", "pgd_accuracy", "macro_f1"):
+        assert 0.0 <= metrics[key] <= 1.0
+    assert metrics["examples"] == 64
+    assert [p["eps"] for p in metrics["eps_sweep"]] == [0.0, 0.1]
+    assert "batch: global 64 = 1 replica(s) x 64" in output
+    assert "epoch 2/2" in output
+    assert "PGD accuracy" in output
+
+
+def test_resolved_recipe_is_saved_with_overrides(tmp_path):
+    recipe = write_recipe(tmp_path, TINY)
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        ["run", str(recipe), "-o", str(out), "--set", "train.epochs=1",
+         "--set", "eval.pgd_steps=0", "--set", "eval.eps_sweep=[]"],
+    )
+    assert result.exit_code == 0, result.output
+    saved = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert saved["train"]["epochs"] == 1
+    assert saved["attack"]["eps"] == 0.1
+    assert saved["eval"]["pgd_steps"] == 0
+    assert "pgd_accuracy" not in json.loads((out / "metrics.json").read_text())
+
+
+def test_saved_model_round_trip_serves_raw_pixels(finished_run, digits):
+    out, _ = finished_run
+    from advtrain.experiment import load_classifier
+
+    model = load_classifier(out / "model.keras")
+    x = digits[0][:8]
+    again = load_classifier(out / "model.keras")
+    np.testing.assert_allclose(model.predict(x, verbose=0), again.predict(x, verbose=0))
+    assert model.input_shape == (None, 8, 8, 1)
+    assert model.output_shape == (None, 10)
+
+
+def test_eval_command_on_run_folder(finished_run):
+    out, _ = finished_run
+    result = runner.invoke(app, ["eval", str(out), "--set", "eval.pgd_restarts=1"])
+    assert result.exit_code == 0, result.output
+    assert "clean accuracy" in result.output
+    metrics = json.loads((out / "eval-metrics.json").read_text())
+    assert metrics["pgd_attack"]["restarts"] == 1
+
+
+def test_eval_of_model_file_needs_recipe(finished_run):
+    out, _ = finished_run
+    result = runner.invoke(app, ["eval", str(out / "model.keras")])
+    assert result.exit_code == 2
+    assert "needs --recipe" in result.output
+
+
+def test_recipes_lists_shipped_recipes():
+    result = runner.invoke(app, ["recipes"])
+    assert result.exit_code == 0
+    assert "quickstart" in result.output
+    assert "digits" in result.output
+
+
+def test_existing_run_folder_is_never_overwritten(finished_run, tmp_path):
+    out, _ = finished_run
+    before = (out / "metrics.json").read_bytes()
+    recipe = write_recipe(tmp_path, TINY)
+    result = runner.invoke(app, ["run", str(recipe), "--output", str(out)])
+    assert result.exit_code == 2
+    assert "not empty" in result.output
+    assert (out / "metrics.json").read_bytes() == before
+
+
+def test_unexpected_errors_are_one_line_without_traceback(tmp_path, monkeypatch):
+    import advtrain.experiment as experiment
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk on fire\nsecond line")
+
+    monkeypatch.setattr(experiment, "run", boom)
+    recipe = write_recipe(tmp_path, TINY)
+    result = runner.invoke(app, ["run", str(recipe), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert "RuntimeError: disk on fire (rerun with --debug" in result.output
+    assert "Traceback" not in result.output
+    assert "second line" not in result.output
+    with pytest.raises(RuntimeError):
+        runner.invoke(
+            app, ["run", str(recipe), "-o", str(tmp_path / "o"), "--debug"],
+            catch_exceptions=False,
+        )
+
+
+def test_classifier_keras_file_refuses_lambda_layers(tmp_path):
+    from advtrain.experiment import load_classifier
+
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Lambda(lambda t: t * 2)(inputs)
+    path = tmp_path / "lambda.keras"
+    keras.Model(inputs, outputs).save(path)
+    with pytest.raises(ValueError, match="safe_mode"):
+        load_classifier(path)

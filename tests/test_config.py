@@ -1,0 +1,98 @@
+"""Recipe validation: one line, naming the file and key, exit 2, nothing written."""
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from advtrain.cli import app
+from advtrain.config import RecipeError, load_recipe, recipe_from_dict
+
+runner = CliRunner()
+
+GOOD = {"data": {"source": "digits"}, "train": {"epochs": 1}}
+
+# (recipe text, extra CLI args, expected fragment of the one-line message)
+BAD = [
+    ("attack: {epss: 0.1}", [], "unknown key 'attack.epss'. Did you mean 'attack.eps'?"),
+    ("trian: {epochs: 1}", [], "unknown key 'trian'. Did you mean 'train'?"),
+    ("attack: {eps: -0.1}", [], "'attack.eps': Input should be greater than or equal to 0"),
+    ("attack: {eps: 1.5}", [], "'attack.eps': Input should be less than or equal to 1"),
+    ("attack: {adv_weight: 1.2}", [], "'attack.adv_weight'"),
+    ("attack: {adv_weight: -0.1}", [], "'attack.adv_weight'"),
+    ("train: {epochs: -3}", [], "'train.epochs': Input should be greater than or equal to 0"),
+    ("train: {epochs: many}", [], "'train.epochs': Input should be a valid integer"),
+    ("train: {batch_size: 0}", [], "'train.batch_size'"),
+    ("attack: {method: deepfool}", [], "'attack.method': Input should be 'none', 'fgsm'"),
+    ("attack: {norm: 1}", [], "'attack.norm'"),
+    ("attack: {method: fgsm_rs, backend: cleverhans}", [], "backend: cleverhans supports method fgsm or pgd"),
+    ("data: {source: imagenet}", [], "'data.source'"),
+    ("runtime: {precision: float8}", [], "'runtime.precision'"),
+    ("runtime: {steps_per_execution: 0}", [], "steps_per_execution must be 'auto' or >= 1"),
+    ("eval: {eps_sweep: [0.1, 2.0]}", [], "eps_sweep values must be in [0, 1]"),
+    ("model: {freeze: top_k}", [], "top_k"),
+    ("attack: {eps: 0.1", [], "invalid YAML"),
+    ("attack: !!python/object/apply:os.system [echo hi]", [], "tags that build Python objects are not allowed"),
+    ("train: {epochs: 1}\ntrain: {epochs: 2}", [], "duplicate key 'train'"),
+    ("- just\n- a list", [], "a recipe must be a mapping of sections"),
+    ("{}", ["--set", "attack.eps"], "--set: expected section.key=value"),
+    ("{}", ["--set", "attack.epz=0.1"], "unknown key 'attack.epz'"),
+    ("{}", ["--set", "attack.eps=2"], "'attack.eps'"),
+    ("name: mine", ["--set", "name.x=1"], "'name' is a value, not a section"),
+    ("train: {batch_size: 5000}", [], "larger than the training set"),
+]
+
+
+@pytest.mark.parametrize("text,args,fragment", BAD)
+def test_bad_recipe_is_one_line_exit_2_nothing_written(tmp_path, text, args, fragment):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(text)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(recipe), "--output", str(out), *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    assert fragment in lines[0]
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_error_names_the_recipe_file(tmp_path):
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("attack: {eps: 3}")
+    with pytest.raises(RecipeError, match=r"mine\.yaml: invalid value for 'attack\.eps'.*Received: attack\.eps=3"):
+        load_recipe(recipe)
+
+
+def test_missing_recipe_file_lists_shipped_ones(tmp_path):
+    result = runner.invoke(app, ["run", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2
+    assert "recipe file not found" in result.output
+
+
+def test_overrides_parse_yaml_values(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(GOOD))
+    loaded = load_recipe(
+        recipe,
+        ["attack.eps=0.25", "eval.eps_sweep=[0, 0.1]", "runtime.jit_compile=false", "attack.norm=2"],
+    )
+    assert loaded.attack.eps == 0.25
+    assert loaded.eval.eps_sweep == [0.0, 0.1]
+    assert loaded.runtime.jit_compile is False
+    assert loaded.attack.norm == "2"
+
+
+def test_defaults_and_round_trip():
+    recipe = recipe_from_dict(GOOD)
+    assert recipe.attack.method == "fgsm_rs"
+    again = recipe_from_dict(yaml.safe_load(recipe.to_yaml()))
+    assert again == recipe
+
+
+def test_shipped_recipes_validate():
+    from advtrain.cli import RECIPES_DIR
+
+    paths = sorted(RECIPES_DIR.glob("*.yaml"))
+    assert any(p.stem == "quickstart" for p in paths)
+    for path in paths:
+        load_recipe(path)
