@@ -5,6 +5,7 @@ Public API:
     Attack, fgsm, fgsm_random_start, pgd
     load_recipe, Recipe, RecipeError
     run                            train + evaluate a recipe
+    fit                            any Keras model through the same runtime
 """
 
 from advtrain.config import Recipe, RecipeError, load_recipe
@@ -27,6 +28,12 @@ def __getattr__(name):
         from advtrain.experiment import run
 
         return run
+    if name == "fit":
+        # In `fitting`, not `fit`: importing a submodule `advtrain.fit`
+        # would replace this function on the package with the module.
+        from advtrain.fitting import fit
+
+        return fit
     raise AttributeError(f"module 'advtrain' has no attribute {name!r}")
 
 
@@ -37,6 +44,7 @@ __all__ = [
     "RecipeError",
     "TRADES",
     "fgsm",
+    "fit",
     "fgsm_random_start",
     "load_recipe",
     "pgd",

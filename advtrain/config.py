@@ -52,31 +52,63 @@ class DataConfig(_Section):
     source: Literal["digits", "mnist", "gtsrb", "arrays", "folder", "tfds"] = (
         "digits"
     )
-    # Directory (mnist IDX files, GTSRB manual dir, image folder) or file
-    # prefix (arrays: PATH_x.npy / PATH_y.npy).
+    # Directory (mnist IDX files, GTSRB manual dir, image folder, arrays
+    # directory) or file prefix (arrays: PATH_x.npy / PATH_y.npy).
     path: Optional[str] = None
     tfds_name: Optional[str] = None
+    # Where TFDS keeps prepared datasets (gtsrb, tfds, mnist without path);
+    # None: $TFDS_DATA_DIR or ~/tensorflow_datasets.
+    tfds_data_dir: Optional[str] = None
+    # (height, width). gtsrb needs it: its images are 15..250 px, not square.
     image_size: Optional[tuple[int, int]] = None
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     limit_train: Optional[int] = Field(None, ge=1)
     limit_test: Optional[int] = Field(None, ge=1)
     shuffle_buffer: int = Field(10_000, ge=0)
-    cache: Union[Literal["memory", "none"], str] = "memory"
+    # "auto": in memory for sources of bounded size (digits, mnist, gtsrb),
+    # none for those that may not fit (arrays, folder, tfds); or a file
+    # path prefix for an on-disk cache.
+    cache: Union[Literal["auto", "memory", "none"], str] = "auto"
     deterministic: bool = False
     roi_crop: bool = True
     on_corrupt: Literal["error", "skip"] = "error"
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _positive_image_size(self) -> "DataConfig":
+        if self.image_size is not None and min(self.image_size) < 1:
+            raise ValueError(
+                "image_size must be [height, width] >= 1. "
+                f"Received: image_size={list(self.image_size)}"
+            )
+        return self
+
 
 class BatchNormConfig(_Section):
-    """BatchNorm policy; see README 'BatchNorm'."""
+    """BatchNorm policy (advtrain.models.batchnorm, advtrain.models.freezing).
+
+    momentum: overrides every BatchNormalization layer, nested ones included
+        (None keeps each layer's own, 0.99 for Keras layers). Short
+        fine-tunes want ~0.9 so the moving statistics keep up.
+    trainable: whether the backbone's BN layers train while the backbone
+        (or its top_k layers) does. Trained BN uses batch statistics and
+        updates its moving statistics; frozen BN runs in inference mode and
+        nothing in it changes. None (default) means: trained under
+        freeze=all_trainable, frozen under top_k; freeze=frozen always
+        freezes them.
+    recalibrate: after training, re-estimate the moving statistics of the
+        trained BN layers on recalibrate_batches clean training batches.
+    gap_threshold: warn when train-mode and inference-mode accuracy differ
+        by more than this.
+    """
 
     momentum: Optional[float] = Field(None, gt=0.0, lt=1.0)
-    trainable: bool = True
+    trainable: Optional[bool] = None
     recalibrate: bool = False
     recalibrate_batches: int = Field(50, ge=1)
+    gap_threshold: float = Field(0.05, ge=0.0, le=1.0)
 
 
 class ModelConfig(_Section):
@@ -85,10 +117,18 @@ class ModelConfig(_Section):
     backbone: str = "small_cnn"
     # "module:function" returning a keras.Model; runs code, see README.
     builder: Optional[str] = None
+    # "imagenet" (Keras download/cache), a weights file (.weights.h5 of the
+    # backbone or the whole classifier, or a Keras ImageNet .h5), or null.
     weights: Optional[str] = None
+    # Side the backbone sees; None: native size, scaled up to the backbone's
+    # minimum (its default size when pretrained weights are loaded).
     input_size: Optional[tuple[int, int]] = None
+    # frozen: head only. top_k: the backbone's top_k layers that hold
+    # weights, counted from the output, plus the head.
     freeze: Literal["all_trainable", "frozen", "top_k"] = "all_trainable"
     top_k: int = Field(0, ge=0)
+    # Head-only epochs before the freeze policy applies, then the learning
+    # rate is multiplied by finetune_lr_factor (advtrain.models.freezing).
     warmup_epochs: int = Field(0, ge=0)
     finetune_lr_factor: float = Field(0.1, gt=0.0, le=1.0)
     width: int = Field(32, ge=1, le=1024)
@@ -146,6 +186,16 @@ class AttackConfig(_Section):
 
 
 class TrainConfig(_Section):
+    """Optimisation and batch arithmetic (advtrain.runtime.plan_batches).
+
+    batch_size is the global batch, split evenly across replicas; epochs
+    are never divided by the number of workers. scale_lr: learning_rate is
+    the rate at reference_batch and scales linearly with the global batch
+    (lr x batch_size / reference_batch); warmup_epochs: linear warm-up
+    from 0 over that many epochs (may be fractional). Both are printed
+    with the resulting numbers at the start of a run.
+    """
+
     epochs: int = Field(10, ge=0)
     # The global batch: split evenly across replicas.
     batch_size: int = Field(64, ge=1)
@@ -159,6 +209,15 @@ class TrainConfig(_Section):
     reference_batch: int = Field(256, ge=1)
     warmup_epochs: float = Field(0.0, ge=0.0)
     seed: int = 0
+    # Catastrophic-overfitting guard (advtrain.guards): after each epoch,
+    # PGD (co_guard_pgd_steps, the training eps) on co_guard_examples fixed
+    # training examples; a fall of more than co_guard_drop (absolute) below
+    # the best epoch restores that epoch's weights, then stops or goes on.
+    co_guard: bool = False
+    co_guard_drop: float = Field(0.2, gt=0.0, le=1.0)
+    co_guard_action: Literal["stop", "rollback"] = "rollback"
+    co_guard_examples: int = Field(256, ge=1)
+    co_guard_pgd_steps: int = Field(10, ge=1, le=1000)
 
 
 class EvalConfig(_Section):
@@ -184,6 +243,22 @@ class EvalConfig(_Section):
 
 
 class RuntimeConfig(_Section):
+    """Where and how the step runs (advtrain.runtime.make_runtime).
+
+    strategy: auto (multi_worker when TF_CONFIG or a SLURM step names
+        several tasks, mirrored over several GPUs or cpu_replicas, else
+        default), default, one_device, mirrored, multi_worker (from
+        TF_CONFIG, as `advtrain launch` sets it, or SLURM), tpu.
+    cpu_replicas: split the CPU into N logical devices (mirrored then
+        trains N replicas; for tests and for checking reductions).
+    precision: Keras dtype policy; logits and losses stay float32.
+    jit_compile: XLA for the train step and its attack; auto = off (see
+        make_runtime for why).
+    steps_per_execution: train steps per host call; auto = the largest
+        divisor of the steps per epoch up to 32 (1 under mirrored and
+        multi_worker, where Keras 3 cannot loop steps).
+    """
+
     strategy: Literal[
         "auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
     ] = "auto"
@@ -207,12 +282,31 @@ class RuntimeConfig(_Section):
 
 
 class OutputConfig(_Section):
+    """The run folder, checkpoints (advtrain.checkpointing) and logs.
+
+    checkpoint_every_epochs: checkpoint at the end of every N-th epoch.
+    checkpoint_every_steps: also checkpoint inside an epoch, at the first
+        host call at or after every N-th training step (exactly every N when
+        runtime.steps_per_execution divides N). None: epoch ends only.
+    keep_checkpoints: newest K checkpoints kept, plus the best one.
+    monitor: the epoch metric that picks the best checkpoint; "auto" is
+        robust accuracy: val_adv_accuracy when there is a validation split
+        and the model attacks during validation, else adv_accuracy
+        (accuracy under attack.method: none).
+    monitor_mode: "max", "min", or "auto" (min for names ending in loss).
+    """
+
     dir: Optional[str] = None
     checkpoint_every_epochs: int = Field(1, ge=1)
     checkpoint_every_steps: Optional[int] = Field(None, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
+    monitor: str = Field("auto", pattern=r"^(auto|(val_)?[a-z][a-z0-9_]*)$")
+    monitor_mode: Literal["auto", "max", "min"] = "auto"
     tensorboard: bool = True
     plots: bool = True
+    # export/saved_model/: a TF Serving SavedModel (uint8 images in,
+    # logits and probabilities out), see advtrain.export.
+    export_saved_model: bool = True
 
 
 class Recipe(_Section):

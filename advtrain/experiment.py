@@ -8,6 +8,9 @@ A run folder holds:
     model.keras      the trained classifier: raw [0, 1] pixels in, logits out
     metrics.json     clean / FGSM / PGD accuracy, macro F1, timing
     eps_sweep.png    accuracy against eps (when eval.eps_sweep is set)
+    report.md        recipe, curves, per-class table, sanity checks, timing
+    training_curves.png  clean and adversarial accuracy per epoch
+    export/saved_model/  TF Serving SavedModel: uint8 images in (advtrain.export)
 """
 
 from __future__ import annotations
@@ -69,25 +72,87 @@ def build_training_model(recipe: Recipe, classifier: keras.Model) -> keras.Model
         adv_weight=cfg.adv_weight if attack is not None else 0.0,
         attack_mode=cfg.mode,
         seed=recipe.train.seed,
+        fused=cfg.fused and attack is not None,
     )
 
 
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
-    """The run folder; refuses one that already holds another run."""
+    """The run folder: new, or an unfinished run of the same resolved recipe
+    (which `run` resumes). Refuses anything else with a RecipeError naming
+    the differing keys (`advtrain.checkpointing.check_run_dir`)."""
+    from advtrain.checkpointing import check_run_dir
+
     if output is None and recipe.output.dir:
         output = recipe.output.dir
     if output is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         output = Path("runs") / f"{recipe.name}-{stamp}"
     output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise RecipeError(f"--output {output}: exists and is not a folder.")
-    if output.is_dir() and any(output.iterdir()):
-        raise RecipeError(
-            f"--output {output}: folder is not empty; choose a new folder so "
-            "an earlier run is never overwritten."
-        )
+    check_run_dir(output, recipe)
     return output
+
+
+def _train_stream(splits, data_cfg, plan, seed: int, skip: int):
+    """A fresh training stream for one `fit`, with its first `skip` batches
+    dropped.
+
+    Built after resetting the global seed, so its order depends on the
+    recipe alone; reusing one dataset would not do: each new iterator of a
+    dataset that reshuffles draws a new order, which a resumed process
+    cannot reproduce. Skipping costs input-pipeline work, no model work.
+    """
+    from advtrain.data import make_input
+
+    keras.utils.set_random_seed(seed)
+    ds = make_input(
+        splits.train, data_cfg, batch_size=plan.global_batch, training=True
+    ).repeat()
+    return ds.skip(skip) if skip else ds
+
+
+def _known_metrics(model: keras.Model, has_validation: bool) -> list[str]:
+    names = ["loss", "accuracy"] + [
+        m.name
+        for m in model.metrics
+        if m.name not in ("loss", "compile_metrics")
+    ]
+    return names + [f"val_{n}" for n in names] if has_validation else names
+
+
+def _restore_epoch_metrics(model, checkpoint, image_shape, echo: Echo) -> None:
+    """Continues the running epoch metrics of an interrupted epoch."""
+    import numpy as np
+
+    from advtrain.checkpointing import CheckpointError, restore_variables
+
+    try:
+        # Compiled metrics create their variables on first use; one update
+        # on a dummy batch (then reset) creates them before the restore.
+        x = np.zeros((1, *image_shape), "float32")
+        model.compute_metrics(x, np.zeros((1,), "int32"), model(x))
+        model.reset_metrics()
+        restore_variables(model, checkpoint, "metrics")
+    except (CheckpointError, ValueError, RuntimeError) as exc:
+        model.reset_metrics()
+        echo(
+            f"warning: the resumed epoch's logged metrics cover only the "
+            f"steps after the resume ({exc})"
+        )
+
+
+def _assert_finite(model: keras.Model, what: str) -> None:
+    import numpy as np
+
+    from advtrain.callbacks import NonFiniteLossError
+
+    for variable in model.weights:
+        value = np.asarray(variable.numpy())
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise NonFiniteLossError(
+                f"{variable.path} holds NaN or Inf after training; {what} "
+                "was not written. Likely causes: learning rate too high, eps "
+                "too large, or float16 overflow."
+            )
 
 
 def _compile(model: keras.Model, optimizer, plan, runtime) -> None:
@@ -127,7 +192,17 @@ def run(
     from advtrain.evaluation import evaluate_robustness, plot_eps_sweep
     from advtrain.models.classifier import build_classifier
     from advtrain.runtime import make_optimizer, make_runtime, plan_batches
-    from advtrain.callbacks import AtomicCheckpoint, ProgressLine
+    from advtrain.callbacks import AtomicCheckpoint, NaNGuard, ProgressLine
+    from advtrain.checkpointing import (
+        CheckpointError,
+        CheckpointStore,
+        find_resume_point,
+        read_history,
+        resolve_monitor,
+        restore_variables,
+        truncate_history,
+        writable_dir,
+    )
     from advtrain.models.batchnorm import (
         apply_batchnorm_policy,
         bn_gap,
@@ -136,9 +211,14 @@ def run(
     )
     from advtrain.models.freezing import apply_phase, phases
 
-    out = resolve_output_dir(recipe, output)
+    run_dir = resolve_output_dir(recipe, output)
+    resuming = (run_dir / "recipe.yaml").is_file()
     keras.utils.set_random_seed(recipe.train.seed)
     runtime = make_runtime(recipe.runtime)
+    data_cfg = recipe.data
+    if recipe.runtime.deterministic and not data_cfg.deterministic:
+        # A resumed run replays its batches only if tf.data's order is fixed.
+        data_cfg = data_cfg.model_copy(update={"deterministic": True})
     splits = load_splits(recipe.data)
     plan = plan_batches(recipe.train, runtime, splits.train_size)
     attack = attack_from_config(recipe.attack)
@@ -147,11 +227,7 @@ def run(
         f"{splits.val_size} val / {splits.test_size} test, image "
         f"{'x'.join(map(str, splits.image_shape))}, {splits.num_classes} classes"
     )
-    echo(
-        f"runtime: {runtime.strategy_name} strategy on {runtime.device_kind}, "
-        f"{runtime.replicas} replica(s), {runtime.precision}, "
-        f"XLA {'on' if runtime.jit_compile else 'off'}"
-    )
+    echo(runtime.describe())
     echo(plan.describe())
     echo(
         "attack: none (clean training)"
@@ -162,17 +238,73 @@ def run(
     )
 
     with runtime.strategy.scope():
-        classifier = build_classifier(
-            recipe.model, splits.image_shape, splits.num_classes
-        )
+        if recipe.model.builder:
+            from advtrain.fitting import build_from_builder
+
+            classifier = build_from_builder(
+                recipe.model.builder, splits.image_shape,
+                splits.num_classes, recipe.model,
+            )
+        else:
+            classifier = build_classifier(
+                recipe.model, splits.image_shape, splits.num_classes
+            )
         apply_batchnorm_policy(classifier, recipe.model.batchnorm)
         model = build_training_model(recipe, classifier)
 
+    has_val = splits.val is not None
+    monitor, monitor_mode = resolve_monitor(
+        recipe.output.monitor,
+        recipe.output.monitor_mode,
+        has_validation=has_val,
+        attacks=attack is not None,
+        validates_adversarially=(
+            type(model).test_step is not keras.Model.test_step
+        ),
+    )
+    known = _known_metrics(model, has_val)
+    if monitor not in known:
+        raise RecipeError(
+            f"output.monitor={monitor}: not a metric of this run. "
+            f"Known: {', '.join(known)}."
+        )
+    spe = plan.steps_per_epoch
+    resume = None
+    if resuming:
+        resume = find_resume_point(run_dir / "checkpoints", echo=echo)
+        if resume is None:
+            echo(f"resuming {run_dir}: no usable checkpoint; from epoch 1")
+        else:
+            saved_spe = resume.state.get("steps_per_epoch")
+            if saved_spe not in (None, spe):
+                raise CheckpointError(
+                    f"{resume.path}: written with {saved_spe} steps per "
+                    f"epoch, the data now gives {spe}; the training data "
+                    "changed, so the run cannot continue where it stopped"
+                )
+            restore_variables(model, resume, "model")
+            echo(
+                f"resuming {run_dir} from {resume.path.name}: epoch "
+                f"{resume.epoch + 1}, after step {resume.step}/{spe}"
+                + (" (the interrupted epoch's remaining steps are trained "
+                   "with the same batches)" if resume.step else "")
+            )
+    # Only the chief writes into the run folder; other workers run the same
+    # code against a private temporary folder.
+    out = writable_dir(run_dir, runtime.is_chief)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "recipe.yaml", recipe.to_yaml())
-    train_ds = make_input(
-        splits.train, recipe.data, batch_size=plan.global_batch, training=True
-    ).repeat()
+    start_epoch = resume.epoch if resume else 0
+    start_step = resume.step if resume else 0
+    if resuming:
+        truncate_history(out / "history.csv", start_epoch)
+    store = CheckpointStore(
+        out / "checkpoints",
+        keep=recipe.output.keep_checkpoints,
+        monitor=monitor,
+        mode=monitor_mode,
+    )
+    store.remove_temporaries()
     val_ds = None
     if splits.val is not None:
         val_ds = make_input(
@@ -182,16 +314,44 @@ def run(
     progress = ProgressLine(
         echo, plan.epochs, plan.steps_per_epoch * plan.global_batch
     )
+    guard = NaNGuard(
+        spe,
+        hint=f"train.learning_rate={recipe.train.learning_rate:g}, "
+        f"attack.eps={recipe.attack.eps:g}, "
+        f"runtime.precision={recipe.runtime.precision}",
+        last_good=store.latest,
+    )
+    checkpoint = AtomicCheckpoint(
+        store,
+        steps_per_epoch=spe,
+        epochs=plan.epochs,
+        every_epochs=recipe.output.checkpoint_every_epochs,
+        every_steps=recipe.output.checkpoint_every_steps,
+        global_step=start_epoch * spe + start_step,
+    )
+    # Epoch metrics of an interrupted epoch continue from the checkpoint's
+    # running values (Keras resets them just before on_epoch_begin).
+    pending_metrics = [resume] if resume is not None and start_step else []
+
+    def on_epoch_begin(epoch, logs=None):
+        # Host-side randomness of epoch e depends on (seed, e) only.
+        keras.utils.set_random_seed(recipe.train.seed + epoch)
+        if pending_metrics:
+            _restore_epoch_metrics(
+                model, pending_metrics.pop(), splits.image_shape, echo
+            )
+
     callbacks: list[keras.callbacks.Callback] = [
+        keras.callbacks.LambdaCallback(on_epoch_begin=on_epoch_begin),
         progress,
+        guard,
         keras.callbacks.CSVLogger(str(out / "history.csv"), append=True),
-        keras.callbacks.TerminateOnNaN(),
-        AtomicCheckpoint(
-            out / "checkpoints",
-            every_epochs=recipe.output.checkpoint_every_epochs,
-            keep=recipe.output.keep_checkpoints,
-        ),
+        checkpoint,
     ]
+    co_guard = None
+    if recipe.train.co_guard:
+        co_guard = _co_guard(recipe, splits, data_cfg, echo)
+        callbacks.insert(1, co_guard)  # before the logs see the epoch
     if recipe.output.tensorboard:
         callbacks.append(
             keras.callbacks.TensorBoard(str(out / "logs"), write_graph=False)
@@ -202,6 +362,8 @@ def run(
         if phase.epochs <= 0:
             continue
         trainable = apply_phase(classifier, phase)
+        if phase.end_epoch <= start_epoch:
+            continue  # done before the interruption
         if phase.name != "train":
             echo(
                 f"phase {phase.name}: epochs {phase.start_epoch + 1}-"
@@ -214,19 +376,49 @@ def run(
         )
         with runtime.strategy.scope():
             _compile(model, make_optimizer(recipe.train, phase_plan), plan, runtime)
-        result = model.fit(
-            train_ds,
-            initial_epoch=phase.start_epoch,
-            epochs=phase.end_epoch,
-            steps_per_epoch=plan.steps_per_epoch,
-            validation_data=val_ds,
-            callbacks=callbacks,
-            verbose=verbose,
-            shuffle=False,  # the tf.data pipeline shuffles
-        )
-        for key, values in result.history.items():
-            history.setdefault(key, []).extend(values)
+            runtime.prepare_model(model)
+            if (
+                resume is not None
+                and resume.phase == phase.name
+                and resume.global_step > phase.start_epoch * spe
+            ):
+                # Same phase: continue its optimizer (slots, iterations and
+                # so the learning-rate schedule, loss scale). A new phase
+                # starts a fresh one, as an uninterrupted run does.
+                model.optimizer.build(model.trainable_variables)
+                restore_variables(model, resume, "optimizer")
+        epoch = max(phase.start_epoch, start_epoch)
+        step = start_step if epoch == start_epoch else 0
+        while epoch < phase.end_epoch:
+            # An interrupted epoch is fitted alone, for its remaining steps.
+            end = epoch + 1 if step else phase.end_epoch
+            guard.begin_fit(step, spe - step)
+            checkpoint.begin_fit(phase.name, step, spe - step)
+            result = model.fit(
+                _train_stream(
+                    splits, data_cfg, plan, recipe.train.seed,
+                    (epoch - phase.start_epoch) * spe + step,
+                ),
+                initial_epoch=epoch,
+                epochs=end,
+                steps_per_epoch=spe - step,
+                validation_data=val_ds,
+                callbacks=callbacks,
+                verbose=verbose,
+                shuffle=False,  # the tf.data pipeline shuffles
+            )
+            for key, values in result.history.items():
+                history.setdefault(key, []).extend(values)
+            epoch, step = end, 0
     train_seconds = time.perf_counter() - start
+    if resuming:
+        history = read_history(out / "history.csv") or history
+    _assert_finite(classifier, "model.keras")
+    if runtime.workers > 1:
+        # `advtrain launch` compares these across workers.
+        from advtrain.runtime import weights_fingerprint
+
+        echo(f"weights: sha256 {weights_fingerprint(classifier)}")
     with atomic_path(out / "model.keras") as tmp:
         classifier.save(tmp)
 
@@ -236,10 +428,13 @@ def run(
             splits.train, recipe.data, batch_size=plan.global_batch,
             training=False,
         )
-        count = recalibrate_batchnorm(
+        batches = recalibrate_batchnorm(
             classifier, clean_train, num_batches=bn_cfg.recalibrate_batches
         )
-        echo(f"recalibrated {count} BatchNorm layer(s) on clean training data")
+        echo(
+            "recalibrated BatchNorm moving statistics on "
+            f"{batches} clean training batch(es)"
+        )
 
     echo("evaluating on the test split ...")
     test_ds = make_input(
@@ -254,7 +449,7 @@ def run(
         classifier, gap_x.numpy(), gap_y.numpy(),
         batch_size=min(plan.global_batch, len(gap_y)),
     )
-    warning = bn_gap_warning(gap["gap"])
+    warning = bn_gap_warning(gap["gap"], bn_cfg.gap_threshold)
     if warning:
         echo(f"warning: {warning}")
     default_eps = recipe.attack.eps
@@ -264,8 +459,12 @@ def run(
         recipe.eval,
         default_eps=default_eps,
         num_classes=splits.num_classes,
+        strategy=runtime.strategy,
     )
-    samples = plan.steps_per_epoch * plan.global_batch * plan.epochs
+    # Samples trained by this process (a resumed run skips the others).
+    samples = plan.global_batch * max(
+        0, plan.epochs * spe - (start_epoch * spe + start_step)
+    )
     metrics: dict[str, Any] = {
         "recipe": recipe.name,
         **{k: v for k, v in evaluation.items()},
@@ -275,12 +474,74 @@ def run(
         "epoch_seconds": [round(s, 2) for s in progress.epoch_seconds],
         "final_train_metrics": {k: float(v[-1]) for k, v in history.items() if v},
     }
+    metrics["sanity_checks"] = _sanity_checks(
+        classifier, test_ds, recipe, echo, runtime.strategy
+    )
+    if co_guard is not None:
+        metrics["co_guard"] = co_guard.summary()
     if recipe.output.plots and evaluation.get("eps_sweep"):
         plot_eps_sweep(
             evaluation["eps_sweep"], out / "eps_sweep.png", title=recipe.name
         )
+    # metrics.json last: its presence marks a finished run.
+    _report_and_export(out, recipe, metrics, history, classifier, splits, echo)
     atomic_write_json(out / "metrics.json", metrics)
     return RunResult(out, metrics, history)
+
+
+def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo):
+    """The catastrophic-overfitting guard on a fixed clean training batch."""
+    from advtrain.data import make_input
+    from advtrain.guards import CatastrophicOverfittingGuard
+
+    cfg = recipe.train
+    x, y = next(iter(make_input(
+        splits.train, data_cfg, batch_size=cfg.co_guard_examples,
+        training=False,
+    )))
+    echo(
+        f"catastrophic-overfitting guard: PGD-{cfg.co_guard_pgd_steps} at "
+        f"eps={recipe.attack.eps:g} on {len(y)} training examples each "
+        f"epoch; a drop > {cfg.co_guard_drop:g} triggers {cfg.co_guard_action}"
+    )
+    return CatastrophicOverfittingGuard(
+        x.numpy(), y.numpy(),
+        eps=recipe.attack.eps,
+        norm=recipe.attack.norm,
+        steps=cfg.co_guard_pgd_steps,
+        drop=cfg.co_guard_drop,
+        action=cfg.co_guard_action,
+        echo=echo,
+        seed=cfg.seed,
+    )
+
+
+def _sanity_checks(classifier, test_ds, recipe: Recipe, echo: Echo, strategy=None):
+    from advtrain.sanity import format_sanity_checks, run_sanity_checks
+
+    checks = run_sanity_checks(
+        classifier, test_ds, recipe.eval, default_eps=recipe.attack.eps,
+        strategy=strategy,
+    )
+    echo(format_sanity_checks(checks))
+    return checks
+
+
+def _report_and_export(out, recipe, metrics, history, classifier, splits, echo):
+    import shutil
+
+    from advtrain.export import export_saved_model
+    from advtrain.report import write_report
+
+    write_report(
+        out, recipe, metrics, history, class_names=splits.class_names,
+        plots=recipe.output.plots,
+    )
+    if recipe.output.export_saved_model:
+        target = out / "export" / "saved_model"
+        shutil.rmtree(target, ignore_errors=True)  # a resumed run re-exports
+        export_saved_model(classifier, target)
+        echo(f"exported SavedModel (uint8 images in) to {target}")
 
 
 SUMMARY_KEYS = (
@@ -324,10 +585,25 @@ def summary_table(metrics: dict[str, Any]) -> str:
 
 
 def load_classifier(path: Union[str, Path], safe_mode: bool = True) -> keras.Model:
-    """Loads a saved classifier; `safe_mode` refuses lambda layers."""
+    """Loads a saved classifier; `safe_mode` refuses lambda layers.
+
+    Keras's safe mode refuses to deserialise Python bytecode (a `Lambda`
+    layer's function), which would run when loaded. Pass
+    `safe_mode=False` only for files you trust (`advtrain eval
+    --unsafe-load`).
+    """
     import advtrain.models  # noqa: F401  (registers advtrain's layers)
 
-    return keras.models.load_model(path, safe_mode=safe_mode, compile=False)
+    try:
+        return keras.models.load_model(path, safe_mode=safe_mode, compile=False)
+    except ValueError as exc:
+        if safe_mode and "safe_mode" in str(exc):
+            raise RecipeError(
+                f"{path}: refusing to load: the file holds Python code (a "
+                "Lambda layer) that would run on load. If you trust it: "
+                "`advtrain eval --unsafe-load`, or safe_mode=False."
+            ) from None
+        raise
 
 
 def evaluate_saved(
@@ -335,8 +611,12 @@ def evaluate_saved(
     recipe: Recipe,
     *,
     echo: Echo = print,
+    safe_mode: bool = True,
 ) -> dict[str, Any]:
     """Evaluates a saved classifier on the recipe's test split.
+
+    `safe_mode=False` loads files that hold Python code (see
+    `load_classifier`); only for trusted files.
 
     When the model sits in a run folder, the result is also written there
     as `eval-metrics.json` (the training run's metrics.json is untouched).
@@ -346,7 +626,7 @@ def evaluate_saved(
 
     model_path = Path(model_path)
     splits = load_splits(recipe.data)
-    classifier = load_classifier(model_path)
+    classifier = load_classifier(model_path, safe_mode=safe_mode)
     expected = tuple(classifier.input_shape[1:])
     if expected != tuple(splits.image_shape):
         raise RecipeError(
@@ -364,6 +644,9 @@ def evaluate_saved(
         recipe.eval,
         default_eps=recipe.attack.eps,
         num_classes=splits.num_classes,
+    )
+    metrics["sanity_checks"] = _sanity_checks(
+        classifier, test_ds, recipe, lambda line: None
     )
     if (model_path.parent / "recipe.yaml").is_file():
         atomic_write_json(model_path.parent / "eval-metrics.json", metrics)

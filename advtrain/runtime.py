@@ -7,7 +7,9 @@ user sees how the batch is split and what the machine will do.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from typing import Optional
 
 import keras
@@ -15,10 +17,34 @@ import tensorflow as tf
 
 from advtrain.config import RecipeError, RuntimeConfig, TrainConfig
 
+# Keras 3 traces steps_per_execution > 32 into a loop that tf.data rejects
+# (keras-team/keras#20344); more steps per call gains little anyway.
+MAX_STEPS_PER_EXECUTION = 32
+
+# Strategies whose replica function calls merge_call: Keras 3's multi-step
+# loop (a tf.cond inside a tf.while_loop) fails under them with "You must
+# feed a value for placeholder tensor" (keras-team/keras#19246, reproduced
+# with TF 2.21 / Keras 3.15), so they run one step per host call.
+_SINGLE_STEP_STRATEGIES = ("mirrored", "multi_worker")
+
 
 @dataclasses.dataclass
 class Runtime:
-    """A resolved runtime: what `runtime:` in the recipe turned into."""
+    """A resolved runtime: what `runtime:` in the recipe turned into.
+
+    Attributes:
+        strategy: the `tf.distribute.Strategy` to build the model under.
+        strategy_name: default, one_device, mirrored, multi_worker or tpu
+            (`auto` resolved).
+        replicas: replicas in sync, over all workers.
+        device_kind: cpu, gpu or tpu.
+        precision: the Keras dtype policy set globally.
+        jit_compile: whether train steps compile with XLA.
+        steps_per_execution_setting: the recipe's value, resolved per run
+            by `plan_batches`.
+        workers: worker processes (multi_worker), else 1.
+        task: this process's cluster task ("worker 0"), or "".
+    """
 
     strategy: tf.distribute.Strategy
     strategy_name: str
@@ -27,14 +53,69 @@ class Runtime:
     precision: str
     jit_compile: bool
     steps_per_execution_setting: object
+    workers: int = 1
+    task: str = ""
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def is_chief(self) -> bool:
+        """Whether this process writes the run folder (tf.distribute's
+        convention: the `chief` task, else worker 0)."""
         resolver = getattr(self.strategy, "cluster_resolver", None)
         if resolver is None or not getattr(resolver, "task_type", None):
             return True
         task_type, task_id = resolver.task_type, resolver.task_id
-        return task_type == "chief" or (task_type == "worker" and task_id == 0)
+        if task_type == "chief":
+            return True
+        cluster = resolver.cluster_spec().as_dict()
+        return "chief" not in cluster and task_type == "worker" and task_id == 0
+
+    @property
+    def multi_step_loops(self) -> bool:
+        """Whether `steps_per_execution > 1` works under this strategy."""
+        return self.strategy_name not in _SINGLE_STEP_STRATEGIES
+
+    def prepare_model(self, model: keras.Model) -> keras.Model:
+        """Readies a compiled model for `fit` under this strategy.
+
+        Under MultiWorkerMirroredStrategy, Keras 3's `fit` first builds the
+        model's state from a batch it all-reduces across workers, and that
+        reduce fails for every dataset (keras-team/keras#20585, reproduced
+        with TF 2.21 / Keras 3.15). Only the batch's shapes and dtypes are
+        needed, so the build here uses this worker's local batch instead.
+        Other strategies are left alone.
+        """
+        if self.strategy_name != "multi_worker":
+            return model
+        strategy = self.strategy
+
+        def local(value):
+            if isinstance(value, tf.distribute.DistributedValues):
+                return strategy.experimental_local_results(value)[0]
+            return value
+
+        def maybe_symbolic_build(iterator=None, data_batch=None):
+            if iterator is not None:
+                for _, _, data in iterator:
+                    data_batch = tf.nest.map_structure(local, next(data))
+                    break
+            with strategy.scope():
+                model._symbolic_build(data_batch=data_batch)
+
+        # Bypasses Keras's attribute tracking: a function, not model state.
+        object.__setattr__(model, "_maybe_symbolic_build", maybe_symbolic_build)
+        return model
+
+    def describe(self) -> str:
+        """One line for the start banner."""
+        where = f" ({self.workers} workers, this is {self.task})" if (
+            self.workers > 1
+        ) else ""
+        return (
+            f"runtime: {self.strategy_name} strategy on {self.device_kind}, "
+            f"{self.replicas} replica(s){where}, {self.precision}, "
+            f"XLA {'on' if self.jit_compile else 'off'}"
+        )
 
 
 def _device_kind() -> str:
@@ -61,47 +142,127 @@ def _split_cpu(replicas: int) -> None:
             ) from None
 
 
+def tf_config_tasks() -> int:
+    """Number of tasks TF_CONFIG's cluster names (0 without TF_CONFIG).
+
+    Raises:
+        RecipeError: TF_CONFIG is set but is not JSON with a cluster.
+    """
+    raw = os.environ.get("TF_CONFIG", "").strip()
+    if not raw:
+        return 0
+    try:
+        cluster = json.loads(raw).get("cluster", {})
+        return sum(len(v) for k, v in cluster.items() if k != "evaluator")
+    except (ValueError, AttributeError, TypeError):
+        raise RecipeError(
+            "TF_CONFIG: expected JSON {\"cluster\": {...}, \"task\": {...}}. "
+            f"Received: TF_CONFIG={raw[:80]!r}"
+        ) from None
+
+
+def _slurm_tasks() -> int:
+    if "SLURM_JOB_ID" not in os.environ:
+        return 0
+    value = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get(
+        "SLURM_NTASKS", "0"
+    )
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def _cluster_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
+    """TF_CONFIG first (what `advtrain launch` sets), then a SLURM step."""
+    if tf_config_tasks():
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if _slurm_tasks() > 1:
+        try:
+            return tf.distribute.cluster_resolver.SlurmClusterResolver()
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise RecipeError(
+                f"runtime.strategy=multi_worker: cannot read the SLURM job "
+                f"({type(exc).__name__}: {exc})."
+            ) from None
+    raise RecipeError(
+        "runtime.strategy=multi_worker needs a cluster: TF_CONFIG (set by "
+        "`advtrain launch --workers N`) or a SLURM job step with several "
+        "tasks (srun). Received: neither."
+    )
+
+
+def _tpu_strategy() -> tf.distribute.Strategy:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as exc:
+        raise RecipeError(
+            "runtime.strategy=tpu: no TPU found "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0]}). Use auto, "
+            "default, one_device or mirrored."
+        ) from None
+    return tf.distribute.TPUStrategy(resolver)
+
+
 def make_runtime(cfg: RuntimeConfig) -> Runtime:
     """Creates the strategy and sets the precision policy.
 
-    `strategy: auto` picks MirroredStrategy over several GPUs or CPU
-    replicas, one device otherwise. `jit_compile: auto` stays off: on CPUs
-    XLA made every adversarial step slower (0.3x to 0.7x, measured), and no
-    GPU measurement has been made yet to justify switching it on there.
+    `strategy: auto` picks multi_worker when TF_CONFIG or SLURM describe a
+    cluster of several tasks, MirroredStrategy over several GPUs or CPU
+    replicas (`cpu_replicas`), one device otherwise.
+
+    `jit_compile: auto` means off. On CPUs XLA made every adversarial step
+    slower (scripts/bench_step); on GPUs and TPUs no measurement has been
+    made here, and XLA's gains depend on the model (small convolutional
+    nets gain little over cuDNN, and every new batch shape recompiles), so
+    it is opt-in: `jit_compile: true`.
+
+    Call it before any other TensorFlow work: `cpu_replicas` splits the CPU
+    into logical devices, which TensorFlow allows only before it starts.
+
+    Raises:
+        RecipeError: the strategy cannot be set up here (no TPU, no
+            cluster for multi_worker, CPU already initialised).
     """
     if cfg.cpu_replicas:
         _split_cpu(cfg.cpu_replicas)
     if cfg.deterministic:
         tf.config.experimental.enable_op_determinism()
-    kind = _device_kind()
     name = cfg.strategy
-    if name == "tpu" and kind != "tpu":
-        raise RecipeError(
-            "runtime.strategy=tpu but no TPU is attached. Use auto, default, "
-            "one_device or mirrored."
-        )
-    gpus = tf.config.list_logical_devices("GPU")
-    cpus = tf.config.list_logical_devices("CPU")
     if name == "auto":
-        if len(gpus) > 1 or (not gpus and len(cpus) > 1):
-            name = "mirrored"
-        else:
-            name = "default"
-    if name == "default":
-        strategy = tf.distribute.get_strategy()
-    elif name == "one_device":
-        device = gpus[0].name if gpus else cpus[0].name
-        strategy = tf.distribute.OneDeviceStrategy(device)
-    elif name == "mirrored":
-        devices = [d.name for d in gpus] if gpus else [d.name for d in cpus]
-        strategy = tf.distribute.MirroredStrategy(devices)
+        name = _auto_strategy()
+    workers, task = 1, ""
+    if name == "tpu":
+        strategy = _tpu_strategy()
     elif name == "multi_worker":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    else:  # tpu
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        strategy = tf.distribute.TPUStrategy(resolver)
+        resolver = _cluster_resolver()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver
+        )
+        workers = max(1, len(resolver.cluster_spec().as_dict().get(
+            "worker", []
+        )) + len(resolver.cluster_spec().as_dict().get("chief", [])))
+        task = f"{resolver.task_type} {resolver.task_id}"
+    else:
+        gpus = tf.config.list_logical_devices("GPU")
+        cpus = tf.config.list_logical_devices("CPU")
+        if name == "default":
+            strategy = tf.distribute.get_strategy()
+        elif name == "one_device":
+            device = gpus[0].name if gpus else cpus[0].name
+            strategy = tf.distribute.OneDeviceStrategy(device)
+        else:  # mirrored
+            devices = [d.name for d in gpus] if gpus else [d.name for d in cpus]
+            strategy = tf.distribute.MirroredStrategy(devices)
+    kind = _device_kind()
+    notes = []
+    if cfg.precision == "mixed_float16" and kind == "cpu":
+        notes.append(
+            "mixed_float16 on a CPU is emulated and slow; mixed_bfloat16 "
+            "runs natively on CPUs with AVX512-BF16 or AMX"
+        )
     keras.mixed_precision.set_global_policy(cfg.precision)
     jit = cfg.jit_compile if isinstance(cfg.jit_compile, bool) else False
     return Runtime(
@@ -112,12 +273,30 @@ def make_runtime(cfg: RuntimeConfig) -> Runtime:
         precision=cfg.precision,
         jit_compile=jit,
         steps_per_execution_setting=cfg.steps_per_execution,
+        workers=workers,
+        task=task,
+        notes=notes,
     )
+
+
+def _auto_strategy() -> str:
+    if tf_config_tasks() > 1 or _slurm_tasks() > 1:
+        return "multi_worker"
+    gpus = tf.config.list_logical_devices("GPU")
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(gpus) > 1 or (not gpus and len(cpus) > 1):
+        return "mirrored"
+    return "default"
 
 
 @dataclasses.dataclass
 class BatchPlan:
-    """How the global batch and the epoch are divided."""
+    """How the global batch and the epoch are divided.
+
+    `learning_rate` is the peak rate after `train.scale_lr`;
+    `base_learning_rate` the recipe's; `warmup_steps` the linear warm-up
+    from 0 (`train.warmup_epochs` x steps per epoch).
+    """
 
     global_batch: int
     replicas: int
@@ -127,20 +306,77 @@ class BatchPlan:
     steps_per_execution: int
     learning_rate: float
     base_learning_rate: float
+    reference_batch: Optional[int] = None
+    warmup_steps: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
+        """The batch arithmetic, as printed at the start of a run."""
+        lines = [
+            f"batch: global {self.global_batch} = {self.replicas} replica(s) "
+            f"x {self.per_replica_batch}; {self.steps_per_epoch} steps/epoch "
+            f"x {self.epochs} epochs (epochs are not divided by workers); "
+            f"{self.steps_per_execution} steps per host call"
+        ]
         lr = f"learning rate {self.learning_rate:g}"
-        if self.learning_rate != self.base_learning_rate:
+        if self.reference_batch is not None:
             lr += (
-                f" (scaled from {self.base_learning_rate:g} by "
-                f"{self.global_batch}/reference batch)"
+                f" = {self.base_learning_rate:g} x {self.global_batch}/"
+                f"{self.reference_batch} (train.scale_lr: linear in the "
+                "global batch)"
             )
-        return (
-            f"batch: global {self.global_batch} = {self.replicas} replica(s) x "
-            f"{self.per_replica_batch}; {self.steps_per_epoch} steps/epoch x "
-            f"{self.epochs} epochs; {self.steps_per_execution} steps per "
-            f"host call; {lr}"
+        if self.warmup_steps:
+            lr += (
+                f", linear warm-up from 0 over {self.warmup_steps} steps "
+                f"({self.warmup_steps / self.steps_per_epoch:g} epochs)"
+            )
+        lines.append(lr)
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+def resolve_steps_per_execution(
+    setting: object, steps_per_epoch: int, runtime: Runtime
+) -> tuple[int, list[str]]:
+    """Steps per host call, and why it differs from the setting if it does.
+
+    It always divides the epoch: Keras runs whole host calls, so 10 steps
+    per epoch at 4 per call would train 12 (reproduced with Keras 3.15).
+    `auto` is the largest divisor up to 32: one host round trip per step
+    dominates small models (scripts/bench_spe).
+    """
+    notes = []
+    if not runtime.multi_step_loops:
+        if setting != 1:
+            notes.append(
+                f"1 step per host call under {runtime.strategy_name} "
+                "(Keras 3 cannot loop several steps per call under it: "
+                "keras-team/keras#19246)"
+            )
+        return 1, notes
+    if setting == "auto":
+        spe = _largest_divisor(steps_per_epoch, MAX_STEPS_PER_EXECUTION)
+        if spe < 4 <= steps_per_epoch:
+            notes.append(
+                f"{steps_per_epoch} steps per epoch have no divisor from 4 to "
+                f"{MAX_STEPS_PER_EXECUTION}: {spe} step(s) per host call; set "
+                "train.steps_per_epoch to a multiple of 8 or 16 for speed"
+            )
+        return spe, notes
+    wanted = int(setting)
+    cap = min(wanted, MAX_STEPS_PER_EXECUTION)
+    spe = _largest_divisor(steps_per_epoch, cap)
+    if spe != wanted:
+        notes.append(
+            f"runtime.steps_per_execution={wanted} -> {spe}, the largest "
+            f"value up to {cap} that divides "
+            f"the {steps_per_epoch} steps per epoch"
         )
+    return spe, notes
 
 
 def plan_batches(
@@ -150,15 +386,29 @@ def plan_batches(
 ) -> BatchPlan:
     """Batch arithmetic: the recipe's batch is global; epochs never shrink.
 
+    Per-replica batch = global / replicas; steps per epoch = training
+    examples // global batch (or `train.steps_per_epoch`); the epoch count
+    is the recipe's whatever the number of workers. With `train.scale_lr`
+    the learning rate is `learning_rate * batch_size / reference_batch`.
+
     Raises:
         RecipeError: the global batch does not divide across replicas, or
             is larger than the training set.
+
+    Example:
+
+    ```python
+    plan = plan_batches(recipe.train, runtime, splits.train_size)
+    print(plan.describe())
+    ```
     """
     replicas = runtime.replicas
     if train.batch_size % replicas:
+        lower = train.batch_size - train.batch_size % replicas
         raise RecipeError(
             f"train.batch_size={train.batch_size} does not divide across "
-            f"{replicas} replicas; use a multiple of {replicas}."
+            f"{replicas} replicas; use a multiple of {replicas} (e.g. "
+            f"{max(lower, replicas)} or {lower + replicas})."
         )
     if train.steps_per_epoch is not None:
         steps = train.steps_per_epoch
@@ -169,13 +419,9 @@ def plan_batches(
             f"train.batch_size={train.batch_size} is larger than the training "
             f"set ({train_size} examples); lower it."
         )
-    setting = runtime.steps_per_execution_setting
-    if setting == "auto":
-        # One host round trip per step dominates small models; a few dozen
-        # steps per call amortise it while progress still updates often.
-        spe = max(1, min(steps, 32))
-    else:
-        spe = max(1, min(int(setting), steps))
+    spe, notes = resolve_steps_per_execution(
+        runtime.steps_per_execution_setting, steps, runtime
+    )
     lr = train.learning_rate
     if train.scale_lr:
         lr = lr * train.batch_size / train.reference_batch
@@ -188,13 +434,30 @@ def plan_batches(
         steps_per_execution=spe,
         learning_rate=lr,
         base_learning_rate=train.learning_rate,
+        reference_batch=train.reference_batch if train.scale_lr else None,
+        warmup_steps=int(math.ceil(train.warmup_epochs * steps)),
+        notes=runtime.notes + notes,
     )
 
 
-def make_optimizer(train: TrainConfig, plan: BatchPlan) -> keras.optimizers.Optimizer:
+def weights_fingerprint(model: keras.Model) -> str:
+    """sha256 of every weight's bytes, in order: equal on replicas in sync."""
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(np.ascontiguousarray(np.asarray(weight)).tobytes())
+    return digest.hexdigest()
+
+
+def make_optimizer(
+    train: TrainConfig, plan: BatchPlan
+) -> keras.optimizers.Optimizer:
     """The recipe's optimizer with its learning-rate schedule."""
     total = max(1, plan.steps_per_epoch * max(plan.epochs, 1))
-    warmup = int(math.ceil(train.warmup_epochs * plan.steps_per_epoch))
+    warmup = plan.warmup_steps
     lr: object = plan.learning_rate
     if train.lr_schedule in ("cosine", "onecycle") or warmup:
         decay_steps = max(1, total - warmup)

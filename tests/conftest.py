@@ -7,6 +7,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from helpers import dense_classifier  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -18,27 +19,6 @@ def digits():
     x, y = load_digits_arrays()
     order = np.random.default_rng(0).permutation(len(y))
     return x[order], y[order]
-
-
-def dense_classifier(input_shape=(8, 8, 1), classes=10, seed=0):
-    """A BatchNorm-free classifier: deterministic and order-independent."""
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input(input_shape)
-    h = keras.layers.Flatten()(inputs)
-    h = keras.layers.Dense(32, activation="relu")(h)
-    outputs = keras.layers.Dense(classes)(h)
-    return keras.Model(inputs, outputs)
-
-
-def bn_classifier(input_shape=(8, 8, 1), classes=10, seed=0):
-    keras.utils.set_random_seed(seed)
-    inputs = keras.Input(input_shape)
-    h = keras.layers.Conv2D(8, 3, padding="same")(inputs)
-    h = keras.layers.BatchNormalization(momentum=0.9)(h)
-    h = keras.layers.ReLU()(h)
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    outputs = keras.layers.Dense(classes)(h)
-    return keras.Model(inputs, outputs)
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +38,3 @@ def trained_dense(digits):
 @pytest.fixture
 def sparse_ce():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def accuracy(model, x, y) -> float:
-    return float(np.mean(np.argmax(model(x, training=False), axis=-1) == y))

@@ -44,7 +44,7 @@ def test_run_writes_every_artifact(finished_run):
     out, output = finished_run
     for name in ("recipe.yaml", "model.keras", "metrics.json", "history.csv", "eps_sweep.png"):
         assert (out / name).is_file(), name
-    assert list((out / "checkpoints").glob("epoch-*.keras"))
+    assert (out / "checkpoints" / "epoch-0002" / "state.json").is_file()
     assert list((out / "logs").rglob("*tfevents*"))
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("clean_accuracy", "fgsm_accuracy", "pgd_accuracy", "macro_f1"):

@@ -39,7 +39,26 @@ BAD = [
     ("{}", ["--set", "attack.eps=2"], "'attack.eps'"),
     ("name: mine", ["--set", "name.x=1"], "'name' is a value, not a section"),
     ("train: {batch_size: 5000}", [], "larger than the training set"),
+    # Checkpointing and the run folder (issue #6).
+    ("output: {keep_checkpoints: 0}", [], "'output.keep_checkpoints'"),
+    ("output: {checkpoint_every_steps: 0}", [], "'output.checkpoint_every_steps'"),
+    ("output: {checkpoint_every_epochs: 0}", [], "'output.checkpoint_every_epochs'"),
+    ("output: {monitr: adv_accuracy}", [], "Did you mean 'output.monitor'?"),
+    ("output: {monitor: Val-Acc}", [], "'output.monitor'"),
+    ("output: {monitor_mode: biggest}", [], "'output.monitor_mode'"),
+    ("output: {monitor: val_adv_accuracy}", [], "bad.yaml: output.monitor=val_adv_accuracy needs a validation split"),
+    ("output: {monitor: adv_acc}", [], "bad.yaml: output.monitor=adv_acc: not a metric of this run"),
+    ("train: {learning_rate: 0}", [], "'train.learning_rate'"),
+    ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy=tpu"),
+    ("data: {source: mnist, path: /nonexistent/mnist}", [], "MNIST directory not found"),
+    ("{}", ["--set", "output.keep_checkpoints=-1"], "'output.keep_checkpoints'"),
 ]
+
+TINY = (
+    "data: {source: digits, limit_train: 64}\n"
+    "model: {width: 4}\n"
+    "train: {epochs: 1, batch_size: 32}\n"
+)
 
 
 @pytest.mark.parametrize("text,args,fragment", BAD)
@@ -54,6 +73,78 @@ def test_bad_recipe_is_one_line_exit_2_nothing_written(tmp_path, text, args, fra
     assert fragment in lines[0]
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+def _other_run(tmp_path, out):
+    # A run folder of another recipe (no training needed to refuse it).
+    out.mkdir()
+    (out / "recipe.yaml").write_text(
+        load_recipe(_write(tmp_path, "other.yaml", TINY), ["train.epochs=5"]).to_yaml()
+    )
+    (out / "history.csv").write_text("epoch,loss\n0,1.0\n")
+
+
+def _not_a_run(tmp_path, out):
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+
+
+def _bad_saved_recipe(tmp_path, out):
+    out.mkdir()
+    (out / "recipe.yaml").write_text("attack: {epss: 0.1}")
+
+
+def _finished(tmp_path, out):
+    _other_run(tmp_path, out)
+    (out / "recipe.yaml").write_text(load_recipe(_write(tmp_path, "r.yaml", TINY)).to_yaml())
+    (out / "metrics.json").write_text("{}")
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# (prepare the folder, command, expected fragment of the one-line message)
+BAD_CLI = [
+    (_other_run, "run", "different recipe (train.epochs: 5 -> 1)"),
+    (_other_run, "run-set", "different recipe (attack.eps: 0.03137254901960784 -> 0.2; train.epochs: 5 -> 1)"),
+    (_not_a_run, "run", "holds no advtrain run (no recipe.yaml)"),
+    (_finished, "run", "holds a finished run of this recipe"),
+    (None, "resume", "run folder not found"),
+    (_not_a_run, "resume", "not a run folder (no recipe.yaml)"),
+    (_bad_saved_recipe, "resume", "recipe.yaml: unknown key 'attack.epss'"),
+    (_finished, "resume", "the run is finished"),
+    (None, "eval", "model file not found"),
+]
+
+
+@pytest.mark.parametrize("prepare,command,fragment", BAD_CLI)
+def test_bad_cli_use_is_one_line_exit_2_nothing_changed(tmp_path, prepare, command, fragment):
+    out = tmp_path / "out"
+    if prepare is not None:
+        prepare(tmp_path, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if out.is_dir() else None
+    recipe = _write(tmp_path, "r.yaml", TINY)
+    args = {
+        "run": ["run", str(recipe), "--output", str(out)],
+        "run-set": ["run", str(recipe), "--output", str(out), "--set", "attack.eps=0.2"],
+        "resume": ["resume", str(out)],
+        "eval": ["eval", str(out / "model.keras"), "--recipe", str(recipe), "--unsafe-load"],
+    }[command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    assert fragment in lines[0]
+    assert "Traceback" not in result.output
+    after = {p.name: p.read_bytes() for p in out.iterdir()} if out.is_dir() else None
+    assert after == before
+
+
+def test_bad_input_table_size():
+    assert len(BAD) + len(BAD_CLI) >= 40
 
 
 def test_error_names_the_recipe_file(tmp_path):

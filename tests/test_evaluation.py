@@ -61,3 +61,30 @@ def test_plot_is_a_png(tmp_path):
     path = plot_eps_sweep([{"eps": 0.0, "accuracy": 0.9}, {"eps": 0.1, "accuracy": 0.5}], tmp_path / "s.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_max_examples_is_a_seeded_random_subset(trained_dense, digits):
+    from advtrain.evaluation import seeded_subset
+
+    x, y = digits[0][:300], digits[1][:300]
+    xa, ya, total = seeded_subset(_batches(x, y, 64), 50, seed=3)
+    xb, yb, _ = seeded_subset(_batches(x, y, 7), 50, seed=3)
+    assert total == 300 and len(ya) == 50
+    np.testing.assert_array_equal(xa, xb)  # batch size does not matter
+    assert not np.array_equal(ya, y[:50])  # not the first 50
+    xc, _, _ = seeded_subset(_batches(x, y, 64), 50, seed=4)
+    assert not np.array_equal(xa, xc)
+    # In stream order, and really drawn from the stream.
+    index = [
+        int(np.flatnonzero((x == row).all(axis=(1, 2, 3)))[0]) for row in xa
+    ]
+    assert index == sorted(index) and index[-1] > 50
+
+    cfg = EvalConfig(pgd_steps=2, fgsm=False, max_examples=50, seed=3)
+    result = evaluate_robustness(
+        trained_dense, _batches(x, y, 64), cfg, default_eps=0.1, num_classes=10
+    )
+    assert result["subset_of"] == 300 and result["subset_seed"] == 3
+    assert sum(result["class_support"]) == 50
+    assert np.bincount(ya, minlength=10).tolist() == result["class_support"]
+    assert len(result["pgd_per_class_accuracy"]) == 10

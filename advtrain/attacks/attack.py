@@ -68,11 +68,51 @@ class Attack:
         loss_fn: Optional[LossFn] = None,
         loss_scale: Optional[Any] = None,
         seed: Any = None,
+        **extra: Any,
     ) -> tf.Tensor:
+        """Runs the attack. `extra` goes to the attack function, e.g.
+        `return_gradient=True` for the single-step attacks."""
         key = self.method if self.backend == "advtrain" else f"cleverhans_{self.method}"
         return attacks.get(key)(
-            self, model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, seed=seed
+            self, model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale,
+            seed=seed, **extra,
         )
+
+    @property
+    def single_step(self) -> bool:
+        """FGSM-type: one input gradient, at the clean point or a random one."""
+        return self.backend == "advtrain" and self.method in ("fgsm", "fgsm_rs")
+
+    def step_from_gradient(self, x, grad, seed: Any = None) -> tf.Tensor:
+        """The FGSM(-RS) result for a gradient computed elsewhere.
+
+        Used by the fused training step, which gets the input gradient at
+        the clean point from the clean loss's own backward pass. With a
+        random start the step is taken from the random point using that
+        clean-point gradient (an approximation of FGSM-RS, which would
+        differentiate at the random point).
+        """
+        from advtrain.attacks.common import (
+            clip_pixels,
+            project,
+            random_in_ball,
+            steepest_step,
+        )
+
+        if not self.single_step:
+            raise ValueError(
+                "step_from_gradient needs method fgsm or fgsm_rs on the "
+                f"advtrain backend. Received: method={self.method!r}, "
+                f"backend={self.backend!r}"
+            )
+        if self.method == "fgsm":
+            x_adv = x + steepest_step(grad, self.eps, self.norm)
+        else:
+            alpha = 1.25 * self.eps if self.alpha is None else self.alpha
+            delta = random_in_ball(x, self.eps, self.norm, seed)
+            delta = project(delta + steepest_step(grad, alpha, self.norm), self.eps, self.norm)
+            x_adv = x + delta
+        return clip_pixels(x_adv, self.clip_min, self.clip_max)
 
     def replace(self, **changes: Any) -> "Attack":
         return dataclasses.replace(self, **changes)
@@ -90,20 +130,21 @@ class Attack:
 
 
 @register_attack("fgsm")
-def _fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
+def _fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
     del seed
     return fgsm.fgsm(
         model_fn, x, y, eps=a.eps, norm=a.norm, loss_fn=loss_fn,
         clip_min=a.clip_min, clip_max=a.clip_max, loss_scale=loss_scale,
+        **extra,
     )
 
 
 @register_attack("fgsm_rs")
-def _fgsm_rs(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
+def _fgsm_rs(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
     return fgsm.fgsm_random_start(
         model_fn, x, y, eps=a.eps, alpha=a.alpha, norm=a.norm,
         loss_fn=loss_fn, clip_min=a.clip_min, clip_max=a.clip_max,
-        loss_scale=loss_scale, seed=seed,
+        loss_scale=loss_scale, seed=seed, **extra,
     )
 
 

@@ -33,6 +33,7 @@ def fgsm(
     clip_min: Optional[float] = 0.0,
     clip_max: Optional[float] = 1.0,
     loss_scale: Optional[Any] = None,
+    return_gradient: bool = False,
 ) -> tf.Tensor:
     """One steepest-ascent step of size `eps` (Goodfellow et al. 2015).
 
@@ -49,9 +50,10 @@ def fgsm(
         clip_min, clip_max: valid pixel range (None: no clipping).
         loss_scale: multiplies the loss before differentiating (mixed
             precision); the step only uses the gradient's direction.
+        return_gradient: also return the input gradient the step used.
 
     Returns:
-        Adversarial pixels with the dtype of `x`.
+        Adversarial pixels with the dtype of `x` (and the gradient).
 
     Example:
 
@@ -64,7 +66,8 @@ def fgsm(
     x = as_float_tensor(x)
     y = labels_or_predictions(model_fn, x, y)
     grad = input_gradient(model_fn, x, y, loss_fn, loss_scale)
-    return clip_pixels(x + steepest_step(grad, eps, norm), clip_min, clip_max)
+    x_adv = clip_pixels(x + steepest_step(grad, eps, norm), clip_min, clip_max)
+    return (x_adv, grad) if return_gradient else x_adv
 
 
 def fgsm_random_start(
@@ -80,6 +83,7 @@ def fgsm_random_start(
     clip_max: Optional[float] = 1.0,
     loss_scale: Optional[Any] = None,
     seed: Any = None,
+    return_gradient: bool = False,
 ) -> tf.Tensor:
     """FGSM from a uniform random point in the eps-ball, step `alpha`.
 
@@ -103,4 +107,5 @@ def fgsm_random_start(
     start = clip_pixels(x + random_in_ball(x, eps, norm, seed), clip_min, clip_max)
     grad = input_gradient(model_fn, start, y, loss_fn, loss_scale)
     delta = project(start + steepest_step(grad, alpha, norm) - x, eps, norm)
-    return clip_pixels(x + delta, clip_min, clip_max)
+    x_adv = clip_pixels(x + delta, clip_min, clip_max)
+    return (x_adv, grad) if return_gradient else x_adv

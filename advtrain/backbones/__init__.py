@@ -1,6 +1,19 @@
-"""Backbone registry: each entry knows its builder and its preprocessing."""
+"""Backbone registry: each entry knows its builder and its preprocessing.
 
-from advtrain.backbones.registry import BackboneSpec, backbones, register_backbone
-from advtrain.backbones import small_cnn  # noqa: F401  (registers small_cnn)
+Registered: small_cnn, resnet50, inception_v3, mobilenet_v2, efficientnet_b0.
+"""
+
+from advtrain.backbones import (  # noqa: F401  (each module registers itself)
+    efficientnet,
+    inception,
+    mobilenet,
+    resnet,
+    small_cnn,
+)
+from advtrain.backbones.registry import (
+    BackboneSpec,
+    backbones,
+    register_backbone,
+)
 
 __all__ = ["BackboneSpec", "backbones", "register_backbone"]

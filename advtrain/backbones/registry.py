@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 from advtrain.registry import Registry
 
@@ -13,13 +14,20 @@ class BackboneSpec:
     """What the classifier must know to feed a backbone correctly.
 
     Attributes:
-        builder: `(input_shape, cfg) -> keras.Model` mapping preprocessed
-            images to a feature map or vector.
-        preprocess: Keras `preprocess_input` mode applied inside the model:
-            "none" (pixels in [0, 1]), "caffe", "tf" or "torch".
-        channels: channels the backbone expects (3 for ImageNet models).
+        builder: `(input_shape, cfg, weights) -> keras.Model` mapping
+            preprocessed images to a feature map or vector; `weights` is
+            None or one of `pretrained` (a weights file is loaded by the
+            classifier afterwards, not by the builder).
+        preprocess: `BackbonePreprocess` mode applied inside the model to
+            [0, 1] pixels: "none", "caffe", "tf", "torch" or "pixels255".
+        channels: channels the backbone expects (3 for ImageNet models);
+            None takes the dataset's.
         min_size: smallest input side the backbone accepts.
-        default_size: input side used when the recipe sets none.
+        default_size: the side its pretrained weights were trained at.
+        pretrained: weight names the builder can fetch, e.g. ("imagenet",).
+        weights_file: the file Keras caches under `$KERAS_HOME/models/`
+            for the pretrained weights ("{size}" is filled in), named in
+            the offline error when the download fails without a URL.
     """
 
     builder: Callable
@@ -27,13 +35,25 @@ class BackboneSpec:
     channels: Optional[int] = None
     min_size: int = 1
     default_size: Optional[int] = None
+    pretrained: tuple[str, ...] = ()
+    weights_file: Optional[str] = None
 
 
 backbones: Registry[BackboneSpec] = Registry("backbone")
 
 
 def register_backbone(name: str, **facts) -> Callable:
-    """Decorator registering `builder` under `name` with its facts."""
+    """Decorator registering `builder` under `name` with its facts.
+
+    Example:
+
+    ```python
+    @register_backbone("tiny", preprocess="none", min_size=8)
+    def tiny(input_shape, cfg, weights=None):
+        inputs = keras.Input(input_shape)
+        return keras.Model(inputs, keras.layers.Conv2D(8, 3)(inputs))
+    ```
+    """
 
     def decorator(builder: Callable) -> Callable:
         backbones.register(name)(BackboneSpec(builder=builder, **facts))

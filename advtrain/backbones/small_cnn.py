@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import keras
 
 from advtrain.backbones.registry import register_backbone
 
 
 @register_backbone("small_cnn", preprocess="none")
-def small_cnn(input_shape, cfg) -> keras.Model:
+def small_cnn(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
     """Three conv blocks (width, 2*width, 4*width); pooling only where the
     image is large enough, so 8x8 digits and 32x32 signs both work."""
+    del weights  # No pretrained weights; a weights file is loaded later.
     width = cfg.width
     inputs = keras.Input(shape=input_shape)
     x = inputs

@@ -46,6 +46,12 @@ class AdversarialModel(keras.Model):
             "train" updates BatchNorm statistics during the attack.
         seed: seed of the attack's random start (its state is saved with
             the model, so a resumed run continues the same stream).
+        fused: single-step attacks only (FGSM, FGSM-RS): take the input
+            gradient from the clean loss's own backward pass in training
+            mode, so a step costs 2 forward + 2 backward passes, the
+            minimum for a clean + adversarial loss. Trade-off: the attack
+            then sees training-mode BatchNorm (batch statistics) and, with
+            a random start, uses the clean-point gradient.
 
     Example:
 
@@ -70,6 +76,7 @@ class AdversarialModel(keras.Model):
         adv_weight: float = 0.5,
         attack_mode: str = "inference",
         seed: Optional[int] = None,
+        fused: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -94,8 +101,14 @@ class AdversarialModel(keras.Model):
                 f"attack_mode must be one of {', '.join(ATTACK_MODES)}. "
                 f"Received: attack_mode={attack_mode!r}"
             )
+        if fused and (attack is None or not attack.single_step):
+            raise ValueError(
+                "fused=True needs a single-step attack (method fgsm or "
+                f"fgsm_rs, backend advtrain). Received: attack={attack!r}"
+            )
         self.classifier = classifier
         self.attack = attack
+        self.fused = bool(fused)
         self.adv_weight = float(adv_weight)
         self.attack_mode = attack_mode
         self.seed = seed
@@ -105,6 +118,10 @@ class AdversarialModel(keras.Model):
         self.adv_accuracy = keras.metrics.SparseCategoricalAccuracy(
             name="adv_accuracy"
         )
+        # Share of input-gradient entries that are exactly zero: under
+        # float16 an unscaled loss underflows and FGSM silently stops.
+        self.zero_grad_tracker = keras.metrics.Mean(name="zero_grad_fraction")
+        self._zero_grad = None
 
     def call(self, inputs, training=False):
         return self.classifier(inputs, training=training)
@@ -137,13 +154,18 @@ class AdversarialModel(keras.Model):
                 return tf.clip_by_value(x + noise, 0.0, 1.0)
         ```
         """
+        kwargs = {"return_gradient": True} if self.attack.single_step else {}
         x_adv = self.attack(
             self.attack_model_fn,
             x,
             y,
             loss_scale=self.attack_loss_scale(),
             seed=self.seed_generator,
+            **kwargs,
         )
+        if kwargs:
+            x_adv, grad = x_adv
+            self._zero_grad = grad
         return tf.stop_gradient(x_adv)
 
     def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
@@ -189,11 +211,20 @@ class AdversarialModel(keras.Model):
         y_pred, y_pred_adv = tf.split(both, 2, axis=0)
         return y_pred, y_pred_adv
 
+    def _track_zero_gradients(self) -> None:
+        grad, self._zero_grad = self._zero_grad, None
+        if grad is not None:
+            zero = tf.cast(tf.equal(grad, 0), tf.float32)
+            self.zero_grad_tracker.update_state(tf.reduce_mean(zero))
+
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if self.fused and self.adv_weight > 0:
+            return self._fused_train_step(x, y, sample_weight)
         x_adv = None
         if self.adv_weight > 0 or self.needs_clean_logits:
             x_adv = self.generate_adversarial(x, y)
+            self._track_zero_gradients()
         with tf.GradientTape() as tape:
             y_pred, y_pred_adv = self._forward(x, x_adv)
             loss = self.adversarial_loss(
@@ -210,8 +241,87 @@ class AdversarialModel(keras.Model):
         if y_pred_adv is not None:
             self.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
         if y_pred is None:
-            # adv_weight == 1: clean metrics from an inference pass.
+            # adv_weight == 1: clean metrics (and clean_loss, for the log)
+            # from an inference pass; it takes no part in the gradient.
             y_pred = self(x, training=False)
+            self.clean_loss_tracker.update_state(
+                keras_loss.unscale_loss_for_distribution(
+                    self._compute_loss(
+                        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                        training=False,
+                    )
+                )
+            )
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def test_step(self, data):
+        """Clean loss and metrics as Keras computes them, plus the attack's
+        `adv_loss` / `adv_accuracy` on the same batch, so validation
+        reports robust accuracy (`val_adv_accuracy`)."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        unscale = keras_loss.unscale_loss_for_distribution
+        y_pred = self(x, training=False)
+        loss = self._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
+        )
+        self._loss_tracker.update_state(
+            unscale(loss), sample_weight=tf.shape(x)[0]
+        )
+        self.clean_loss_tracker.update_state(unscale(loss))
+        if self.attack is not None:
+            x_adv = self.generate_adversarial(x, y)
+            self._track_zero_gradients()
+            y_pred_adv = self(x_adv, training=False)
+            adv = self._compute_loss(
+                x=x_adv, y=y, y_pred=y_pred_adv, sample_weight=sample_weight,
+                training=False,
+            )
+            self.adv_loss_tracker.update_state(unscale(adv))
+            self.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _fused_train_step(self, x, y, sample_weight):
+        """Clean pass gives weight and input gradients; then the adversarial
+        pass. 2 forward + 2 backward passes; BatchNorm sees both batches
+        in training mode (statistics updated twice per step)."""
+        variables = self.trainable_variables
+        w = self.adv_weight
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y_pred = self(x, training=True)
+            clean = self._compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight
+            )
+            scaled_clean = self.optimizer.scale_loss(clean)
+        grads = tape.gradient(scaled_clean, [x] + variables)
+        input_grad, clean_grads = grads[0], grads[1:]
+        self._zero_grad = input_grad
+        self._track_zero_gradients()
+        x_adv = tf.stop_gradient(
+            self.attack.step_from_gradient(x, input_grad, self.seed_generator)
+        )
+        with tf.GradientTape() as tape:
+            y_pred_adv = self(x_adv, training=True)
+            adv = self._compute_loss(
+                x=x_adv, y=y, y_pred=y_pred_adv, sample_weight=sample_weight
+            )
+            scaled_adv = self.optimizer.scale_loss(adv)
+        adv_grads = tape.gradient(scaled_adv, variables)
+        gradients = [
+            None if gc is None and ga is None
+            else (1.0 - w) * (0.0 if gc is None else gc)
+            + w * (0.0 if ga is None else ga)
+            for gc, ga in zip(clean_grads, adv_grads)
+        ]
+        self.optimizer.apply_gradients(zip(gradients, variables))
+        loss = (1.0 - w) * clean + w * adv
+        unscale = keras_loss.unscale_loss_for_distribution
+        self._loss_tracker.update_state(
+            unscale(loss), sample_weight=tf.shape(x)[0]
+        )
+        self.clean_loss_tracker.update_state(unscale(clean))
+        self.adv_loss_tracker.update_state(unscale(adv))
+        self.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     # ------------------------------------------------------------ config
@@ -224,6 +334,7 @@ class AdversarialModel(keras.Model):
             "adv_weight": self.adv_weight,
             "attack_mode": self.attack_mode,
             "seed": self.seed,
+            "fused": self.fused,
         }
 
     @classmethod

@@ -12,8 +12,20 @@ class BackbonePreprocess(keras.layers.Layer):
 
     Modes follow `keras.applications.imagenet_utils.preprocess_input` on
     0..255 RGB images: "caffe" (RGB->BGR, ImageNet mean subtracted), "tf"
-    ([-1, 1]), "torch" (ImageNet mean/std), "none" (unchanged).
+    ([-1, 1]), "torch" (ImageNet mean/std), "none" (unchanged), and
+    "pixels255" (0..255 RGB, for models that normalise inside, such as
+    EfficientNet). Being a layer, it is saved with the model and attacks
+    differentiate through it, so eps stays in [0, 1] pixel units.
+
+    Example:
+
+    ```python
+    layer = BackbonePreprocess("caffe")
+    layer(np.ones((1, 2, 2, 3), "float32"))  # 255 - BGR ImageNet mean
+    ```
     """
+
+    MODES = ("none", "caffe", "tf", "torch", "pixels255")
 
     _MEAN = (0.485, 0.456, 0.406)
     _STD = (0.229, 0.224, 0.225)
@@ -21,9 +33,9 @@ class BackbonePreprocess(keras.layers.Layer):
 
     def __init__(self, mode: str = "none", **kwargs):
         super().__init__(**kwargs)
-        if mode not in ("none", "caffe", "tf", "torch"):
+        if mode not in self.MODES:
             raise ValueError(
-                "mode must be one of none, caffe, tf, torch. "
+                f"mode must be one of {', '.join(self.MODES)}. "
                 f"Received: mode={mode}"
             )
         self.mode = mode
@@ -40,6 +52,8 @@ class BackbonePreprocess(keras.layers.Layer):
             x = ops.flip(x, axis=-1) * 255.0
             mean = ops.convert_to_tensor(self._CAFFE_MEAN_BGR, dtype=x.dtype)
             return x - mean
+        if self.mode == "pixels255":
+            return x * 255.0
         return x
 
     def get_config(self):
@@ -66,3 +80,47 @@ class ToChannels(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "channels": self.channels}
+
+
+@keras.saving.register_keras_serializable(package="advtrain")
+class ResizeTo(keras.layers.Layer):
+    """Resizes images to (height, width), bilinear, inside the model.
+
+    Used instead of `keras.layers.Resizing`, whose `call` defaults to
+    `training=True`: as the first layer to resolve `training`, it would put
+    every later BatchNormalization in training mode when the model is
+    called as `model(x)`.
+
+    Example:
+
+    ```python
+    ResizeTo(75, 75)(np.zeros((2, 28, 28, 3), "float32")).shape
+    # (2, 75, 75, 3)
+    ```
+    """
+
+    def __init__(self, height: int, width: int, **kwargs):
+        super().__init__(**kwargs)
+        if height < 1 or width < 1:
+            raise ValueError(
+                "height and width must be >= 1. "
+                f"Received: height={height}, width={width}"
+            )
+        self.height = int(height)
+        self.width = int(width)
+
+    def call(self, inputs):
+        x = ops.cast(inputs, self.compute_dtype)
+        return ops.image.resize(
+            x, (self.height, self.width), interpolation="bilinear"
+        )
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.height, self.width, input_shape[-1])
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "height": self.height,
+            "width": self.width,
+        }

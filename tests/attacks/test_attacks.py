@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import accuracy
+from helpers import accuracy
 
 from advtrain.attacks import (
     Attack,

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import bn_classifier, dense_classifier
+from helpers import bn_classifier, dense_classifier
 
 from advtrain.attacks import Attack, fgsm
 from advtrain.models import AdversarialModel
@@ -136,3 +136,56 @@ def test_generate_adversarial_hook_is_used(digits):
     model = _compile(Recording(dense_classifier(), Attack("fgsm", eps=0.1), 0.5))
     model.train_on_batch(x, y)
     assert calls
+
+
+def test_fused_step_matches_unfused_on_batchnorm_free_model(digits):
+    x, y = digits[0][:64], digits[1][:64]
+    a = _compile(AdversarialModel(dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5))
+    b = _compile(AdversarialModel(dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5, fused=True))
+    for _ in range(3):
+        la = a.train_on_batch(x, y, return_dict=True)
+        lb = b.train_on_batch(x, y, return_dict=True)
+        _same_weights(a, b, atol=1e-5)
+    assert la["loss"] == pytest.approx(lb["loss"], rel=1e-5)
+    assert 0.0 <= lb["zero_grad_fraction"] < 0.5
+
+
+def test_fused_needs_a_single_step_attack():
+    with pytest.raises(ValueError, match="fused=True needs a single-step attack"):
+        AdversarialModel(dense_classifier(), Attack("pgd", eps=0.1), 0.5, fused=True)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_attack_gradient_does_not_underflow(digits, policy):
+    x, y = digits[0][:256], digits[1][:256]
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        clf = dense_classifier(seed=2)
+        model = AdversarialModel(clf, Attack("fgsm", eps=0.1), 0.5)
+        model.compile(
+            optimizer=keras.optimizers.Adam(3e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        history = model.fit(x, y, batch_size=64, epochs=4, verbose=0)
+        # Trained to a confident model, where the float16 gradient is tiny.
+        assert history.history["loss"][-1] < history.history["loss"][0]
+        assert history.history["zero_grad_fraction"][-1] < 0.01
+        x_adv = model.generate_adversarial(tf.constant(x[:64]), tf.constant(y[:64]))
+        moved = np.abs(x_adv.numpy() - x[:64]) > 0
+        # Pixels at 0 pushed further down stay clipped at 0: count only
+        # those free to move in the gradient's direction.
+        assert moved.mean() > 0.3
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_validation_reports_robust_accuracy(digits):
+    x, y = digits
+    model = _compile(AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.03), 0.5), lr=0.3)
+    history = model.fit(
+        x[:512], y[:512], batch_size=64, epochs=2, verbose=0,
+        validation_data=(x[512:768], y[512:768]),
+    )
+    val_clean = history.history["val_accuracy"][-1]
+    val_adv = history.history["val_adv_accuracy"][-1]
+    assert 0.0 < val_adv < val_clean

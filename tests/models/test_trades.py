@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import dense_classifier
+from helpers import dense_classifier
 
 from advtrain.attacks import Attack
 from advtrain.models import TRADES

@@ -1,0 +1,620 @@
+"""Crash-safe checkpoints, resuming from them, and the run folder's rules.
+
+A checkpoint is a folder under `checkpoints/`:
+
+```
+checkpoints/
+  step-00000013/     a checkpoint inside an epoch (checkpoint_every_steps)
+    variables.npz    model variables (weights, BatchNorm statistics, the
+                     attack's SeedGenerator state), optimizer variables
+                     (iteration count, slots, loss scale), metric variables
+    state.json       epoch, step, phase, monitored value, sha256 of the npz
+  epoch-0002/        a checkpoint at the end of epoch 2 (same contents)
+  best.json          which checkpoint holds the best monitored value
+```
+
+Each checkpoint is written under a `.tmp-` name, flushed to disk and then
+renamed into place, so a checkpoint that carries its final name is complete.
+Pruning renames before deleting, for the same reason. On resume, `.tmp-`
+entries are ignored (and removed) and a checkpoint whose files do not parse
+or whose hash does not match is skipped with a warning, falling back to the
+one before it.
+
+The arrays are stored with `numpy.savez` and read with `allow_pickle=False`:
+no pickle anywhere.
+
+Example:
+
+```python
+store = CheckpointStore(run_dir / "checkpoints", keep=3)
+store.save(model, kind="epoch", epoch=2, step=0, global_step=80, phase="train")
+point = find_resume_point(run_dir / "checkpoints", model)
+restore_variables(model, point, "model")
+```
+"""
+
+from __future__ import annotations
+
+import atexit
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from advtrain.config import Recipe, RecipeError, parse_yaml, recipe_from_dict
+from advtrain.io import atomic_write_json, atomic_write_text
+
+FORMAT = 1
+GROUPS = ("model", "optimizer", "metrics")
+TMP_PREFIX = ".tmp-"
+_NAME = re.compile(r"^(epoch|step)-(\d+)$")
+
+Echo = Callable[[str], None]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that exists but cannot be used for this model."""
+
+
+class NonFiniteStateError(RuntimeError):
+    """Refusal to checkpoint weights that hold NaN or Inf."""
+
+
+# ---------------------------------------------------------------- run folder
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: data}
+
+
+def recipe_differences(
+    saved: dict[str, Any], current: dict[str, Any]
+) -> list[str]:
+    """`key: old -> new` for every dotted key whose value differs."""
+    old, new = _flatten(saved), _flatten(current)
+    return [
+        f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key, "<unset>") != new.get(key, "<unset>")
+    ]
+
+
+def check_run_dir(out: Path, recipe: Recipe) -> bool:
+    """Decides what an output folder may be used for.
+
+    Returns:
+        False for a new (missing or empty) folder, True for an unfinished
+        run of the same resolved recipe, which is resumed.
+
+    Raises:
+        RecipeError: the folder holds something else (not a run, a run of
+            another recipe, a finished run); nothing is written.
+    """
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"--output {out}: exists and is not a folder.")
+    # A kill between creating the folder and writing recipe.yaml leaves at
+    # most a temporary file: still a new folder.
+    if not out.is_dir() or all(
+        p.name.startswith(TMP_PREFIX) for p in out.iterdir()
+    ):
+        return False
+    saved_path = out / "recipe.yaml"
+    if not saved_path.is_file():
+        raise RecipeError(
+            f"--output {out}: folder is not empty and holds no advtrain run "
+            "(no recipe.yaml); choose a new folder so nothing in it is "
+            "overwritten."
+        )
+    try:
+        text = saved_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{saved_path}: cannot read: {exc}") from None
+    saved = recipe_from_dict(parse_yaml(text, str(saved_path)), str(saved_path))
+    differences = recipe_differences(saved.to_dict(), recipe.to_dict())
+    if differences:
+        shown = "; ".join(differences[:4])
+        more = len(differences) - 4
+        if more > 0:
+            shown += f"; and {more} more"
+        raise RecipeError(
+            f"--output {out}: folder is not empty: it holds a run of a "
+            f"different recipe ({shown}). Choose a new folder, or continue "
+            f"that run with `advtrain resume {out}`."
+        )
+    if (out / "metrics.json").is_file():
+        raise RecipeError(
+            f"--output {out}: folder is not empty: it holds a finished run "
+            "of this recipe (metrics.json); nothing to resume. Choose a new "
+            "folder."
+        )
+    return True
+
+
+def writable_dir(out: Path, is_chief: bool) -> Path:
+    """Where this worker writes: the run folder for the chief, a private
+    temporary folder (removed at exit) for the other workers.
+
+    Every worker runs the same saving code (tf.distribute's convention),
+    but only the chief's files land in the run folder.
+    """
+    if is_chief:
+        return out
+    scratch = Path(tempfile.mkdtemp(prefix="advtrain-worker-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return scratch
+
+
+def truncate_history(path: Path, epochs: int) -> None:
+    """Keeps the header and the rows of the first `epochs` epochs of a
+    CSVLogger file (a killed run may have logged an epoch it had not
+    checkpointed, or half a row)."""
+    if not path.is_file():
+        return
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    if not rows:
+        return
+    kept = [rows[0]]
+    for row in rows[1:]:
+        try:
+            epoch = int(row[0])
+        except (IndexError, ValueError):
+            continue
+        if epoch < epochs and len(row) == len(rows[0]):
+            kept.append(row)
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(kept)
+    atomic_write_text(path, buffer.getvalue())
+
+
+def read_history(path: Path) -> dict[str, list[float]]:
+    """A CSVLogger file as `History.history` (without the epoch column)."""
+    if not path.is_file():
+        return {}
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    history: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key == "epoch" or key is None:
+                continue
+            try:
+                history.setdefault(key, []).append(float(value))
+            except (TypeError, ValueError):
+                pass
+    return history
+
+
+# ---------------------------------------------------------------- variables
+
+
+def _groups(model) -> dict[str, list]:
+    optimizer = getattr(model, "optimizer", None)
+    built = optimizer is not None and getattr(optimizer, "built", False)
+    return {
+        "model": list(model.variables),
+        "optimizer": list(optimizer.variables) if built else [],
+        "metrics": list(getattr(model, "metrics_variables", [])),
+    }
+
+
+def _plain(variable) -> np.ndarray:
+    return np.array(
+        variable.numpy() if hasattr(variable, "numpy") else variable
+    )
+
+
+def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
+    """The arrays to save, and per group the [path, shape, dtype] of each.
+
+    Raises:
+        NonFiniteStateError: a model variable holds NaN or Inf.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    spec: dict[str, list] = {}
+    for group, variables in _groups(model).items():
+        spec[group] = []
+        for i, variable in enumerate(variables):
+            value = _plain(variable)
+            if (
+                group == "model"
+                and value.dtype.kind == "f"
+                and not np.isfinite(value).all()
+            ):
+                raise NonFiniteStateError(
+                    f"variable {variable.path} holds NaN or Inf; not "
+                    "checkpointing it"
+                )
+            spec[group].append(
+                [str(variable.path), list(value.shape), str(value.dtype)]
+            )
+            if value.dtype.kind not in "biuf":
+                # bfloat16 and friends: stored as raw bytes, no pickle.
+                value = np.frombuffer(value.tobytes(), dtype=np.uint8)
+            arrays[f"{group}/{i:05d}"] = value
+    return arrays, spec
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """A finished checkpoint folder and its parsed `state.json`."""
+
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return self.state["kind"]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch to continue with (0-based)."""
+        return int(self.state["epoch"])
+
+    @property
+    def step(self) -> int:
+        """Batches of `epoch` already trained."""
+        return int(self.state["step"])
+
+    @property
+    def global_step(self) -> int:
+        return int(self.state["global_step"])
+
+    @property
+    def phase(self) -> str:
+        return self.state["phase"]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The saved arrays, after checking the file's hash."""
+        data = (self.path / "variables.npz").read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != self.state.get("variables_sha256"):
+            raise CheckpointError(
+                f"{self.path}: variables.npz does not match its recorded hash"
+            )
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+
+
+def _sort_key(path: Path) -> tuple[int, int]:
+    kind, number = _NAME.match(path.name).groups()
+    if kind == "epoch":
+        # Named by epoch; ordered by global step via state.json, which an
+        # unreadable checkpoint may lack, so fall back to a large number.
+        state = _read_state(path)
+        step = int(state["global_step"]) if state else 1 << 62
+        return step, 1
+    return int(number), 0
+
+
+def _read_state(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        return None
+    return state
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _discard(path: Path) -> None:
+    """Renames, then deletes: a half-deleted folder never keeps a real name."""
+    doomed = path.with_name(f"{TMP_PREFIX}del-{os.getpid()}-{path.name}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+class CheckpointStore:
+    """Writes, lists, rotates and ranks the checkpoints of one run.
+
+    Args:
+        directory: the run's `checkpoints/` folder.
+        keep: newest checkpoints kept; the best one is kept as well.
+        monitor: metric that ranks epoch checkpoints (None: no best).
+        mode: "max" or "min".
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        keep: int = 3,
+        monitor: Optional[str] = None,
+        mode: str = "max",
+    ):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1. Received: keep={keep}")
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be max or min. Received: mode={mode}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.monitor = monitor
+        self.mode = mode
+
+    # ------------------------------------------------------------ listing
+
+    def paths(self) -> list[Path]:
+        """Checkpoint folders with a final name, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [
+            p
+            for p in self.directory.iterdir()
+            if p.is_dir() and _NAME.match(p.name)
+        ]
+        return sorted(found, key=_sort_key)
+
+    def best(self) -> Optional[dict[str, Any]]:
+        try:
+            best = json.loads(
+                (self.directory / "best.json").read_text(encoding="utf-8")
+            )
+        except (OSError, ValueError):
+            return None
+        return best if isinstance(best, dict) else None
+
+    def latest(self) -> Optional[Path]:
+        found = self.paths()
+        return found[-1] if found else None
+
+    def remove_temporaries(self) -> list[Path]:
+        """Deletes what an interrupted write or prune left behind."""
+        if not self.directory.is_dir():
+            return []
+        removed = []
+        for path in self.directory.iterdir():
+            if path.name.startswith(TMP_PREFIX):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+                removed.append(path)
+        return removed
+
+    # ------------------------------------------------------------ writing
+
+    def is_improvement(self, value: Optional[float]) -> bool:
+        if self.monitor is None or value is None or not math.isfinite(value):
+            return False
+        best = self.best()
+        if best is None or best.get("monitor") != self.monitor:
+            return True
+        if self.mode == "max":
+            return value > float(best["value"])
+        return value < float(best["value"])
+
+    def save(
+        self,
+        model,
+        *,
+        kind: str,
+        epoch: int,
+        step: int,
+        global_step: int,
+        phase: str,
+        logs: Optional[dict[str, Any]] = None,
+        prune: bool = True,
+        steps_per_epoch: Optional[int] = None,
+    ) -> Path:
+        """Writes one checkpoint atomically and returns its folder.
+
+        Args:
+            model: the training model (compiled; its optimizer built).
+            kind: "epoch" (after `epoch` epochs) or "step" (inside one).
+            epoch: the epoch a resumed run continues with (0-based).
+            step: batches of `epoch` already trained (0 for "epoch").
+            global_step: batches trained since the start of the run.
+            phase: the fine-tuning phase (advtrain.models.freezing).
+            logs: metrics to record in state.json.
+            prune: remove checkpoints beyond `keep` (and not the best).
+            steps_per_epoch: recorded, so a resume can tell that the
+                training data changed size.
+        """
+        if kind not in ("epoch", "step"):
+            raise ValueError(f"kind must be epoch or step. Received: {kind}")
+        name = (
+            f"epoch-{epoch:04d}"
+            if kind == "epoch"
+            else f"step-{global_step:08d}"
+        )
+        arrays, spec = capture_variables(model)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        final = self.directory / name
+        tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{name}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            buffer = io.BytesIO()
+            np.savez(buffer, **arrays)
+            data = buffer.getvalue()
+            with open(tmp / "variables.npz", "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            state = {
+                "format": FORMAT,
+                "kind": kind,
+                "epoch": epoch,
+                "step": step,
+                "global_step": global_step,
+                "steps_per_epoch": steps_per_epoch,
+                "phase": phase,
+                "logs": {
+                    k: float(v)
+                    for k, v in (logs or {}).items()
+                    if isinstance(v, (int, float, np.floating, np.integer))
+                },
+                "variables": spec,
+                "variables_sha256": hashlib.sha256(data).hexdigest(),
+            }
+            with open(tmp / "state.json", "w", encoding="utf-8") as handle:
+                json.dump(state, handle, indent=1)
+                handle.flush()
+                os.fsync(handle.fileno())
+            _fsync_dir(tmp)
+            if final.exists():
+                _discard(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.directory)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        if prune:
+            self.prune()
+        return final
+
+    def record_best(self, path: Path, value: float, epoch: int) -> None:
+        atomic_write_json(
+            self.directory / "best.json",
+            {
+                "checkpoint": path.name,
+                "monitor": self.monitor,
+                "mode": self.mode,
+                "value": float(value),
+                "epoch": epoch,
+            },
+        )
+
+    def prune(self) -> None:
+        """Keeps the newest `keep` checkpoints and the best one."""
+        best = self.best() or {}
+        found = self.paths()
+        for path in found[: max(0, len(found) - self.keep)]:
+            if path.name != best.get("checkpoint"):
+                _discard(path)
+
+
+# ---------------------------------------------------------------- resuming
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Parses and checks one checkpoint folder.
+
+    Raises:
+        CheckpointError: missing or unreadable files, or a hash mismatch.
+    """
+    state = _read_state(path)
+    if state is None:
+        raise CheckpointError(f"{path}: state.json missing or unreadable")
+    checkpoint = Checkpoint(path, state)
+    try:
+        checkpoint.arrays()
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any decoding failure
+        raise CheckpointError(
+            f"{path}: variables.npz unreadable ({type(exc).__name__})"
+        ) from None
+    return checkpoint
+
+
+def find_resume_point(
+    directory: Path, echo: Echo = print
+) -> Optional[Checkpoint]:
+    """The newest checkpoint that loads, warning about those that do not."""
+    store = CheckpointStore(directory)
+    for path in reversed(store.paths()):
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as exc:
+            echo(f"warning: skipping checkpoint: {exc}; trying the one before")
+    return None
+
+
+def restore_variables(
+    model, checkpoint: Checkpoint, group: str, arrays: Optional[dict] = None
+) -> int:
+    """Assigns one group ("model", "optimizer" or "metrics") of a
+    checkpoint to `model`; returns how many variables were set.
+
+    Raises:
+        CheckpointError: the model's variables do not match the saved ones
+            (another recipe or another version of the code built it).
+    """
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}. Received: {group}")
+    variables = _groups(model)[group]
+    spec = checkpoint.state["variables"][group]
+    if len(variables) != len(spec):
+        raise CheckpointError(
+            f"{checkpoint.path}: {len(spec)} saved {group} variables, the "
+            f"model has {len(variables)}; it was written by a different "
+            "model or version of the code"
+        )
+    for variable, (path, shape, _) in zip(variables, spec, strict=True):
+        if list(variable.shape) != list(shape):
+            raise CheckpointError(
+                f"{checkpoint.path}: {group} variable {path} has shape "
+                f"{shape}, the model's {variable.path} has "
+                f"{list(variable.shape)}"
+            )
+    arrays = checkpoint.arrays() if arrays is None else arrays
+    for i, (variable, (_, shape, dtype)) in enumerate(
+        zip(variables, spec, strict=True)
+    ):
+        value = arrays[f"{group}/{i:05d}"]
+        if value.dtype == np.uint8 and dtype != "uint8":
+            value = np.frombuffer(value.tobytes(), dtype=np.dtype(dtype))
+            value = value.reshape(shape)
+        variable.assign(value)
+    return len(variables)
+
+
+def resolve_monitor(
+    setting: str,
+    mode: str,
+    *,
+    has_validation: bool,
+    attacks: bool,
+    validates_adversarially: bool,
+) -> tuple[str, str]:
+    """`output.monitor` and `output.monitor_mode` with "auto" resolved.
+
+    "auto" is robust accuracy: on the validation split when there is one
+    and the model's `test_step` attacks (otherwise `val_adv_accuracy`
+    would be the untouched metric, always 0), else on the training batches.
+    """
+    if setting == "auto":
+        if not attacks:
+            setting = "val_accuracy" if has_validation else "accuracy"
+        elif has_validation and validates_adversarially:
+            setting = "val_adv_accuracy"
+        else:
+            setting = "adv_accuracy"
+    elif setting.startswith("val_") and not has_validation:
+        raise RecipeError(
+            f"output.monitor={setting} needs a validation split; set "
+            "data.val_fraction > 0 or monitor a training metric."
+        )
+    if mode == "auto":
+        mode = "min" if setting.endswith("loss") else "max"
+    return setting, mode

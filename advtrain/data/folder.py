@@ -1,0 +1,236 @@
+"""Source `folder`: your own images, one folder per class.
+
+`data.path` is either
+
+```
+root/train/<class>/*.png|jpg|jpeg     root/<class>/*.png|jpg|jpeg
+root/test/<class>/...          or     (data.test_fraction held out)
+```
+
+Class names are the sorted folder names under `train/` (or `root/`); the
+test tree may hold a subset of them. Images are decoded in tf.data, in
+parallel, and resized to `data.image_size` when it is set (else to the size
+of the first image). Grayscale folders stay one channel; RGBA drops alpha.
+
+Every file's signature and end marker are checked when the source loads
+(a few bytes each), so a truncated or mislabelled file fails at once with
+its name instead of mid-epoch.
+
+Example:
+
+```python
+cfg = DataConfig(source="folder", path="/data/signs", image_size=(64, 64))
+splits = load_splits(cfg)
+```
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from advtrain.config import DataConfig, RecipeError
+from advtrain.data.arrays import stratified_split
+from advtrain.data.pipeline import DataSplits
+from advtrain.data.sources import register_source
+
+logger = logging.getLogger(__name__)
+
+EXTENSIONS = (".png", ".jpg", ".jpeg")
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def check_image_file(path: Path) -> Optional[str]:
+    """Returns what is wrong with a PNG / JPEG file, or None if it looks whole.
+
+    Reads the first and last bytes only: the signature and the end marker
+    (PNG IEND chunk, JPEG EOI) that a truncated file lacks.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            f.seek(max(0, size - 1024))
+            tail = f.read()
+    except OSError as exc:
+        return f"cannot read ({exc.strerror})"
+    if size == 0:
+        return "empty file: expected a PNG or JPEG image"
+    if head.startswith(_PNG):
+        return None if b"IEND" in tail else "truncated PNG: no IEND chunk"
+    if head.startswith(b"\xff\xd8\xff"):
+        return None if b"\xff\xd9" in tail else "truncated JPEG: no EOI marker"
+    return f"not a PNG or JPEG image. Received: first bytes {head[:8]!r}"
+
+
+def _class_dirs(root: Path) -> list[Path]:
+    return sorted(
+        p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+    )
+
+
+def _list_tree(
+    root: Path,
+    class_names: list[str],
+    shown_root: Path,
+    partial: bool,
+) -> tuple[list[str], list[int], int]:
+    paths, labels, skipped = [], [], 0
+    index = {name: i for i, name in enumerate(class_names)}
+    for folder in _class_dirs(root):
+        if folder.name not in index:
+            message = (
+                f"{folder.relative_to(shown_root)}: class not in the training "
+                f"classes (label out of range). Expected one of: "
+                f"{', '.join(class_names)}"
+            )
+            if not partial:
+                raise RecipeError(message)
+            n = sum(
+                1 for p in folder.iterdir() if p.suffix.lower() in EXTENSIONS
+            )
+            logger.warning("folder: skipping %d image(s): %s", n, message)
+            skipped += n
+            continue
+        for path in sorted(folder.iterdir()):
+            if path.suffix.lower() not in EXTENSIONS or not path.is_file():
+                continue
+            problem = check_image_file(path)
+            if problem is not None:
+                message = f"{path.relative_to(shown_root)}: {problem}"
+                if not partial:
+                    raise RecipeError(message)
+                logger.warning("folder: skipping %s", message)
+                skipped += 1
+                continue
+            paths.append(str(path))
+            labels.append(index[folder.name])
+    return paths, labels, skipped
+
+
+def _decoder(channels: int, size: tuple[int, int]):
+    def load(path, label):
+        image = tf.io.decode_image(
+            tf.io.read_file(path), channels=channels, expand_animations=False
+        )
+        image.set_shape([None, None, channels])
+        same = tf.reduce_all(tf.equal(tf.shape(image)[:2], size))
+
+        def resize():
+            out = tf.image.resize(image, size, antialias=True)
+            return tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8)
+
+        image = tf.cond(same, lambda: image, resize)
+        image.set_shape([*size, channels])
+        return image, label
+
+    return load
+
+
+@register_source("folder")
+def folder_splits(cfg: DataConfig) -> DataSplits:
+    """Class-per-folder images; see the module docstring."""
+    if cfg.path is None:
+        raise RecipeError(
+            "data.path: source folder needs an image directory. "
+            "Received: path=None"
+        )
+    root = Path(cfg.path).expanduser()
+    if not root.is_dir():
+        raise RecipeError(
+            f"{root}: image directory not found (data.path). Expected "
+            "root/train/<class>/*.png or root/<class>/*.png."
+        )
+    partial = cfg.on_corrupt == "skip"
+    train_root = root / "train" if (root / "train").is_dir() else root
+    test_root = root / "test" if train_root != root else None
+    class_names = [p.name for p in _class_dirs(train_root)]
+    if not class_names:
+        raise RecipeError(
+            f"{train_root}: expected one folder per class "
+            "(root/train/<class>/*.png or root/<class>/*.png). Received: none"
+        )
+    paths, labels, skipped = _list_tree(train_root, class_names, root, partial)
+    if not paths:
+        raise RecipeError(
+            f"{train_root}: expected {', '.join(EXTENSIONS)} images in the "
+            "class folders. Received: none"
+        )
+    paths_arr, labels_arr = np.array(paths), np.array(labels, np.int64)
+    if test_root is not None and test_root.is_dir():
+        test_paths, test_labels, n = _list_tree(
+            test_root, class_names, root, partial
+        )
+        skipped += n
+        test = (np.array(test_paths), np.array(test_labels, np.int64))
+    else:
+        keep, held = stratified_split(
+            labels_arr, cfg.test_fraction, seed=cfg.seed
+        )
+        test = (paths_arr[held], labels_arr[held])
+        paths_arr, labels_arr = paths_arr[keep], labels_arr[keep]
+    val = None
+    if cfg.val_fraction > 0:
+        keep, held = stratified_split(
+            labels_arr, cfg.val_fraction, seed=cfg.seed + 1
+        )
+        val = (paths_arr[held], labels_arr[held])
+        paths_arr, labels_arr = paths_arr[keep], labels_arr[keep]
+    # Class folders are listed in order; mix them once so a shuffle buffer
+    # smaller than the data set still sees every class.
+    order = np.random.default_rng(cfg.seed).permutation(len(paths_arr))
+    train = (paths_arr[order], labels_arr[order])
+    if cfg.limit_train is not None:
+        train = (train[0][: cfg.limit_train], train[1][: cfg.limit_train])
+    if cfg.limit_test is not None:
+        test = (test[0][: cfg.limit_test], test[1][: cfg.limit_test])
+
+    try:
+        first = tf.io.decode_image(
+            tf.io.read_file(paths[0]), expand_animations=False
+        )
+    except tf.errors.OpError as exc:
+        raise RecipeError(
+            f"{Path(paths[0]).relative_to(root)}: cannot decode image "
+            f"({exc.message.splitlines()[0]})."
+        ) from None
+    channels = 1 if first.shape[-1] in (1, 2) else 3
+    size = tuple(cfg.image_size or first.shape[:2])
+    if cfg.image_size is None:
+        logger.info(
+            "folder: images resized to %dx%d, the size of %s "
+            "(set data.image_size to choose).",
+            size[0],
+            size[1],
+            paths[0],
+        )
+    load = _decoder(channels, size)
+
+    def to_ds(pair):
+        ds = tf.data.Dataset.from_tensor_slices(pair)
+        ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+        if partial:
+            # Damage the header check cannot see fails in the decoder.
+            ds = ds.ignore_errors(log_warning=True)
+        return ds
+
+    if skipped:
+        logger.warning(
+            "folder: skipped %d corrupt image(s) (on_corrupt: skip).", skipped
+        )
+    return DataSplits(
+        train=to_ds(train),
+        test=to_ds(test),
+        val=None if val is None else to_ds(val),
+        num_classes=len(class_names),
+        image_shape=(*size, channels),
+        train_size=len(train[1]),
+        test_size=len(test[1]),
+        val_size=0 if val is None else len(val[1]),
+        class_names=class_names,
+        skipped=skipped,
+    )

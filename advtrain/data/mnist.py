@@ -1,0 +1,211 @@
+"""MNIST from the original IDX files, or from TFDS when no directory is named.
+
+Source `mnist` reads `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
+`t10k-images-idx3-ubyte` and `t10k-labels-idx1-ubyte` (each plain or `.gz`)
+from `data.path`. Without `data.path` it loads TFDS `mnist` (downloaded
+once into `data.tfds_data_dir`).
+
+IDX is a big-endian header (two zero bytes, a type code, the number of
+dimensions, then one uint32 per dimension) followed by the raw values.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+
+from advtrain.config import DataConfig, RecipeError
+from advtrain.data.arrays import splits_from_arrays
+from advtrain.data.pipeline import DataSplits
+from advtrain.data.sources import register_source
+
+logger = logging.getLogger(__name__)
+
+FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_IDX_TYPES = {
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def _read_bytes(path: Path) -> tuple[bytes, bool]:
+    """Returns the (decompressed) bytes and whether they are complete."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read ({exc.strerror}).") from None
+    if path.suffix != ".gz":
+        return raw, True
+    # A decompressobj returns what a truncated stream holds instead of
+    # raising, so on_corrupt: skip can keep the complete records.
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(raw)
+    except zlib.error as exc:
+        raise RecipeError(
+            f"{path}: not a readable gzip file ({exc})."
+        ) from None
+    return data, inflater.eof
+
+
+def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
+    """Returns the complete records and the count the header declares."""
+    data, complete = _read_bytes(path)
+    if (
+        len(data) < 4
+        or data[0] != 0
+        or data[1] != 0
+        or data[2] not in _IDX_TYPES
+    ):
+        raise RecipeError(
+            f"{path}: not an IDX file: expected magic 00 00 <type> <ndim>. "
+            f"Received: {data[:4].hex(' ') or 'empty file'}"
+        )
+    dtype, ndim = _IDX_TYPES[data[2]], data[3]
+    offset = 4 + 4 * ndim
+    if ndim < 1 or len(data) < offset:
+        raise RecipeError(f"{path}: truncated IDX header ({ndim} dimensions).")
+    shape = [
+        int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)
+    ]
+    record = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    have = (len(data) - offset) // record if record else shape[0]
+    if not complete or have < shape[0]:
+        if not partial:
+            reason = (
+                "gzip stream ends early" if not complete else "file ends early"
+            )
+            raise RecipeError(
+                f"{path}: truncated IDX: expected {shape[0]} records of shape "
+                f"{tuple(shape[1:])}, {reason}. Received: {min(have, shape[0])}"
+            )
+    n = min(have, shape[0])
+    array = np.frombuffer(
+        data, dtype, count=n * record // dtype.itemsize, offset=offset
+    )
+    return array.reshape([n, *shape[1:]]).astype(
+        dtype.newbyteorder("=")
+    ), shape[0]
+
+
+def read_idx(path: Union[str, Path]) -> np.ndarray:
+    """Reads an IDX file (plain or .gz) into a numpy array.
+
+    Raises:
+        RecipeError: the file is missing, not IDX, or truncated.
+
+    Example:
+
+    ```python
+    labels = read_idx("mnist/train-labels-idx1-ubyte.gz")
+    ```
+    """
+    return _read_idx(Path(path), partial=False)[0]
+
+
+def _find(directory: Path, name: str) -> Path:
+    for candidate in (directory / name, directory / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise RecipeError(
+        f"{directory}: expected {name} or {name}.gz (MNIST IDX files)."
+    )
+
+
+def _load_split(directory: Path, split: str, partial: bool):
+    images_path = _find(directory, FILES[split][0])
+    labels_path = _find(directory, FILES[split][1])
+    images, n_images = _read_idx(images_path, partial)
+    labels, n_labels = _read_idx(labels_path, partial)
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise RecipeError(
+            f"{images_path}: expected uint8 images of shape (N, rows, cols). "
+            f"Received: {images.dtype} {images.shape}"
+        )
+    if labels.ndim != 1:
+        raise RecipeError(
+            f"{labels_path}: expected labels of shape (N,). "
+            f"Received: {labels.shape}"
+        )
+    if n_images != n_labels:
+        raise RecipeError(
+            f"{labels_path}: expected {n_images} labels, one per image in "
+            f"{images_path.name}. Received: {n_labels}"
+        )
+    n = min(len(images), len(labels))
+    skipped = n_images - n
+    images, labels = images[:n], labels[:n].astype(np.int64)
+    bad = np.flatnonzero((labels < 0) | (labels > 9))
+    if len(bad):
+        if not partial:
+            raise RecipeError(
+                f"{labels_path} index {bad[0]}: label out of range: expected "
+                f"0..9. Received: {labels[bad[0]]}"
+            )
+        keep = np.ones(n, bool)
+        keep[bad] = False
+        images, labels = images[keep], labels[keep]
+        skipped += len(bad)
+    if skipped:
+        logger.warning(
+            "mnist %s: skipped %d corrupt example(s) (on_corrupt: skip).",
+            split,
+            skipped,
+        )
+    return images[..., None], labels, skipped
+
+
+def load_mnist_idx(
+    directory: Union[str, Path], on_corrupt: str = "error"
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
+    """Reads the four MNIST IDX files from `directory`.
+
+    Returns:
+        ({"train": (images, labels), "test": (...)}, skipped): images are
+        uint8 `(N, 28, 28, 1)`, labels int64; `skipped` counts records left
+        out under `on_corrupt="skip"` (truncated files, labels not 0..9).
+    """
+    directory = Path(directory).expanduser()
+    if not directory.is_dir():
+        raise RecipeError(
+            f"{directory}: MNIST directory not found (data.path). Expected "
+            "the four IDX files there."
+        )
+    out, skipped = {}, 0
+    for split in FILES:
+        images, labels, n_skipped = _load_split(
+            directory, split, on_corrupt == "skip"
+        )
+        out[split] = (images, labels)
+        skipped += n_skipped
+    return out, skipped
+
+
+@register_source("mnist")
+def mnist_splits(cfg: DataConfig) -> DataSplits:
+    """MNIST from IDX files in `data.path`, else TFDS `mnist`."""
+    if cfg.path is None:
+        from advtrain.data.tfds_source import load_tfds_splits
+
+        return load_tfds_splits("mnist", cfg)
+    arrays, skipped = load_mnist_idx(cfg.path, cfg.on_corrupt)
+    splits = splits_from_arrays(
+        arrays["train"],
+        arrays["test"],
+        cfg,
+        num_classes=10,
+        class_names=[str(i) for i in range(10)],
+    )
+    splits.skipped = skipped
+    return splits

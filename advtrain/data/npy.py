@@ -1,0 +1,331 @@
+"""Source `arrays`: `.npy` files streamed from disk, never loaded whole.
+
+`data.path` names either
+
+* a directory holding `x_train.npy` and `y_train.npy`, and optionally
+  `x_test.npy` and `y_test.npy`; or
+* a prefix `PATH` of the pair `PATH_x.npy` and `PATH_y.npy`.
+
+Without a test pair, `data.test_fraction` of the examples is held out as the
+test split (stratified, seeded by `data.seed`); `data.val_fraction` of what
+remains becomes the validation split the same way.
+
+Images `x` are `(N, H, W)` or `(N, H, W, C)`, uint8 0..255 or float in
+[0, 1] (float16 / float64 are read as float32). Labels `y` are integers
+`(N,)` or `(N, 1)` in 0..K-1, K = 1 + the largest training label; they are
+read into memory (8 bytes an example). Images are opened with
+`np.load(mmap_mode="r")` and read a few MB of rows at a time in a
+`tf.data` generator, so host memory does not grow with N and nothing is
+ever copied whole to the device. Each epoch reads the training rows in a
+fresh random order (seeded by `data.seed` and the epoch).
+
+Example:
+
+```python
+np.save("/data/x_train.npy", x)  # or np.lib.format.open_memmap(...)
+np.save("/data/y_train.npy", y)
+cfg = DataConfig(source="arrays", path="/data")
+```
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from advtrain.config import DataConfig, RecipeError
+from advtrain.data.arrays import stratified_split
+from advtrain.data.pipeline import DataSplits
+from advtrain.data.sources import register_source
+
+logger = logging.getLogger(__name__)
+
+# Rows read per generator step.
+_CHUNK_BYTES = 4 << 20
+
+
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
+    """Returns (shape, dtype, fortran_order, data offset) of a .npy file."""
+    try:
+        with path.open("rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = (
+                np.lib.format.read_array_header_1_0
+                if major == 1
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read(f)
+            return shape, dtype, fortran, f.tell()
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read ({exc.strerror}).") from None
+    except ValueError as exc:
+        raise RecipeError(
+            f"{path}: not a .npy file ({str(exc).splitlines()[0]})."
+        ) from None
+
+
+class _Rows:
+    """Rows of a .npy file read through a memory map, `rows` of them usable."""
+
+    def __init__(self, path: Path, partial: bool):
+        self.path = path
+        shape, dtype, fortran, offset = _npy_header(path)
+        if dtype.hasobject:
+            raise RecipeError(
+                f"{path}: expected a numeric array. Received: dtype={dtype}"
+            )
+        if not shape:
+            raise RecipeError(
+                f"{path}: expected an array of examples. Received: a scalar"
+            )
+        self.shape, self.dtype, self._offset = shape, dtype, offset
+        self._fortran = fortran
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        self.row_bytes = max(1, row_bytes)
+        size = path.stat().st_size
+        complete = (size - offset) // self.row_bytes if row_bytes else shape[0]
+        self.rows = min(shape[0], complete)
+        if self.rows < shape[0] and not partial:
+            expected = offset + shape[0] * row_bytes
+            raise RecipeError(
+                f"{path}: truncated .npy: expected {expected} bytes for "
+                f"shape {shape} {dtype}. Received: {size}"
+            )
+
+    def _open(self):
+        if self.rows == self.shape[0]:
+            return np.load(self.path, mmap_mode="r", allow_pickle=False)
+        # Truncated under on_corrupt: skip: map the complete rows only.
+        return np.memmap(
+            self.path,
+            self.dtype,
+            "r",
+            self._offset,
+            (self.rows, *self.shape[1:]),
+            "F" if self._fortran else "C",
+        )
+
+    def read(self, index: np.ndarray) -> np.ndarray:
+        """Copies the rows at sorted `index` out of a fresh memory map.
+
+        Pages of a file mapping count toward the process's resident memory
+        until it is unmapped, and each fault maps its page-cache neighbours
+        too (up to 16x the bytes of a scattered row). Mapping per chunk and
+        dropping the map at once keeps that to one chunk's worth, whatever
+        the file's size; opening costs a header read and one mmap call.
+        """
+        return np.array(self._open()[index])
+
+    def read_all(self) -> np.ndarray:
+        return np.array(self._open())
+
+
+def _labels(path: Path, partial: bool) -> tuple[np.ndarray, int]:
+    rows = _Rows(path, partial)
+    y = rows.read_all()
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise RecipeError(
+            f"{path}: expected integer labels of shape (N,) or (N, 1). "
+            f"Received: {y.dtype} {y.shape}"
+        )
+    return y.astype(np.int64), rows.shape[0] - rows.rows
+
+
+class _Part:
+    """One x / y pair: image rows on disk, labels in memory, usable indices."""
+
+    def __init__(self, x_path: Path, y_path: Path, partial: bool):
+        self.x = _Rows(x_path, partial)
+        self.y, missing_y = _labels(y_path, partial)
+        shape = self.x.shape
+        if len(shape) not in (3, 4) or (
+            len(shape) == 4 and shape[3] not in (1, 3, 4)
+        ):
+            raise RecipeError(
+                f"{x_path}: expected images (N, H, W) or (N, H, W, C) with C "
+                f"1, 3 or 4. Received: shape={shape}"
+            )
+        if not (
+            self.x.dtype == np.uint8 or np.issubdtype(self.x.dtype, np.floating)
+        ):
+            raise RecipeError(
+                f"{x_path}: expected uint8 or float images. "
+                f"Received: dtype={self.x.dtype}"
+            )
+        declared_x, declared_y = shape[0], len(self.y) + missing_y
+        if declared_x != declared_y:
+            raise RecipeError(
+                f"{y_path}: expected {declared_x} labels, one per image in "
+                f"{x_path.name}. Received: {declared_y}"
+            )
+        n = min(self.x.rows, len(self.y))
+        self.index = np.arange(n)
+        self.skipped = declared_x - n
+        self.y_path = y_path
+
+    def drop_out_of_range(self, num_classes: int, partial: bool, name: str):
+        y = self.y[self.index]
+        bad = (y < 0) | (y >= num_classes)
+        if not bad.any():
+            return
+        first = self.index[np.argmax(bad)]
+        if not partial:
+            raise RecipeError(
+                f"{self.y_path} index {first}: label out of range: expected "
+                f"0..{num_classes - 1} ({name}). Received: {self.y[first]}"
+            )
+        self.index = self.index[~bad]
+        self.skipped += int(bad.sum())
+
+
+def _stream(
+    rows: _Rows,
+    labels: np.ndarray,
+    index: np.ndarray,
+    shuffle_seed: Optional[int],
+) -> tf.data.Dataset:
+    shape = rows.shape[1:] if len(rows.shape) == 4 else (*rows.shape[1:], 1)
+    dtype = np.uint8 if rows.dtype == np.uint8 else np.float32
+    chunk = max(1, _CHUNK_BYTES // rows.row_bytes)
+    epochs = itertools.count()
+
+    def generate():
+        order = index
+        rng = None
+        if shuffle_seed is not None:
+            rng = np.random.default_rng([shuffle_seed, next(epochs)])
+            order = rng.permutation(index)
+        for start in range(0, len(order), chunk):
+            # Sorted reads walk the file forward; the rows are put back in
+            # random order after reading.
+            idx = np.sort(order[start : start + chunk])
+            x = rows.read(idx).astype(dtype, copy=False).reshape(-1, *shape)
+            y = labels[idx]
+            if rng is not None:
+                perm = rng.permutation(len(idx))
+                x, y = x[perm], y[perm]
+            yield x, y
+
+    ds = tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(
+            tf.TensorSpec((None, *shape), tf.as_dtype(dtype)),
+            tf.TensorSpec((None,), tf.int64),
+        ),
+    )
+    ds = ds.unbatch()
+    return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
+
+
+def _layout(
+    path: Path,
+) -> tuple[tuple[Path, Path], Optional[tuple[Path, Path]]]:
+    if path.is_dir():
+        train = (path / "x_train.npy", path / "y_train.npy")
+        test = (path / "x_test.npy", path / "y_test.npy")
+        for p in train:
+            if not p.is_file():
+                raise RecipeError(
+                    f"{path}: expected x_train.npy and y_train.npy (and "
+                    f"optionally x_test.npy, y_test.npy). Missing: {p.name}"
+                )
+        present = [p.is_file() for p in test]
+        if any(present) and not all(present):
+            missing = test[present.index(False)]
+            raise RecipeError(
+                f"{path}: x_test.npy and y_test.npy go together. "
+                f"Missing: {missing.name}"
+            )
+        return train, test if all(present) else None
+    pair = (Path(f"{path}_x.npy"), Path(f"{path}_y.npy"))
+    if not pair[0].parent.is_dir():
+        raise RecipeError(
+            f"{path}: arrays directory not found (data.path). Expected a "
+            "directory with x_train.npy, y_train.npy or a prefix of "
+            "PREFIX_x.npy, PREFIX_y.npy."
+        )
+    for p in pair:
+        if not p.is_file():
+            raise RecipeError(
+                f"{p}: not found. Expected data.path to be a directory with "
+                "x_train.npy, y_train.npy or a prefix of PREFIX_x.npy, "
+                "PREFIX_y.npy."
+            )
+    return pair, None
+
+
+@register_source("arrays")
+def arrays_splits(cfg: DataConfig) -> DataSplits:
+    """Streams `.npy` images from disk; see the module docstring."""
+    if cfg.path is None:
+        raise RecipeError(
+            "data.path: source arrays needs a directory or a file prefix. "
+            "Received: path=None"
+        )
+    partial = cfg.on_corrupt == "skip"
+    train_paths, test_paths = _layout(Path(cfg.path).expanduser())
+    train = _Part(*train_paths, partial)
+    num_classes = int(train.y[train.index].max()) + 1 if len(train.index) else 0
+    if num_classes < 1:
+        raise RecipeError(f"{train_paths[1]}: expected at least one example.")
+    train.drop_out_of_range(num_classes, partial, "labels start at 0")
+    test = None
+    if test_paths is not None:
+        test = _Part(*test_paths, partial)
+        if test.x.shape[1:] != train.x.shape[1:]:
+            raise RecipeError(
+                f"{test_paths[0]}: expected images of shape "
+                f"{train.x.shape[1:]} like {train_paths[0].name}. "
+                f"Received: {test.x.shape[1:]}"
+            )
+        test.drop_out_of_range(
+            num_classes, partial, f"classes seen in {train_paths[1].name}"
+        )
+    train_index, test_index = train.index, None
+    if test is None:
+        keep, held = stratified_split(
+            train.y[train_index], cfg.test_fraction, seed=cfg.seed
+        )
+        train_index, test_index = train_index[keep], train_index[held]
+    val_index = None
+    if cfg.val_fraction > 0:
+        keep, held = stratified_split(
+            train.y[train_index], cfg.val_fraction, seed=cfg.seed + 1
+        )
+        train_index, val_index = train_index[keep], train_index[held]
+    if cfg.limit_train is not None:
+        train_index = train_index[: cfg.limit_train]
+    test_rows, test_labels = (
+        (train.x, train.y) if test is None else (test.x, test.y)
+    )
+    if test_index is None:
+        test_index = test.index
+    if cfg.limit_test is not None:
+        test_index = test_index[: cfg.limit_test]
+    skipped = train.skipped + (test.skipped if test is not None else 0)
+    if skipped:
+        logger.warning(
+            "arrays: skipped %d corrupt example(s) (on_corrupt: skip).", skipped
+        )
+    shape = train.x.shape[1:]
+    image_shape = tuple(shape) if len(shape) == 3 else (*shape, 1)
+    return DataSplits(
+        train=_stream(train.x, train.y, train_index, shuffle_seed=cfg.seed),
+        test=_stream(test_rows, test_labels, test_index, shuffle_seed=None),
+        val=None
+        if val_index is None
+        else _stream(train.x, train.y, val_index, shuffle_seed=None),
+        num_classes=num_classes,
+        image_shape=image_shape,
+        train_size=len(train_index),
+        test_size=len(test_index),
+        val_size=0 if val_index is None else len(val_index),
+        skipped=skipped,
+    )

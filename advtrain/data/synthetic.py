@@ -1,0 +1,260 @@
+"""Small data sets written in the real on-disk formats, for tests and benches.
+
+Every writer produces files the matching source reads exactly as it would
+read the published data: GTSRB's PPM tree and zips, MNIST's IDX files, a
+class-per-folder PNG tree. Each returns what it wrote so a test can compare
+pixels and labels.
+
+Example:
+
+```python
+written = write_gtsrb(tmp_dir, classes=(0, 3), tracks_per_class=2)
+cfg = DataConfig(source="gtsrb", path=str(tmp_dir), image_size=(32, 32))
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+
+_HEADER = "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId"
+
+
+def encode_ppm(image: np.ndarray, comment: Optional[str] = None) -> bytes:
+    """Encodes a `(H, W, 3)` uint8 array as binary PPM (P6, maxval 255)."""
+    image = np.asarray(image, np.uint8)
+    height, width = image.shape[:2]
+    note = f"# {comment}\n" if comment else ""
+    header = f"P6\n{note}{width} {height}\n255\n".encode("ascii")
+    return header + image.tobytes()
+
+
+@dataclasses.dataclass
+class GtsrbImage:
+    """One written GTSRB image, as the CSV describes it."""
+
+    split: str
+    path: str  # relative to the root, e.g. GTSRB/Final_Test/Images/00000.ppm
+    label: int
+    track: int  # -1 for test images
+    roi: tuple[int, int, int, int]  # x1, y1, x2, y2
+    image: np.ndarray
+
+
+def _smooth_image(rng, height: int, width: int) -> np.ndarray:
+    """Blocks of colour plus a little noise: compresses roughly like a photo."""
+    grid = rng.integers(0, 256, (5, 5, 3), dtype=np.int16)
+    rows = np.arange(height) * 5 // height
+    cols = np.arange(width) * 5 // width
+    field = grid[rows][:, cols]
+    field += rng.integers(-8, 9, field.shape, dtype=np.int16)
+    return np.clip(field, 0, 255).astype(np.uint8)
+
+
+def _gtsrb_image(rng, size: int, pattern: str):
+    width = int(
+        np.clip(size + rng.integers(-size // 10, size // 10 + 1), 15, 250)
+    )
+    height = int(np.clip(size, 15, 250))
+    if pattern == "noise":
+        image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    else:
+        image = _smooth_image(rng, height, width)
+    # The sign sits inside a border of 10 % of its size, at least 5 px; the
+    # ROI's x2 / y2 are exclusive (a numpy slice).
+    bx = max(5, int(round(width * 0.08)))
+    by = max(5, int(round(height * 0.08)))
+    x1 = int(rng.integers(max(1, bx - 2), bx + 1))
+    y1 = int(rng.integers(max(1, by - 2), by + 1))
+    roi = (x1, y1, width - bx, height - by)
+    return image, roi
+
+
+def write_gtsrb(
+    root: Union[str, Path],
+    *,
+    classes: Sequence[int] = (0, 1, 2),
+    tracks_per_class: int = 2,
+    frames_per_track: int = 3,
+    test_per_class: int = 2,
+    sizes: tuple[int, int] = (15, 64),
+    pattern: str = "noise",
+    archives: bool = False,
+    extracted: bool = True,
+    seed: int = 0,
+) -> list[GtsrbImage]:
+    """Writes a GTSRB tree in the official layout and returns its images.
+
+    Training images go to `GTSRB/Final_Training/Images/000NN/XXXXX_YYYYY.ppm`
+    (track XXXXX, frame YYYYY) with `GT-000NN.csv` in each class folder; test
+    images to `GTSRB/Final_Test/Images/NNNNN.ppm` with
+    `GT-final_test.test.csv` (no ClassId) beside them and the labelled
+    `GT-final_test.csv` at the root, as unzipping the three official
+    archives leaves them. Frames of a track grow like a sign approaching.
+
+    Args:
+        root: output directory.
+        classes: class ids (0..42) to write.
+        tracks_per_class: physical signs per class.
+        frames_per_track: images per track.
+        test_per_class: test images per class.
+        sizes: smallest and largest image side (GTSRB: 15..250).
+        pattern: "noise" (uniform random pixels) or "smooth" (photo-like).
+        archives: also write the three official zip files.
+        extracted: write the extracted folders.
+        seed: random seed.
+    """
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    files: dict[str, bytes] = {}
+    written: list[GtsrbImage] = []
+    lo, hi = sizes
+    for cls in classes:
+        folder = f"GTSRB/Final_Training/Images/{cls:05d}"
+        rows = [_HEADER]
+        for track in range(tracks_per_class):
+            # Like the real tracks: the last frame's size is log-uniform
+            # (most signs stay small), the first is 2.5x smaller.
+            end = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+            start = max(lo, end / 2.5)
+            step = (end - start) / max(1, frames_per_track - 1)
+            for frame in range(frames_per_track):
+                size = int(round(start + step * frame))
+                image, roi = _gtsrb_image(rng, size, pattern)
+                name = f"{track:05d}_{frame:05d}.ppm"
+                files[f"{folder}/{name}"] = encode_ppm(image)
+                rows.append(_csv_row(name, image, roi, cls))
+                written.append(
+                    GtsrbImage(
+                        "train", f"{folder}/{name}", cls, track, roi, image
+                    )
+                )
+        files[f"{folder}/GT-{cls:05d}.csv"] = _csv(rows)
+    test_rows, gt_rows = [_HEADER.rsplit(";", 1)[0]], [_HEADER]
+    index = 0
+    for _ in range(test_per_class):
+        for cls in classes:
+            size = int(rng.integers(lo, hi + 1))
+            image, roi = _gtsrb_image(rng, size, pattern)
+            name = f"{index:05d}.ppm"
+            index += 1
+            path = f"GTSRB/Final_Test/Images/{name}"
+            files[path] = encode_ppm(image, comment="written by advtrain")
+            row = _csv_row(name, image, roi, cls)
+            gt_rows.append(row)
+            test_rows.append(row.rsplit(";", 1)[0])
+            written.append(GtsrbImage("test", path, cls, -1, roi, image))
+    files["GTSRB/Final_Test/Images/GT-final_test.test.csv"] = _csv(test_rows)
+    gt_csv = _csv(gt_rows)
+    if extracted:
+        for rel, data in files.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        (root / "GT-final_test.csv").write_bytes(gt_csv)
+    if archives:
+        root.mkdir(parents=True, exist_ok=True)
+        train = {k: v for k, v in files.items() if "Final_Training" in k}
+        test = {k: v for k, v in files.items() if "Final_Test" in k}
+        _write_zip(root / "GTSRB_Final_Training_Images.zip", train)
+        _write_zip(root / "GTSRB_Final_Test_Images.zip", test)
+        _write_zip(
+            root / "GTSRB_Final_Test_GT.zip", {"GT-final_test.csv": gt_csv}
+        )
+    return written
+
+
+def _csv_row(name, image, roi, cls) -> str:
+    height, width = image.shape[:2]
+    return ";".join(str(v) for v in (name, width, height, *roi, cls))
+
+
+def _csv(rows: list[str]) -> bytes:
+    return ("\r\n".join(rows) + "\r\n").encode("ascii")
+
+
+def _write_zip(path: Path, files: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(
+        path, "w", zipfile.ZIP_DEFLATED, compresslevel=1
+    ) as zf:
+        for rel, data in sorted(files.items()):
+            zf.writestr(rel, data)
+
+
+def write_idx(path: Union[str, Path], array: np.ndarray) -> None:
+    """Writes a uint8 array in IDX format (gzipped when the name ends .gz)."""
+    array = np.asarray(array, np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+        int(d).to_bytes(4, "big") for d in array.shape
+    )
+    data = header + array.tobytes()
+    path = Path(path)
+    if path.suffix == ".gz":
+        data = gzip.compress(data, compresslevel=1)
+    path.write_bytes(data)
+
+
+def write_mnist(
+    directory: Union[str, Path],
+    *,
+    n_train: int = 20,
+    n_test: int = 10,
+    gz: bool = True,
+    seed: int = 0,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Writes MNIST-format IDX files; returns {"train"/"test": (x, y)}."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    suffix = ".gz" if gz else ""
+    out = {}
+    for split, prefix, n in (
+        ("train", "train", n_train),
+        ("test", "t10k", n_test),
+    ):
+        x = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        y = (np.arange(n) % 10).astype(np.uint8)
+        rng.shuffle(y)
+        write_idx(directory / f"{prefix}-images-idx3-ubyte{suffix}", x)
+        write_idx(directory / f"{prefix}-labels-idx1-ubyte{suffix}", y)
+        out[split] = (x, y)
+    return out
+
+
+def write_image_folder(
+    root: Union[str, Path],
+    *,
+    classes: Sequence[str] = ("cat", "dog"),
+    per_class: int = 3,
+    size: tuple[int, int] = (12, 10),
+    channels: int = 3,
+    split_dirs: Sequence[str] = ("train", "test"),
+    seed: int = 0,
+) -> dict[str, list[tuple[str, int, np.ndarray]]]:
+    """Writes `root/<split>/<class>/<i>.png`; `split_dirs=()` writes one tree.
+
+    Returns {split or "all": [(relative path, label, pixels), ...]}.
+    """
+    import tensorflow as tf
+
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[tuple[str, int, np.ndarray]]] = {}
+    for split in list(split_dirs) or [""]:
+        entries = out.setdefault(split or "all", [])
+        for label, name in enumerate(sorted(classes)):
+            folder = root / split / name if split else root / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                image = rng.integers(0, 256, (*size, channels), dtype=np.uint8)
+                path = folder / f"{i:03d}.png"
+                path.write_bytes(tf.io.encode_png(image).numpy())
+                entries.append((str(path.relative_to(root)), label, image))
+    return out

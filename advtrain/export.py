@@ -1,0 +1,79 @@
+"""`export_saved_model`: a trained classifier as a TF Serving SavedModel."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Union
+
+import keras
+import tensorflow as tf
+
+SIGNATURE = "serving_default"
+
+
+def export_saved_model(classifier: keras.Model, path: Union[str, Path]) -> Path:
+    """Writes `classifier` as a SavedModel that serves raw uint8 images.
+
+    The `serving_default` signature takes `images`, uint8 `[None, H, W, C]`
+    (0..255, the classifier's input size and channels), scales them to
+    [0, 1] as the classifier expects, and returns float32 `logits` and
+    `probabilities` (softmax). So TF Serving or `tf.saved_model.load` needs
+    no Python preprocessing and no advtrain install. The folder is written
+    under a temporary name and renamed, so a crash never leaves a partial
+    export at `path`.
+
+    Args:
+        classifier: maps [0, 1] float pixels `[N, H, W, C]` to logits.
+        path: the SavedModel folder to create; must not exist or be empty.
+
+    Returns:
+        `path`.
+
+    Example:
+
+    ```python
+    export_saved_model(classifier, "runs/demo/export/saved_model")
+    served = tf.saved_model.load("runs/demo/export/saved_model")
+    out = served.signatures["serving_default"](images=uint8_batch)
+    out["probabilities"]
+    ```
+    """
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(
+            f"{path}: already exists; choose a new folder for the export."
+        )
+    shape = tuple(classifier.input_shape[1:])
+    if len(shape) != 3 or any(d is None for d in shape):
+        raise ValueError(
+            "export_saved_model needs a classifier with a fixed image input "
+            f"[H, W, C]. Received: input_shape={classifier.input_shape}"
+        )
+
+    def serve(images):
+        pixels = tf.cast(images, tf.float32) / 255.0
+        logits = tf.cast(classifier(pixels, training=False), tf.float32)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+    archive = keras.export.ExportArchive()
+    archive.track(classifier)
+    archive.add_endpoint(
+        name=SIGNATURE,
+        fn=serve,
+        input_signature=[
+            tf.TensorSpec((None, *shape), tf.uint8, name="images")
+        ],
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        archive.write_out(str(tmp), verbose=False)
+        if path.exists():
+            path.rmdir()  # empty, checked above
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

@@ -1,0 +1,499 @@
+"""`advtrain.fit` (defined here, in `advtrain.fitting`): any Keras model,
+adversarially trained or not, through advtrain's runtime.
+
+The same strategy, precision, XLA, batch arithmetic and steps-per-execution
+logic as `advtrain run`, for a model and data you bring: a regressor, a
+sequence model, a classifier over wide tabular inputs, adversarially
+trained or not. Recipes reach the same path with
+`model: {builder: "package.module:function"}` (`build_from_builder`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import mmap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from advtrain.config import ModelConfig, RecipeError, RuntimeConfig, TrainConfig
+from advtrain.runtime import (
+    BatchPlan,
+    Runtime,
+    make_optimizer,
+    make_runtime,
+    plan_batches,
+)
+
+Echo = Callable[[str], None]
+ModelOrBuilder = Union[keras.Model, Callable[[], keras.Model]]
+
+# In-memory arrays up to this size become one constant tensor
+# (from_tensor_slices); larger ones, and every memory map, are read one
+# batch at a time.
+_CONSTANT_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What `fit` returns.
+
+    Attributes:
+        model: the trained model (the `AdversarialModel` wrapping yours
+            when an attack was given; yours is its `.classifier`).
+        history: `keras.callbacks.History.history`.
+        plan: the batch arithmetic that was printed.
+        runtime: the strategy and settings that ran.
+    """
+
+    model: keras.Model
+    history: dict[str, list[float]]
+    plan: BatchPlan
+    runtime: Runtime
+
+
+def fit(
+    model: ModelOrBuilder,
+    data: Any,
+    *,
+    runtime: Union[Runtime, RuntimeConfig, dict, None] = None,
+    attack: Any = None,
+    adv_weight: float = 0.5,
+    loss: Any = None,
+    metrics: Optional[list] = None,
+    optimizer: Any = "adam",
+    learning_rate: float = 1e-3,
+    batch_size: Optional[int] = None,
+    epochs: int = 1,
+    steps_per_epoch: Optional[int] = None,
+    scale_lr: bool = False,
+    reference_batch: int = 256,
+    warmup_epochs: float = 0.0,
+    shuffle: bool = True,
+    seed: int = 0,
+    validation_data: Any = None,
+    callbacks: Optional[list] = None,
+    verbose: Union[int, str] = 0,
+    echo: Optional[Echo] = print,
+) -> FitResult:
+    """Trains any Keras model under advtrain's runtime; adversarial or not.
+
+    The batch is global (split across replicas), steps per epoch follow
+    from it, epochs are never divided, and the arithmetic is printed
+    first, as in `advtrain run`. With `attack`, the model is wrapped in
+    an `AdversarialModel` (it must return logits: attacks differentiate
+    cross-entropy).
+
+    Args:
+        model: a Keras model, or a function of no arguments that builds
+            one. Pass a function under a multi-device strategy or mixed
+            precision: the model must be built inside the strategy's scope
+            and after the dtype policy is set. A ready functional or
+            Sequential model is cloned into the scope (weights kept).
+        data: `(x, y)` arrays (memory maps from `np.load(path,
+            mmap_mode="r")` are streamed from disk, never loaded whole), or
+            a `tf.data.Dataset`: of single examples when `batch_size` is
+            given (it is shuffled, if `shuffle`, and batched here), else
+            of global batches (then batch with `drop_remainder=True`).
+        runtime: a `RuntimeConfig` (or its dict) or a `Runtime` from
+            `make_runtime`; default: `RuntimeConfig()` (strategy auto).
+        attack: an `advtrain.attacks.Attack`, its config dict, a method
+            name ("fgsm", "fgsm_rs", "pgd"), or None for clean training.
+        adv_weight: weight of the adversarial loss when attacking.
+        loss: a Keras loss; default sparse categorical cross-entropy from
+            logits when attacking, else required.
+        metrics: Keras metrics (built in the strategy's scope).
+        optimizer: "adam", "sgd", "adamw" (with `learning_rate`, LR scaling
+            and warm-up, as recipes do) or a Keras optimizer.
+        learning_rate, scale_lr, reference_batch, warmup_epochs: as in the
+            recipe's `train` section.
+        batch_size: the global batch (required for arrays).
+        epochs: epochs; steps_per_epoch: default examples // batch_size
+            (required when the dataset's length is unknown).
+        shuffle, seed: shuffling of arrays and unbatched datasets.
+        validation_data: passed to `Model.fit` (batched).
+        callbacks, verbose: passed to `Model.fit`.
+        echo: receives the runtime and batch lines (None: silent).
+
+    Returns:
+        A `FitResult` with the trained model and its history.
+
+    Raises:
+        ValueError: inconsistent arguments (no batch size for arrays,
+            unknown length without `steps_per_epoch`, ...).
+        advtrain.RecipeError: the runtime or batch arithmetic is invalid.
+
+    Example:
+
+    ```python
+    def build():
+        return keras.Sequential([
+            keras.Input((4,)), keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(1),
+        ])
+    result = advtrain.fit(build, (x, y), loss="mse", batch_size=20,
+                          epochs=3, runtime={"steps_per_execution": "auto"})
+    result.history["loss"]
+    ```
+    """
+    say = echo or (lambda line: None)
+    rt = _as_runtime(runtime)
+    train_ds, size, batch = _training_data(data, batch_size, shuffle, seed)
+    if size is None and steps_per_epoch is None:
+        raise ValueError(
+            "The training data's length is unknown (a generator or repeated "
+            "dataset): pass steps_per_epoch. Received: steps_per_epoch=None"
+        )
+    train_cfg = TrainConfig(
+        epochs=epochs,
+        batch_size=batch,
+        steps_per_epoch=steps_per_epoch,
+        optimizer=optimizer if isinstance(optimizer, str) else "adam",
+        learning_rate=learning_rate,
+        scale_lr=scale_lr,
+        reference_batch=reference_batch,
+        warmup_epochs=warmup_epochs,
+        seed=seed,
+    )
+    plan = plan_batches(train_cfg, rt, size if size is not None else batch)
+    say(rt.describe())
+    say(plan.describe())
+
+    with rt.strategy.scope():
+        net = _model_in_scope(model, rt)
+        if attack is not None:
+            from advtrain.models.adversarial import AdversarialModel
+
+            net = AdversarialModel(
+                net, _as_attack(attack), adv_weight=adv_weight, seed=seed
+            )
+            if loss is None:
+                loss = keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True
+                )
+        if loss is None:
+            raise ValueError(
+                "fit needs a loss for clean training (e.g. loss='mse'). "
+                "Received: loss=None"
+            )
+        if isinstance(optimizer, str):
+            opt = make_optimizer(train_cfg, plan)
+        else:
+            opt = optimizer
+        net.compile(
+            optimizer=opt,
+            loss=loss,
+            metrics=metrics,
+            steps_per_execution=plan.steps_per_execution,
+            jit_compile=rt.jit_compile,
+        )
+    history = net.fit(
+        train_ds.repeat(),
+        epochs=plan.epochs,
+        steps_per_epoch=plan.steps_per_epoch,
+        validation_data=validation_data,
+        callbacks=callbacks,
+        verbose=verbose,
+        shuffle=False,  # shuffled above, in tf.data
+    )
+    return FitResult(net, history.history, plan, rt)
+
+
+# ---------------------------------------------------------------- runtime
+
+
+def _as_runtime(runtime: Any) -> Runtime:
+    if isinstance(runtime, Runtime):
+        return runtime
+    if runtime is None:
+        return make_runtime(RuntimeConfig())
+    if isinstance(runtime, dict):
+        try:
+            runtime = RuntimeConfig(**runtime)
+        except ValueError as exc:
+            raise RecipeError(
+                f"runtime: {str(exc).splitlines()[-1].strip()}"
+            ) from None
+    if isinstance(runtime, RuntimeConfig):
+        return make_runtime(runtime)
+    raise TypeError(
+        "runtime must be a Runtime, RuntimeConfig, dict or None. "
+        f"Received: runtime={runtime!r}"
+    )
+
+
+def _as_attack(attack: Any):
+    from advtrain.attacks import Attack
+
+    if isinstance(attack, Attack):
+        return attack
+    if isinstance(attack, str):
+        return Attack(attack)
+    if isinstance(attack, dict):
+        return Attack.from_config(attack)
+    raise TypeError(
+        "attack must be an Attack, its config dict, a method name or None. "
+        f"Received: attack={attack!r}"
+    )
+
+
+def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
+    """The model with its variables created under the runtime's strategy."""
+    if not isinstance(model, keras.Model):
+        if not callable(model):
+            raise TypeError(
+                "model must be a keras.Model or a function building one. "
+                f"Received: model={model!r}"
+            )
+        built = model()
+        if not isinstance(built, keras.Model):
+            raise TypeError(
+                "The model function must return a keras.Model. "
+                f"Received: {type(built).__name__}"
+            )
+        return built
+    extended = rt.strategy.extended
+    if all(
+        extended.variable_created_in_scope(getattr(v, "value", v))
+        for v in model.variables
+    ):
+        return model
+    try:
+        clone = keras.models.clone_model(model)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise ValueError(
+            f"The model was built outside the {rt.strategy_name} strategy's "
+            "scope and cannot be cloned into it "
+            f"({type(exc).__name__}); pass a function that builds it. "
+            f"Received: model={model.name}"
+        ) from None
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+# ---------------------------------------------------------------- data
+
+
+def _training_data(
+    data: Any, batch_size: Optional[int], shuffle: bool, seed: int
+) -> tuple[tf.data.Dataset, Optional[int], int]:
+    """(batched dataset, number of examples or None, global batch)."""
+    if isinstance(data, tf.data.Dataset):
+        return _dataset_data(data, batch_size, shuffle, seed)
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        if batch_size is None:
+            raise ValueError(
+                "Arrays need batch_size= (the global batch). "
+                "Received: batch_size=None"
+            )
+        x, y = data
+        if len(x) != len(y):
+            raise ValueError(
+                "x and y must hold the same number of examples. "
+                f"Received: len(x)={len(x)}, len(y)={len(y)}"
+            )
+        ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed)
+        return ds, len(x), batch_size
+    raise TypeError(
+        "data must be (x, y) arrays or a tf.data.Dataset. "
+        f"Received: {type(data).__name__}"
+    )
+
+
+def _dataset_data(ds, batch_size, shuffle, seed):
+    cardinality = int(ds.cardinality())
+    known = cardinality if cardinality >= 0 else None
+    if batch_size is not None:
+        if shuffle:
+            ds = ds.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.batch(batch_size, drop_remainder=True)
+        return ds.prefetch(tf.data.AUTOTUNE), known, batch_size
+    first = tf.nest.flatten(ds.element_spec)[0]
+    batch = first.shape[0] if first.shape.rank else None
+    if batch is None:
+        raise ValueError(
+            "A batched dataset needs a static batch size (batch with "
+            "drop_remainder=True), or pass unbatched examples with "
+            "batch_size=. Received: batch dimension None"
+        )
+    size = None if known is None else known * batch
+    return ds, size, int(batch)
+
+
+def array_batches(
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+) -> tf.data.Dataset:
+    """Global batches of `(x, y)`; large arrays and memory maps stream.
+
+    Small in-memory arrays become a constant tensor. A memory map (from
+    `np.load(path, mmap_mode="r")`) or an array over 64 MiB is read one
+    batch at a time: a memory map with plain file reads, so the file
+    never becomes resident in the process (its pages stay in the page
+    cache, not in the process). Shuffling then permutes the order of
+    contiguous blocks of `batch_size` rows and the rows within each batch,
+    which keeps reads sequential. The last partial batch is dropped.
+
+    Example:
+
+    ```python
+    x = np.load("features.npy", mmap_mode="r")
+    ds = array_batches(x, labels, 256)
+    ```
+    """
+    y = np.asarray(y)
+    n = len(y) // batch_size * batch_size
+    if n == 0:
+        raise ValueError(
+            f"batch_size={batch_size} is larger than the {len(y)} examples."
+        )
+    if not isinstance(x, np.memmap) and np.asarray(x).nbytes <= _CONSTANT_BYTES:
+        ds = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))
+        if shuffle:
+            ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
+        return ds.batch(batch_size, drop_remainder=True).prefetch(
+            tf.data.AUTOTUNE
+        )
+    read = _row_reader(x)
+    blocks = n // batch_size
+    rng = np.random.default_rng(seed)
+
+    def generate():
+        order = rng.permutation(blocks) if shuffle else np.arange(blocks)
+        for block in order:
+            start = int(block) * batch_size
+            xb = read(start, start + batch_size)
+            yb = y[start:start + batch_size]
+            if shuffle:
+                rows = rng.permutation(batch_size)
+                xb, yb = xb[rows], yb[rows]
+            yield xb, yb
+
+    spec = (
+        tf.TensorSpec((batch_size, *x.shape[1:]), tf.as_dtype(x.dtype)),
+        tf.TensorSpec((batch_size, *y.shape[1:]), tf.as_dtype(y.dtype)),
+    )
+    ds = tf.data.Dataset.from_generator(generate, output_signature=spec)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(blocks))
+    return ds.prefetch(2)
+
+
+def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    """`read(start, stop)` copies rows; file reads for whole memory maps."""
+    filename = getattr(x, "filename", None)
+    base_ok = (
+        isinstance(x, np.memmap)
+        and filename is not None
+        and x.flags.c_contiguous
+        and isinstance(getattr(x, "base", None), mmap.mmap)
+    )
+    if not base_ok:
+        return lambda start, stop: np.array(x[start:stop])
+    row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
+    offset = int(x.offset)
+    path = Path(filename)
+    if path.stat().st_size < offset + len(x) * row_bytes:
+        raise ValueError(f"{path}: shorter than its array header says.")
+
+    def read(start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start, *x.shape[1:]), x.dtype)
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset + start * row_bytes)
+            f.readinto(memoryview(out).cast("B"))
+        return out
+
+    return read
+
+
+# ---------------------------------------------------------------- builder
+
+
+def load_builder(spec: str, key: str = "model.builder") -> Callable:
+    """Imports "package.module:function" and returns the function.
+
+    Raises:
+        RecipeError: one line naming `key`: bad format, module not
+            importable, no such attribute, or not callable.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise RecipeError(
+            f"{key}: expected 'package.module:function'. Received: {spec!r}"
+        )
+    module_name, attr = (part.strip() for part in spec.split(":"))
+    if not module_name or not attr:
+        raise RecipeError(
+            f"{key}: expected 'package.module:function'. Received: {spec!r}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the recipe's
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise RecipeError(
+            f"{key}: cannot import module '{module_name}' "
+            f"({type(exc).__name__}: {first}). Received: {spec!r}"
+        ) from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise RecipeError(
+                f"{key}: module '{module_name}' has no attribute '{attr}'. "
+                f"Received: {spec!r}"
+            )
+    if not callable(fn):
+        raise RecipeError(
+            f"{key}: '{attr}' is not callable. Received: {spec!r}"
+        )
+    return fn
+
+
+def build_from_builder(
+    spec: str,
+    image_shape: tuple[int, ...],
+    num_classes: int,
+    cfg: ModelConfig,
+) -> keras.Model:
+    """Builds the recipe's model with `model.builder`.
+
+    The function is called as `fn(image_shape, num_classes, model_cfg)`
+    when it takes parameters, else as `fn()`. It must return a
+    `keras.Model` mapping [0, 1] pixels to `num_classes` float32 logits;
+    advtrain's preprocessing and head are not added.
+
+    Raises:
+        RecipeError: naming `model.builder`, when the function cannot be
+            imported, fails, or returns something else.
+    """
+    fn = load_builder(spec)
+    try:
+        required = [
+            p for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        required = [None]
+    args = (tuple(image_shape), int(num_classes), cfg) if required else ()
+    model = fn(*args)
+    if not isinstance(model, keras.Model):
+        raise RecipeError(
+            f"model.builder: {spec} must return a keras.Model. "
+            f"Received: {type(model).__name__}"
+        )
+    out = model.outputs[0].shape if getattr(model, "outputs", None) else None
+    if out is not None and out[-1] != num_classes:
+        raise RecipeError(
+            f"model.builder: {spec} returns {out[-1]} outputs; the data has "
+            f"{num_classes} classes. Received: output shape {tuple(out)}"
+        )
+    return model

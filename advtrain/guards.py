@@ -1,0 +1,209 @@
+"""`CatastrophicOverfittingGuard`: catches FGSM training's sudden collapse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from advtrain.attacks import pgd
+
+ACTIONS = ("stop", "rollback")
+
+
+class CatastrophicOverfittingGuard(keras.callbacks.Callback):
+    """Watches PGD accuracy on a fixed training batch; acts when it collapses.
+
+    Single-step (FGSM) adversarial training can overfit catastrophically:
+    within an epoch, accuracy under PGD falls to about zero while accuracy
+    under the training attack climbs (Wong, Rice and Kolter 2020). After
+    every epoch this callback runs PGD on the same training examples, with
+    the same random start, and keeps the weights of the best epoch in
+    memory. When PGD accuracy falls more than `drop` (absolute) below the
+    best so far, it restores the best weights (and the optimizer's moment
+    estimates, not its step count or learning rate) and then either stops
+    training (`action="stop"`, early stopping as in Wong et al.) or goes on
+    from there (`action="rollback"`); either way it says so through `echo`.
+
+    It adds `co_guard_pgd_accuracy` to the epoch logs (history, CSV log,
+    progress line) when it runs before those callbacks. `triggers` lists
+    each collapse it caught. The best weights live in memory only: a
+    resumed run starts tracking afresh from its first epoch.
+
+    Args:
+        x, y: the fixed training batch: [0, 1] pixels and integer labels.
+        eps: attack radius, in pixel units (the training eps).
+        norm: "inf" or 2.
+        steps: PGD steps; the step size is `2.5 * eps / steps`.
+        drop: absolute fall in PGD accuracy from the best epoch that counts
+            as a collapse, in (0, 1].
+        action: "stop" or "rollback".
+        echo: receives one line per collapse.
+        classifier: the model to attack; default the trained model's
+            `classifier` attribute (AdversarialModel), else the model.
+        seed: seed of the PGD random start (the same every epoch).
+
+    Example:
+
+    ```python
+    guard = CatastrophicOverfittingGuard(x[:256], y[:256], eps=0.3)
+    model.fit(train_ds, epochs=10, callbacks=[guard])
+    guard.triggers  # [] when nothing collapsed
+    ```
+    """
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any,
+        *,
+        eps: float,
+        norm: str = "inf",
+        steps: int = 10,
+        drop: float = 0.2,
+        action: str = "rollback",
+        echo: Callable[[str], None] = print,
+        classifier: Optional[keras.Model] = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if action not in ACTIONS:
+            raise ValueError(
+                f"action must be one of {', '.join(ACTIONS)}. "
+                f"Received: action={action!r}"
+            )
+        if not 0.0 < drop <= 1.0:
+            raise ValueError(f"drop must be in (0, 1]. Received: drop={drop!r}")
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                f"steps must be an int >= 1. Received: steps={steps!r}"
+            )
+        self.x = tf.convert_to_tensor(x, tf.float32)
+        self.y = tf.convert_to_tensor(np.asarray(y).reshape(-1), tf.int64)
+        if self.x.shape[0] == 0 or self.x.shape[0] != self.y.shape[0]:
+            raise ValueError(
+                "x and y must hold the same number (>= 1) of examples. "
+                f"Received: x.shape={tuple(self.x.shape)}, "
+                f"y.shape={tuple(self.y.shape)}"
+            )
+        self.eps = eps
+        self.norm = norm
+        self.steps = steps
+        self.drop = drop
+        self.action = action
+        self.echo = echo
+        self.classifier = classifier
+        self.seed = seed
+        self.accuracies: list[tuple[int, float]] = []
+        self.triggers: list[dict[str, Any]] = []
+        self.best_accuracy = -1.0
+        self.best_epoch: Optional[int] = None
+        self._best_weights: Optional[list[np.ndarray]] = None
+        self._best_slots: Optional[list[np.ndarray]] = None
+        self._measure: Optional[Callable] = None
+
+    # ------------------------------------------------------------ helpers
+
+    def _target(self) -> keras.Model:
+        if self.classifier is not None:
+            return self.classifier
+        return getattr(self.model, "classifier", self.model)
+
+    def robust_accuracy(self) -> float:
+        """PGD accuracy of the current weights on the fixed batch."""
+        if self._measure is None:
+            target, eps, norm, steps, seed = (
+                self._target(),
+                self.eps,
+                self.norm,
+                self.steps,
+                self.seed,
+            )
+
+            @tf.function
+            def measure(x, y):
+                model_fn = lambda z: target(z, training=False)  # noqa: E731
+                x_adv = pgd(
+                    model_fn, x, y, eps=eps, steps=steps, norm=norm, seed=seed
+                )
+                hits = tf.equal(tf.argmax(model_fn(x_adv), axis=-1), y)
+                return tf.reduce_mean(tf.cast(hits, tf.float32))
+
+            self._measure = measure
+        return float(self._measure(self.x, self.y))
+
+    def _optimizer_slots(self) -> list:
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            return []
+        # The step count and learning rate go on: a rollback should not
+        # replay the schedule, only undo what the bad epochs learned.
+        return [
+            v
+            for v in optimizer.variables
+            if not v.path.endswith(("iteration", "iterations", "learning_rate"))
+        ]
+
+    def _snapshot(self) -> None:
+        self._best_weights = [np.copy(w) for w in self.model.get_weights()]
+        self._best_slots = [np.copy(v.numpy()) for v in self._optimizer_slots()]
+
+    def _restore(self) -> None:
+        self.model.set_weights(self._best_weights)
+        slots = self._optimizer_slots()
+        if self._best_slots is not None and len(slots) == len(self._best_slots):
+            for variable, value in zip(slots, self._best_slots, strict=True):
+                variable.assign(value)
+
+    # ------------------------------------------------------------ hooks
+
+    def on_epoch_end(self, epoch, logs=None):
+        accuracy = self.robust_accuracy()
+        if logs is not None:
+            logs["co_guard_pgd_accuracy"] = accuracy
+        self.accuracies.append((epoch + 1, accuracy))
+        if accuracy > self.best_accuracy:
+            self.best_accuracy, self.best_epoch = accuracy, epoch + 1
+            self._snapshot()
+            return
+        if self.best_accuracy - accuracy <= self.drop:
+            return
+        trigger = {
+            "epoch": epoch + 1,
+            "pgd_accuracy": accuracy,
+            "best_accuracy": self.best_accuracy,
+            "best_epoch": self.best_epoch,
+            "action": self.action,
+        }
+        self.triggers.append(trigger)
+        self._restore()
+        then = (
+            "stopping training" if self.action == "stop" else "training goes on"
+        )
+        self.echo(
+            f"catastrophic overfitting at epoch {epoch + 1}: PGD accuracy on "
+            f"{int(self.y.shape[0])} training examples fell to "
+            f"{100 * accuracy:.1f}% from {100 * self.best_accuracy:.1f}% "
+            f"(epoch {self.best_epoch}); restored the epoch {self.best_epoch} "
+            f"weights, {then}"
+        )
+        if self.action == "stop":
+            self.model.stop_training = True
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready record for metrics.json."""
+        return {
+            "pgd_accuracy": [
+                {"epoch": e, "accuracy": a} for e, a in self.accuracies
+            ],
+            "best_epoch": self.best_epoch,
+            "best_accuracy": None
+            if self.best_epoch is None
+            else self.best_accuracy,
+            "drop": self.drop,
+            "action": self.action,
+            "triggers": list(self.triggers),
+        }

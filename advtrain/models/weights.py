@@ -1,0 +1,217 @@
+"""Where backbone weights come from: `model.weights` in a recipe.
+
+- `imagenet`: Keras downloads the file once into `$KERAS_HOME/models/`
+  (default `~/.keras/models/`) and reads it from there afterwards. Without
+  network the download fails fast (socket timeout) and the run stops with
+  one `RecipeError` line naming the file, the folder to place it in, and
+  the alternatives.
+- a path: built without weights, then loaded. `.weights.h5` or `.keras`
+  files saved by Keras 3 from the whole classifier (same backbone, input
+  and class count) or from the backbone alone; legacy `.h5` files, such as
+  the ImageNet files Keras caches, into the backbone.
+- null: random initialisation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import keras
+
+from advtrain.backbones.registry import BackboneSpec
+from advtrain.config import ModelConfig, RecipeError
+
+PRETRAINED = ("imagenet",)
+# Per socket operation, not for the whole download.
+DOWNLOAD_TIMEOUT_S = 30.0
+# Sides Keras has MobileNetV2 ImageNet files for; others get the 224 file.
+_MOBILENET_SIDES = (96, 128, 160, 192, 224)
+
+
+def keras_models_dir() -> str:
+    """The folder Keras caches application weights in."""
+    try:
+        from keras.src.backend import config as keras_config
+
+        home = keras_config.keras_home()
+    except (ImportError, AttributeError):
+        home = os.environ.get("KERAS_HOME", os.path.expanduser("~/.keras"))
+    return os.path.join(home, "models")
+
+
+@contextlib.contextmanager
+def _socket_timeout(seconds: float):
+    # urllib (used by keras.utils.get_file) waits forever without a default
+    # timeout when packets are dropped; set one only if the caller has not.
+    previous = socket.getdefaulttimeout()
+    if previous is None:
+        socket.setdefaulttimeout(seconds)
+    try:
+        yield
+    finally:
+        if previous is None:
+            socket.setdefaulttimeout(None)
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _download_failure(exc: BaseException) -> Optional[str]:
+    """The URL (or "") if `exc` is a failed download, else None."""
+    text = str(exc)
+    match = re.search(r"URL fetch failure on (\S+?): ", text)
+    if match:
+        return match.group(1)
+    if isinstance(exc, OSError):  # timeouts, refused or reset connections
+        return ""
+    return None
+
+
+def _weights_file(spec: BackboneSpec, url: str, side: int) -> str:
+    if url:
+        return url.rsplit("/", 1)[-1]
+    if spec.weights_file is None:
+        return "its weights file"
+    size = side if side in _MOBILENET_SIDES else 224
+    return spec.weights_file.format(size=size)
+
+
+def offline_message(
+    name: str, spec: BackboneSpec, exc: BaseException, side: int
+) -> str:
+    """The one-line error for a failed ImageNet download."""
+    url = _download_failure(exc) or ""
+    file = _weights_file(spec, url, side)
+    where = f" from {url}" if url else ""
+    return (
+        f"model.weights: cannot download the imagenet weights for {name}"
+        f"{where} ({_first_line(exc)}). Place {file} in "
+        f"{keras_models_dir()}/ ($KERAS_HOME/models/, default "
+        "~/.keras/models/), or set model.weights: PATH to a weights file, "
+        "or model.weights: null to train from scratch. "
+        "Received: weights=imagenet"
+    )
+
+
+def is_pretrained_name(weights: Optional[str]) -> bool:
+    return weights in PRETRAINED
+
+
+def build_backbone(
+    name: str,
+    spec: BackboneSpec,
+    input_shape: tuple[int, int, int],
+    cfg: ModelConfig,
+) -> keras.Model:
+    """Builds the backbone, fetching pretrained weights when named.
+
+    A weights path is not loaded here but by `load_weights_file`, once the
+    whole classifier exists (the file may hold the classifier).
+
+    Raises:
+        RecipeError: pretrained weights unknown for this backbone, or their
+            download failed.
+    """
+    weights = cfg.weights
+    if not is_pretrained_name(weights):
+        return spec.builder(input_shape, cfg, None)
+    if weights not in spec.pretrained:
+        offered = ", ".join(spec.pretrained) or "none"
+        raise RecipeError(
+            f"model.weights: backbone {name} has no '{weights}' weights "
+            f"(pretrained: {offered}); use a weights file path or null. "
+            f"Received: weights={weights}"
+        )
+    with _socket_timeout(DOWNLOAD_TIMEOUT_S):
+        try:
+            return spec.builder(input_shape, cfg, weights)
+        except Exception as exc:  # noqa: BLE001 (get_file raises Exception)
+            if _download_failure(exc) is not None:
+                raise RecipeError(
+                    offline_message(name, spec, exc, input_shape[0])
+                ) from None
+            if "corrupted file" in str(exc):
+                raise RecipeError(
+                    f"model.weights: the cached imagenet weights for {name} "
+                    f"in {keras_models_dir()}/ are corrupted "
+                    f"({_first_line(exc)}); delete the file to download "
+                    "it again. Received: weights=imagenet"
+                ) from None
+            raise
+
+
+def _strict_load(model: keras.Model, path: str) -> None:
+    # Keras only warns when a nested container finds nothing to load and
+    # leaves those layers freshly initialised; here that is a mismatch.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.load_weights(path)
+    for warning in caught:
+        text = str(warning.message)
+        if "Skipping" in text or "freshly-initialized" in text:
+            raise ValueError(text)
+        warnings.warn_explicit(
+            warning.message, warning.category, warning.filename, warning.lineno
+        )
+
+
+def load_weights_file(
+    classifier: keras.Model, backbone: keras.Model, path: str
+) -> str:
+    """Loads `path` into the classifier or its backbone; returns which.
+
+    A Keras 3 file (`.weights.h5`, `.keras`) is tried on the whole
+    classifier first, then on the backbone; a legacy `.h5` (the ImageNet
+    files in `~/.keras/models/`) goes to the backbone.
+
+    Raises:
+        RecipeError: missing file, unknown suffix, or weights that fit
+            neither.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise RecipeError(
+            "model.weights: expected 'imagenet', a weights file or null; "
+            f"no such file. Received: weights={path}"
+        )
+    name = file.name
+    if name.endswith((".weights.h5", ".keras")):
+        saved = classifier.get_weights()
+        try:
+            _strict_load(classifier, str(file))
+            return "classifier"
+        except (ValueError, KeyError) as exc:
+            classifier.set_weights(saved)
+            first = _first_line(exc)
+        try:
+            _strict_load(backbone, str(file))
+            return "backbone"
+        except (ValueError, KeyError) as exc:
+            classifier.set_weights(saved)
+            raise RecipeError(
+                f"model.weights: {path} fits neither the classifier "
+                f"({first}) nor the {backbone.name} backbone "
+                f"({_first_line(exc)}). Received: weights={path}"
+            ) from None
+    if name.endswith((".h5", ".hdf5")):
+        try:
+            backbone.load_weights(str(file))
+        except (ValueError, KeyError, OSError) as exc:
+            raise RecipeError(
+                f"model.weights: cannot load {path} into the {backbone.name} "
+                f"backbone ({_first_line(exc)}). Received: weights={path}"
+            ) from None
+        return "backbone"
+    raise RecipeError(
+        "model.weights: a weights file must end in .weights.h5, .keras or "
+        f".h5. Received: weights={path}"
+    )

@@ -1,0 +1,288 @@
+"""`advtrain profile`: is a recipe input-bound or compute-bound?
+
+Three timings on the recipe's own data, model, attack and runtime:
+
+* the input pipeline alone (batches pulled from tf.data, no model);
+* the training step alone, on one cached batch repeated (no input work);
+* both together, as `advtrain run` trains.
+
+Each is the median over a few timed rounds after a warm-up round (which
+absorbs tracing, compilation and cache filling). Prefetching overlaps the
+pipeline with the step, so a run goes at the pace of the slower of the two;
+the report says which, by how much, and what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from typing import Optional
+
+Echo = Callable[[str], None]
+
+
+@dataclasses.dataclass
+class ProfileReport:
+    """Seconds per global batch for each part, and the run's settings."""
+
+    global_batch: int
+    replicas: int
+    steps_per_execution: int
+    timed_steps: int
+    input_seconds: float
+    step_seconds: float
+    together_seconds: float
+    device_kind: str
+    precision: str
+    jit_compile: bool
+    cache: str
+    augment: bool
+
+    @property
+    def bound(self) -> str:
+        """"input" or "compute": the part that sets the pace."""
+        return "input" if self.input_seconds > self.step_seconds else "compute"
+
+    @property
+    def ratio(self) -> float:
+        """How many times slower the pacing part is than the other."""
+        fast = min(self.input_seconds, self.step_seconds)
+        return max(self.input_seconds, self.step_seconds) / max(fast, 1e-12)
+
+    def _rate(self, seconds: float) -> str:
+        return f"{self.global_batch / max(seconds, 1e-12):,.0f} examples/s"
+
+    def lines(self) -> list[str]:
+        """The report, one line each."""
+        ms = 1000.0
+        rows = [
+            ("input pipeline alone", self.input_seconds, "ms/batch", ""),
+            ("train step alone", self.step_seconds, "ms/step",
+             "  (one cached batch, repeated)"),
+            ("both, as `run` trains", self.together_seconds, "ms/step", ""),
+        ]
+        out = [
+            f"profile: global batch {self.global_batch} = {self.replicas} "
+            f"replica(s) x {self.global_batch // self.replicas}, "
+            f"{self.steps_per_execution} step(s) per host call, "
+            f"{self.timed_steps} timed steps per measurement "
+            f"({self.device_kind}, {self.precision}, XLA "
+            f"{'on' if self.jit_compile else 'off'})"
+        ]
+        for label, seconds, unit, note in rows:
+            out.append(
+                f"  {label:<22} {seconds * ms:9.2f} {unit:<8} "
+                f"{self._rate(seconds):>20}{note}"
+            )
+        slower = max(self.input_seconds, self.step_seconds)
+        if self.bound == "input":
+            idle = 1.0 - self.step_seconds / self.input_seconds
+            out.append(
+                f"verdict: input-bound by {self.ratio:.1f}x: the pipeline "
+                f"needs {self.input_seconds * ms:.2f} ms per batch, the step "
+                f"{self.step_seconds * ms:.2f} ms; the model waits "
+                f"~{100 * idle:.0f}% of the time."
+            )
+        else:
+            out.append(
+                f"verdict: compute-bound by {self.ratio:.1f}x: the step takes "
+                f"{self.step_seconds * ms:.2f} ms, the pipeline needs "
+                f"{self.input_seconds * ms:.2f} ms per batch; faster input "
+                "would not speed this run up."
+            )
+        overlap = self.together_seconds / max(slower, 1e-12)
+        if overlap > 1.25:
+            out.append(
+                f"note: together {overlap:.2f}x the slower part alone: input "
+                "and step do not overlap fully"
+                + (" (on a CPU they share the same cores)"
+                   if self.device_kind == "cpu" else "")
+                + "."
+            )
+        out.extend(f"to change: {tip}" for tip in self.advice())
+        return out
+
+    def advice(self) -> list[str]:
+        """What to change, most effective first."""
+        tips = []
+        if self.bound == "input":
+            if self.cache == "none":
+                tips.append(
+                    "data.cache: memory (or a file path prefix when it does "
+                    "not fit): every epoch decodes the source again."
+                )
+            if self.augment:
+                tips.append(
+                    "augmentation runs per example on the host CPU; lighter "
+                    "data.augment settings or more CPU cores for tf.data."
+                )
+            tips.append(
+                f"a larger train.batch_size (now {self.global_batch}) spreads "
+                "tf.data's per-batch overhead; pair it with train.scale_lr."
+            )
+            tips.append(
+                "data.deterministic: false lets parallel map stages run out "
+                "of order (faster, still seeded)."
+            )
+        else:
+            if self.steps_per_execution == 1 and self.step_seconds < 0.01:
+                tips.append(
+                    f"steps of {self.step_seconds * 1000:.1f} ms are "
+                    "dominated by the host round trip: "
+                    "runtime.steps_per_execution: auto (or 8-32)."
+                )
+            if self.device_kind in ("gpu", "tpu"):
+                if self.precision == "float32":
+                    tips.append(
+                        "runtime.precision: mixed_float16 (GPU) or "
+                        "mixed_bfloat16 (TPU, recent GPUs)."
+                    )
+                if not self.jit_compile:
+                    tips.append("runtime.jit_compile: true (XLA); measure it.")
+            else:
+                if self.precision == "float32":
+                    tips.append(
+                        "runtime.precision: mixed_bfloat16 on CPUs with "
+                        "AVX512-BF16 or AMX (see README, Performance)."
+                    )
+            tips.append(
+                f"a larger train.batch_size (now {self.global_batch}) uses "
+                "the device better per example, with train.scale_lr; or a "
+                "cheaper attack (fewer PGD steps, attack.fused: true for "
+                "FGSM)."
+            )
+        return tips
+
+
+class _EpochTimer:
+    def __init__(self):
+        import keras
+
+        timer = self
+
+        class Callback(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                timer.start = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                timer.seconds.append(time.perf_counter() - timer.start)
+
+        self.start = 0.0
+        self.seconds: list[float] = []
+        self.callback = Callback()
+
+
+def _time_fit(model, dataset, steps: int, rounds: int) -> float:
+    """Median seconds per step over `rounds` epochs of `steps`, after one
+    warm-up epoch."""
+    timer = _EpochTimer()
+    model.fit(
+        dataset, epochs=rounds + 1, steps_per_epoch=steps, verbose=0,
+        callbacks=[timer.callback], shuffle=False,
+    )
+    return statistics.median(timer.seconds[1:]) / steps
+
+
+def _time_input(dataset, steps: int, rounds: int) -> float:
+    iterator = iter(dataset)
+    times = []
+    for _ in range(rounds + 1):
+        start = time.perf_counter()
+        for _ in range(steps):
+            next(iterator)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) / steps
+
+
+def profile(
+    recipe,
+    *,
+    steps: Optional[int] = None,
+    rounds: int = 3,
+    echo: Echo = print,
+) -> ProfileReport:
+    """Times input, step and both for `recipe`; echoes and returns a report.
+
+    Args:
+        recipe: a validated `Recipe`.
+        steps: steps per timed round; default the smallest multiple of the
+            steps per host call that is at least 20.
+        rounds: timed rounds per measurement (after one warm-up round).
+        echo: receives the report lines.
+
+    Example:
+
+    ```python
+    report = profile(load_recipe("recipes/quickstart.yaml"))
+    report.bound  # "compute"
+    ```
+    """
+    import keras
+    import tensorflow as tf
+
+    from advtrain.data import load_splits, make_input
+    from advtrain.data.pipeline import _cache_mode, _has_augmentation
+    from advtrain.experiment import build_training_model
+    from advtrain.models.classifier import build_classifier
+    from advtrain.runtime import make_optimizer, make_runtime, plan_batches
+
+    keras.utils.set_random_seed(recipe.train.seed)
+    runtime = make_runtime(recipe.runtime)
+    splits = load_splits(recipe.data)
+    plan = plan_batches(recipe.train, runtime, splits.train_size)
+    spe = plan.steps_per_execution
+    if steps is None:
+        steps = spe * max(1, -(-20 // spe))
+    elif steps % spe:
+        steps = spe * max(1, -(-steps // spe))
+    echo(runtime.describe())
+    echo(plan.describe())
+
+    stream = make_input(
+        splits.train, recipe.data, batch_size=plan.global_batch, training=True
+    ).repeat()
+    input_seconds = _time_input(stream, steps, rounds)
+
+    with runtime.strategy.scope():
+        if recipe.model.builder:
+            from advtrain.fitting import build_from_builder
+
+            classifier = build_from_builder(
+                recipe.model.builder, splits.image_shape,
+                splits.num_classes, recipe.model,
+            )
+        else:
+            classifier = build_classifier(
+                recipe.model, splits.image_shape, splits.num_classes
+            )
+        model = build_training_model(recipe, classifier)
+        model.compile(
+            optimizer=make_optimizer(recipe.train, plan),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            steps_per_execution=spe,
+            jit_compile=runtime.jit_compile,
+        )
+    batch = next(iter(stream))
+    cached = tf.data.Dataset.from_tensors(batch).repeat()
+    step_seconds = _time_fit(model, cached, steps, rounds)
+    together_seconds = _time_fit(model, stream, steps, rounds)
+    report = ProfileReport(
+        global_batch=plan.global_batch,
+        replicas=plan.replicas,
+        steps_per_execution=spe,
+        timed_steps=steps,
+        input_seconds=input_seconds,
+        step_seconds=step_seconds,
+        together_seconds=together_seconds,
+        device_kind=runtime.device_kind,
+        precision=runtime.precision,
+        jit_compile=runtime.jit_compile,
+        cache=_cache_mode(recipe.data),
+        augment=_has_augmentation(recipe.data),
+    )
+    for line in report.lines():
+        echo(line)
+    return report

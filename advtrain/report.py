@@ -1,0 +1,240 @@
+"""`write_report`: a run's `report.md` and `training_curves.png`.
+
+The report is plain Markdown that renders on GitHub and in any editor: the
+headline numbers, the sanity checks, the training curves and eps sweep
+(PNG files beside it), the per-class table, the BatchNorm gap, timing, and
+the resolved recipe at the end, so one file says what was run and how far
+its numbers can be trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from advtrain.config import Recipe
+from advtrain.io import atomic_path, atomic_write_text
+
+CURVES = (
+    ("accuracy", "clean (train)"),
+    ("adv_accuracy", "adversarial (train)"),
+    ("val_accuracy", "clean (validation)"),
+    ("co_guard_pgd_accuracy", "PGD (guard batch)"),
+)
+
+
+def plot_training_curves(
+    history: Mapping[str, Sequence[float]],
+    path: Union[str, Path],
+    title: str = "",
+) -> Optional[Path]:
+    """Accuracy per epoch as a PNG; None when the history has no curve."""
+    curves = [(key, label) for key, label in CURVES if history.get(key)]
+    if not curves:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5), dpi=120)
+    for key, label in curves:
+        values = list(history[key])
+        ax.plot(range(1, len(values) + 1), values, marker="o", label=label)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    with atomic_path(Path(path)) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return Path(path)
+
+
+def _pct(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}%"
+
+
+def _headline(metrics: Mapping[str, Any]) -> list[str]:
+    rows = [("clean accuracy", _pct(metrics.get("clean_accuracy")))]
+    for key, label in (("fgsm", "FGSM accuracy"), ("pgd", "PGD accuracy")):
+        if f"{key}_accuracy" not in metrics:
+            continue
+        attack = metrics.get(f"{key}_attack", {})
+        detail = f"eps={attack.get('eps', 0):g} norm={attack.get('norm', '?')}"
+        if attack.get("method") == "pgd":
+            detail += (
+                f", {attack['steps']} steps x {attack['restarts']} restart(s)"
+            )
+        rows.append((f"{label} ({detail})", _pct(metrics[f"{key}_accuracy"])))
+    if "macro_f1" in metrics:
+        rows.append(("macro F1 (clean)", f"{metrics['macro_f1']:.4f}"))
+    if "pgd_macro_f1" in metrics:
+        rows.append(("macro F1 (PGD)", f"{metrics['pgd_macro_f1']:.4f}"))
+    examples = f"{metrics.get('examples', '?')}"
+    if "subset_of" in metrics:
+        examples += (
+            f" (seeded random subset of {metrics['subset_of']}, "
+            f"seed {metrics.get('subset_seed')})"
+        )
+    rows.append(("test examples", examples))
+    lines = ["| metric | value |", "|---|---|"]
+    lines += [f"| {label} | {value} |" for label, value in rows]
+    return lines
+
+
+def _sanity(checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    passed = sum(bool(c["passed"]) for c in checks)
+    lines = [
+        f"{passed} of {len(checks)} checks passed. A failed check means the "
+        "robust accuracy may be overestimated (gradient masking).",
+        "",
+        "| check | result | detail |",
+        "|---|---|---|",
+    ]
+    for c in checks:
+        mark = "pass" if c["passed"] else "**FAIL**"
+        lines.append(f"| {c['name']} | {mark} | {c['detail']} |")
+    return lines
+
+
+def _per_class(
+    metrics: Mapping[str, Any], class_names: Optional[Sequence[str]]
+) -> list[str]:
+    clean = metrics.get("per_class_accuracy") or []
+    robust = metrics.get("pgd_per_class_accuracy")
+    support = metrics.get("class_support")
+    header = "| class | examples | clean |" + (" PGD |" if robust else "")
+    lines = [header, "|---|---|---|" + ("---|" if robust else "")]
+    for c, value in enumerate(clean):
+        name = str(c)
+        if class_names and c < len(class_names) and class_names[c] != str(c):
+            name = f"{c} ({class_names[c]})"
+        count = support[c] if support and c < len(support) else "?"
+        row = f"| {name} | {count} | {_pct(value)} |"
+        if robust:
+            row += f" {_pct(robust[c])} |"
+        lines.append(row)
+    return lines
+
+
+def _timing(metrics: Mapping[str, Any]) -> list[str]:
+    lines = []
+    if "train_seconds" in metrics:
+        lines.append(f"- training time: {metrics['train_seconds']} s")
+    if "train_samples_per_second" in metrics:
+        lines.append(
+            f"- throughput: {metrics['train_samples_per_second']} samples/s "
+            "(clean + adversarial example count as one)"
+        )
+    epochs = metrics.get("epoch_seconds") or []
+    if epochs:
+        mean = sum(epochs) / len(epochs)
+        lines.append(
+            f"- time per epoch: {mean:.2f} s on average "
+            f"({', '.join(f'{s:g}' for s in epochs)})"
+        )
+    if "seconds" in metrics:
+        lines.append(f"- evaluation: {metrics['seconds']} s")
+    return lines
+
+
+def write_report(
+    run_dir: Union[str, Path],
+    recipe: Recipe,
+    metrics: Mapping[str, Any],
+    history: Mapping[str, Sequence[float]],
+    class_names: Optional[Sequence[str]] = None,
+    plots: bool = True,
+) -> Path:
+    """Writes `report.md` (and `training_curves.png`) into `run_dir`.
+
+    Args:
+        run_dir: the run folder; `eps_sweep.png` there is linked if present.
+        recipe: the resolved recipe, printed at the end.
+        metrics: what `run` writes to metrics.json.
+        history: per-epoch logs (`accuracy`, `adv_accuracy`, ...).
+        class_names: names for the per-class table (default: indices).
+        plots: write and link `training_curves.png`.
+
+    Returns:
+        The path of `report.md`.
+
+    Example:
+
+    ```python
+    result = run(recipe, "runs/demo")
+    write_report(result.output_dir, recipe, result.metrics, result.history)
+    ```
+    """
+    run_dir = Path(run_dir)
+    out = [f"# Run report: {recipe.name}", ""]
+    if recipe.description:
+        out += [recipe.description, ""]
+    out += ["## Results", ""] + _headline(metrics) + [""]
+    checks = metrics.get("sanity_checks")
+    if checks:
+        out += ["## Sanity checks", ""] + _sanity(checks) + [""]
+    guard = metrics.get("co_guard")
+    if guard:
+        out += ["## Catastrophic-overfitting guard", ""]
+        if guard.get("triggers"):
+            for t in guard["triggers"]:
+                out.append(
+                    f"- epoch {t['epoch']}: PGD accuracy on the guard batch "
+                    f"fell to {_pct(t['pgd_accuracy'])} from "
+                    f"{_pct(t['best_accuracy'])} (epoch {t['best_epoch']}); "
+                    f"action: {t['action']}"
+                )
+        else:
+            out.append("- no collapse detected")
+        out.append("")
+    curves = None
+    if plots:
+        curves = plot_training_curves(
+            history, run_dir / "training_curves.png", title=recipe.name
+        )
+    if curves is not None or (run_dir / "eps_sweep.png").is_file():
+        out += ["## Curves", ""]
+        if curves is not None:
+            out += ["![training curves](training_curves.png)", ""]
+        if (run_dir / "eps_sweep.png").is_file():
+            out += ["![accuracy against eps](eps_sweep.png)", ""]
+    sweep = metrics.get("eps_sweep")
+    if sweep:
+        out += ["| eps | PGD accuracy |", "|---|---|"]
+        out += [f"| {p['eps']:g} | {_pct(p['accuracy'])} |" for p in sweep]
+        out.append("")
+    if metrics.get("per_class_accuracy"):
+        out += ["## Per-class accuracy", ""]
+        out += _per_class(metrics, class_names) + [""]
+    gap = metrics.get("bn_gap")
+    if gap:
+        out += [
+            "## BatchNorm gap",
+            "",
+            f"- train-mode accuracy: {_pct(gap.get('train_mode_accuracy'))}",
+            f"- inference-mode accuracy: "
+            f"{_pct(gap.get('inference_mode_accuracy'))}",
+            f"- gap: {100 * gap.get('gap', 0.0):+.2f} points",
+            "",
+        ]
+    timing = _timing(metrics)
+    if timing:
+        out += ["## Timing", ""] + timing + [""]
+    out += [
+        "## Recipe (resolved)",
+        "",
+        "```yaml",
+        recipe.to_yaml().rstrip(),
+        "```",
+        "",
+    ]
+    return atomic_write_text(run_dir / "report.md", "\n".join(out))

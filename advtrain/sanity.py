@@ -1,0 +1,224 @@
+"""Sanity checks that flag gradient masking in a robustness evaluation.
+
+A robust accuracy is only as good as the attack that measured it. Models
+that mask or obfuscate their gradients (catastrophic overfitting after FGSM
+training is the common case) look robust to gradient attacks without being
+so. These checks follow the warning signs listed by Athalye, Carlini and
+Wagner (2018) and Croce and Hein (2020, AutoAttack):
+
+- `pgd_not_above_fgsm`: iterated PGD is at least as strong as one FGSM step.
+- `large_eps_breaks_model`: at eps 0.5 (L-inf; every image can be moved to
+  the mid-gray image) a few PGD steps bring accuracy to about zero.
+- `more_steps_do_not_help_model`: PGD with twice the steps gives the model
+  no higher accuracy, and no much lower one (the reported PGD converged).
+- `more_restarts_do_not_help_model`: twice the random restarts (worst case
+  per example kept) lower the accuracy by at most the tolerance.
+- `input_gradients_nonzero`: few examples have an all-zero input gradient.
+
+All checks run on one seeded random subset of the test split, so their
+numbers compare like with like.
+
+Example:
+
+```python
+checks = run_sanity_checks(model, test_ds, recipe.eval, default_eps=0.1)
+print(format_sanity_checks(checks))
+```
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from advtrain.attacks import Attack
+from advtrain.attacks.common import input_gradient
+from advtrain.config import EvalConfig
+from advtrain.evaluation import AttackRunner, seeded_subset
+
+DEFAULT_EXAMPLES = 500
+LARGE_EPS = 0.5
+LARGE_EPS_STEPS = 10
+
+
+def _check(name: str, passed: bool, detail: str) -> dict[str, Any]:
+    return {"name": name, "passed": bool(passed), "detail": detail}
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def zero_gradient_mask(model: keras.Model, x, y) -> tf.Tensor:
+    """True for examples whose cross-entropy input gradient is all zero."""
+    grad = input_gradient(lambda z: model(z, training=False), x, y)
+    flat = tf.reshape(tf.abs(grad), [tf.shape(grad)[0], -1])
+    return tf.equal(tf.reduce_max(flat, axis=1), 0.0)
+
+
+def run_sanity_checks(
+    model: keras.Model,
+    batches: Iterable,
+    cfg: EvalConfig,
+    *,
+    default_eps: float,
+    max_examples: Optional[int] = None,
+    tolerance: float = 0.02,
+    large_eps_max_accuracy: float = 0.05,
+    max_zero_gradient_fraction: float = 0.01,
+    strategy: Optional[tf.distribute.Strategy] = None,
+) -> list[dict[str, Any]]:
+    """Runs the gradient-masking checks on a seeded subset of `batches`.
+
+    The base attack is the evaluation's PGD (`cfg.pgd_steps`, at least 1;
+    `cfg.pgd_step_size`; `cfg.pgd_restarts`) at `cfg.eps` (or
+    `default_eps`) in `cfg.norm`.
+
+    Args:
+        model: maps [0, 1] pixels to logits.
+        batches: `(x, y)` batches of the test split.
+        cfg: the recipe's eval section (attack settings, seed, batch size).
+        default_eps: eps when `cfg.eps` is None.
+        max_examples: size of the seeded random subset (`cfg.seed`);
+            default `cfg.max_examples`, at most 500. With the same seed
+            the subset is part of the one `evaluate_robustness` drew.
+        tolerance: accuracy difference (absolute) allowed between an attack
+            and its stronger variant before a check fails.
+        large_eps_max_accuracy: accuracy allowed at eps 0.5.
+        max_zero_gradient_fraction: share of all-zero input gradients
+            allowed.
+        strategy: traced and run in this strategy's scope.
+
+    Returns:
+        A list of `{name, passed, detail}` dicts, JSON-ready.
+    """
+    if max_examples is None:
+        max_examples = min(
+            cfg.max_examples or DEFAULT_EXAMPLES, DEFAULT_EXAMPLES
+        )
+    x_all, y_all, _ = seeded_subset(batches, max_examples, cfg.seed)
+    n = len(y_all)
+    if n == 0:
+        raise ValueError(
+            "Sanity checks got no examples: the test split is empty."
+        )
+    eps = default_eps if cfg.eps is None else cfg.eps
+    steps = max(cfg.pgd_steps, 1)
+    restarts = cfg.pgd_restarts
+    base = Attack(
+        "pgd",
+        eps=eps,
+        norm=cfg.norm,
+        steps=steps,
+        step_size=cfg.pgd_step_size,
+        random_start=True,
+        restarts=restarts,
+    )
+    dims = int(np.prod(x_all.shape[1:]))
+    # The L2 ball of radius 0.5 * sqrt(d) holds the L-inf ball of radius 0.5.
+    large = LARGE_EPS if cfg.norm == "inf" else LARGE_EPS * math.sqrt(dims)
+    attacks = {
+        "fgsm": Attack("fgsm", eps=eps, norm=cfg.norm),
+        "pgd": base,
+        "pgd_2x_steps": base.replace(steps=2 * steps),
+        "pgd_more_restarts": base,  # a second run: fresh random starts
+        "large_eps": Attack(
+            "pgd", eps=large, norm=cfg.norm, steps=LARGE_EPS_STEPS, restarts=1
+        ),
+    }
+    strategy = strategy or tf.distribute.get_strategy()
+    correct: dict[str, list[np.ndarray]] = {name: [] for name in attacks}
+    zero: list[np.ndarray] = []
+    with strategy.scope():
+        runner = AttackRunner(model, cfg.seed)
+        zero_fn = tf.function(
+            lambda x, y: zero_gradient_mask(model, x, y), reduce_retracing=True
+        )
+        for start in range(0, n, cfg.batch_size):
+            x = tf.convert_to_tensor(x_all[start : start + cfg.batch_size])
+            y = tf.convert_to_tensor(
+                y_all[start : start + cfg.batch_size].astype(np.int64)
+            )
+            for name, attack in attacks.items():
+                correct[name].append(runner(attack, x, y).numpy() == y.numpy())
+            zero.append(zero_fn(x, y).numpy())
+    hit = {name: np.concatenate(parts) for name, parts in correct.items()}
+    acc = {name: float(np.mean(v)) for name, v in hit.items()}
+    both_runs = float(np.mean(hit["pgd"] & hit["pgd_more_restarts"]))
+    zero_fraction = float(np.mean(np.concatenate(zero)))
+    shape = f"PGD-{steps}x{restarts}"
+    where = f"eps={eps:g} {cfg.norm}, {n} examples"
+    checks = [
+        _check(
+            "pgd_not_above_fgsm",
+            acc["pgd"] <= acc["fgsm"] + tolerance,
+            f"{shape} {_pct(acc['pgd'])} vs FGSM {_pct(acc['fgsm'])} ({where})",
+        ),
+        _check(
+            "large_eps_breaks_model",
+            acc["large_eps"] <= large_eps_max_accuracy,
+            f"PGD-{LARGE_EPS_STEPS} at eps={large:g} {cfg.norm}: "
+            f"{_pct(acc['large_eps'])} (must be <= "
+            f"{_pct(large_eps_max_accuracy)})",
+        ),
+    ]
+    doubled = acc["pgd_2x_steps"]
+    if doubled > acc["pgd"] + tolerance:
+        verdict = "more steps helped the model: unreliable gradients"
+    elif doubled < acc["pgd"] - tolerance:
+        verdict = f"{shape} has not converged: it overstates robustness"
+    else:
+        verdict = "within tolerance"
+    checks.append(
+        _check(
+            "more_steps_do_not_help_model",
+            abs(doubled - acc["pgd"]) <= tolerance,
+            f"PGD-{2 * steps}x{restarts} {_pct(doubled)} vs {shape} "
+            f"{_pct(acc['pgd'])}: {verdict}",
+        )
+    )
+    checks.append(
+        _check(
+            "more_restarts_do_not_help_model",
+            both_runs >= acc["pgd"] - tolerance,
+            f"PGD-{steps}x{2 * restarts} (worst case kept) "
+            f"{_pct(both_runs)} vs "
+            f"{shape} {_pct(acc['pgd'])}"
+            + (
+                ""
+                if both_runs >= acc["pgd"] - tolerance
+                else ": restarts keep finding adversarial examples (rough loss "
+                "surface, or the evaluation needs more restarts)"
+            ),
+        )
+    )
+    checks.append(
+        _check(
+            "input_gradients_nonzero",
+            zero_fraction <= max_zero_gradient_fraction,
+            f"{_pct(zero_fraction)} of examples have an all-zero input "
+            "gradient "
+            f"(must be <= {_pct(max_zero_gradient_fraction)})",
+        )
+    )
+    return checks
+
+
+def format_sanity_checks(checks: list[dict[str, Any]]) -> str:
+    """Human-readable lines: a count, then one PASS/FAIL line per check."""
+    passed = sum(c["passed"] for c in checks)
+    lines = [f"sanity checks: {passed}/{len(checks)} passed"]
+    for c in checks:
+        mark = "PASS" if c["passed"] else "FAIL"
+        lines.append(f"  [{mark}] {c['name']}: {c['detail']}")
+    if passed < len(checks):
+        lines.append(
+            "  a failed check means the robust accuracy above may be an "
+            "overestimate (gradient masking); see advtrain.sanity"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from advtrain.config import AugmentConfig, DataConfig
+from advtrain.data import make_input, make_replica_input
+from advtrain.data.pipeline import _shuffle_buffer
+
+
+def _dataset(n=40):
+    # Image i is filled with i, so a batch tells which examples it holds.
+    images = np.repeat(np.arange(n, dtype=np.uint8), 8 * 8 * 3).reshape(
+        n, 8, 8, 3
+    )
+    return tf.data.Dataset.from_tensor_slices(
+        (images, np.arange(n, dtype=np.int64))
+    )
+
+
+def test_training_batches_are_shuffled_unit_floats():
+    cfg = DataConfig(shuffle_buffer=100)
+    batches = list(make_input(_dataset(), cfg, batch_size=16, training=True))
+    assert [b[0].shape for b in batches] == [(16, 8, 8, 3)] * 2  # drops 8
+    images, labels = batches[0]
+    assert images.dtype == tf.float32
+    np.testing.assert_allclose(images[:, 0, 0, 0], labels.numpy() / 255.0)
+    assert sorted(labels.numpy()) != list(range(16))
+
+
+def test_shuffle_buffer_is_capped_by_bytes():
+    big = tf.data.Dataset.from_tensors(
+        (tf.zeros([224, 224, 3], tf.uint8), tf.constant(0, tf.int64))
+    )
+    assert _shuffle_buffer(big, 10_000) == (256 << 20) // (224 * 224 * 3)
+    assert _shuffle_buffer(_dataset(), 10_000) == 10_000
+
+
+def test_evaluation_keeps_order_and_every_example():
+    cfg = DataConfig(cache="none")
+    batches = list(make_input(_dataset(), cfg, batch_size=16, training=False))
+    labels = np.concatenate([b[1].numpy() for b in batches])
+    np.testing.assert_array_equal(labels, np.arange(40))
+
+
+def test_file_cache(tmp_path):
+    cfg = DataConfig(cache=str(tmp_path / "cache"))
+    ds = make_input(_dataset(), cfg, batch_size=8, training=False)
+    assert len(list(ds)) == 5 and len(list(ds)) == 5
+    assert any(p.name.startswith("cache") for p in tmp_path.iterdir())
+
+
+def test_deterministic_order_and_augmentation_repeat():
+    aug = AugmentConfig(random_crop_pad=2, brightness=0.2, contrast=0.3)
+    cfg = DataConfig(deterministic=True, augment=aug, seed=5)
+
+    def first_epoch():
+        ds = make_input(_dataset(), cfg, batch_size=10, training=True)
+        return [b[0].numpy() for b in ds], [b[1].numpy() for b in ds]
+
+    (a, la), (b, lb) = first_epoch(), first_epoch()
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(la[0], lb[0])
+    images = np.concatenate(a)
+    assert images.min() >= 0.0 and images.max() <= 1.0
+    # Padding + crop moves content: some borders are now zero padding.
+    assert (images[:, 0, :, :] == 0).any() or (images[:, :, 0, :] == 0).any()
+
+
+def test_epochs_reshuffle_and_reaugment():
+    aug = AugmentConfig(brightness=0.3)
+    cfg = DataConfig(augment=aug, deterministic=True)
+    ds = make_input(_dataset(), cfg, batch_size=40, training=True)
+    (x1, y1), (x2, y2) = list(ds)[0], list(ds)[0]
+    assert not np.array_equal(y1, y2)
+    order = np.argsort(y2.numpy())
+    same = np.argsort(y1.numpy())
+    assert not np.allclose(x1.numpy()[same], x2.numpy()[order])
+
+
+def test_replica_input_shards_per_pipeline():
+    cfg = DataConfig(cache="none", shuffle_buffer=1000)
+    seen = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(
+            num_input_pipelines=2,
+            input_pipeline_id=pipeline,
+            num_replicas_in_sync=4,
+        )
+        ds = make_replica_input(
+            _dataset, cfg, context, global_batch=8, training=True
+        )
+        batches = list(ds)
+        assert {b[1].shape[0] for b in batches} == {2}  # 8 / 4 replicas
+        labels = np.concatenate([b[1].numpy() for b in batches])
+        assert len(set(labels)) == len(labels) == 20
+        seen.append(set(labels))
+    assert not seen[0] & seen[1]
+    assert seen[0] | seen[1] == set(range(40))
+
+
+def test_replica_input_rejects_uneven_batch():
+    context = tf.distribute.InputContext(num_replicas_in_sync=3)
+    with pytest.raises(ValueError, match="divisible by the 3 replicas"):
+        make_replica_input(
+            _dataset(), DataConfig(), context, global_batch=8, training=True
+        )
+
+
+_MIRRORED = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+    from advtrain.config import DataConfig
+    from advtrain.data import make_distributed_input
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    images = np.zeros((32, 4, 4, 1), np.uint8)
+    ds = tf.data.Dataset.from_tensor_slices((images, np.arange(32)))
+    dist = make_distributed_input(ds, DataConfig(), strategy, 8, True)
+    steps = []
+    for x, y in dist:
+        per_replica = strategy.experimental_local_results(y)
+        steps.append([r.numpy().tolist() for r in per_replica])
+    replicas = strategy.num_replicas_in_sync
+    print(json.dumps({"replicas": replicas, "steps": steps}))
+    """
+)
+
+
+@pytest.mark.slow  # a fresh TensorFlow process: logical CPUs precede init
+def test_mirrored_replicas_get_distinct_examples():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run(
+        [sys.executable, "-c", _MIRRORED],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["replicas"] == 2
+    assert len(result["steps"]) == 4
+    labels = []
+    for step in result["steps"]:
+        assert [len(r) for r in step] == [4, 4]  # 8 / 2 replicas
+        assert not set(step[0]) & set(step[1])
+        labels += step[0] + step[1]
+    assert sorted(labels) == list(range(32))

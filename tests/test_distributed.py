@@ -1,0 +1,148 @@
+"""Reductions under tf.distribute: replicas and workers agree with one device.
+
+Logical CPU devices must be configured before TensorFlow starts, so each
+configuration runs in its own process.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from advtrain.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+# Trains a BN-free classifier for 4 steps of a global batch of 32 with three
+# training steps (FGSM, fused FGSM, PGD without random start: random starts
+# are drawn per replica, so they differ with the replica count) and saves
+# weights and epoch metrics.
+TRAIN = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from advtrain.config import RuntimeConfig
+    from advtrain.runtime import make_runtime
+
+    replicas, out = int(sys.argv[1]), sys.argv[2]
+    runtime = make_runtime(RuntimeConfig(
+        strategy="mirrored" if replicas > 1 else "default",
+        cpu_replicas=replicas if replicas > 1 else None,
+        steps_per_execution=1,
+    ))
+    assert runtime.replicas == replicas, runtime.describe()
+    import keras
+    import tensorflow as tf
+    from advtrain.attacks import Attack
+    from advtrain.models.adversarial import AdversarialModel
+    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+    from helpers import dense_classifier
+
+    rng = np.random.default_rng(0)
+    x = rng.random((128, 8, 8, 1), dtype=np.float32)
+    y = rng.integers(0, 10, 128)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    cases = {
+        "fgsm": (Attack("fgsm", eps=0.1), False),
+        "fused": (Attack("fgsm", eps=0.1), True),
+        "pgd": (Attack("pgd", eps=0.1, steps=2, random_start=False), False),
+    }
+    arrays = {}
+    for name, (attack, fused) in cases.items():
+        with runtime.strategy.scope():
+            classifier = dense_classifier(seed=0)
+            model = AdversarialModel(classifier, attack, 0.5, seed=0,
+                                     fused=fused)
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True),
+                metrics=["accuracy"],
+            )
+        history = model.fit(ds, epochs=1, verbose=0, shuffle=False).history
+        for i, w in enumerate(classifier.get_weights()):
+            arrays[f"{name}/w{i}"] = w
+        for key, values in history.items():
+            arrays[f"{name}/metric/{key}"] = np.array(values[-1])
+    np.savez(out, **arrays)
+""")
+
+
+def _env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def test_two_cpu_replicas_match_one_replica(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    procs = {
+        r: subprocess.Popen(
+            [sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")],
+            cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )
+        for r in (1, 2)
+    }
+    for r, proc in procs.items():
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, output[-3000:]
+    one = np.load(tmp_path / "r1.npz")
+    two = np.load(tmp_path / "r2.npz")
+    assert sorted(one.files) == sorted(two.files)
+    weights = [k for k in one.files if "/w" in k]
+    metrics = [k for k in one.files if "/metric/" in k]
+    assert len(weights) == 12 and metrics
+    for key in weights:
+        np.testing.assert_allclose(two[key], one[key], atol=1e-5, err_msg=key)
+    # Epoch metrics aggregate over replicas: the same as on one device.
+    for key in metrics:
+        np.testing.assert_allclose(two[key], one[key], atol=1e-5, err_msg=key)
+
+
+@pytest.mark.slow
+def test_launch_two_workers_identical_weights_only_chief_writes(tmp_path):
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "tiny-mw",
+        "data": {"source": "digits", "limit_train": 256, "limit_test": 64},
+        "model": {"width": 4},
+        "attack": {"method": "fgsm_rs", "eps": 0.1},
+        "train": {"epochs": 1, "batch_size": 64},
+        "eval": {"pgd_steps": 1, "pgd_restarts": 1, "fgsm": False},
+        "output": {"tensorboard": False, "plots": False},
+    }))
+    out = tmp_path / "run"
+    old_cwd = os.getcwd()
+    os.chdir(ROOT)
+    old_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(ROOT)
+    try:
+        result = runner.invoke(
+            app, ["launch", "--workers", "2", str(recipe), "--output", str(out)]
+        )
+    finally:
+        os.chdir(old_cwd)
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
+    text = result.output
+    assert result.exit_code == 0, text[-4000:]
+    assert "worker 0 (chief): exit code 0" in text
+    assert "worker 1 (worker): exit code 0" in text
+    assert "multi_worker strategy on cpu, 2 replica(s) (2 workers" in text
+    assert "batch: global 64 = 2 replica(s) x 32; 4 steps/epoch x 1" in text
+    assert "final weights identical on all workers" in text
+    assert "workers 1-1 wrote only to temporary folders, now removed" in text
+    for name in ("recipe.yaml", "model.keras", "metrics.json", "history.csv"):
+        assert (out / name).is_file(), name
+    saved = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert saved["runtime"]["strategy"] == "multi_worker"

@@ -1,0 +1,108 @@
+"""The catastrophic-overfitting guard catches a collapse and acts on it.
+
+Plain FGSM training on 8x8 digits did not overfit catastrophically in our
+trials (eps 0.1 to 0.3, steps up to 2.5 * eps, learning rates up to 0.03,
+up to 20 epochs: PGD accuracy on the training batch kept rising), so these
+tests force the collapse: FGSM training runs normally for two epochs, then
+the learning rate jumps to 5.0 and the weights are wrecked within one
+epoch. PGD accuracy on the guard batch falls from ~0.5 to chance, which is
+what the guard watches for whatever the cause.
+"""
+
+import keras
+import numpy as np
+import pytest
+from conftest import dense_classifier
+
+from advtrain.attacks import Attack
+from advtrain.guards import CatastrophicOverfittingGuard
+from advtrain.models.adversarial import AdversarialModel
+
+EPS = 0.1
+
+
+def _fgsm_model():
+    model = AdversarialModel(
+        dense_classifier(), Attack("fgsm", eps=EPS), adv_weight=1.0, seed=0
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+class _LearningRateSpike(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            self.model.optimizer.learning_rate.assign(5.0)
+
+
+def _train(digits, action, epochs=4):
+    x, y = digits
+    model = _fgsm_model()
+    lines = []
+    guard = CatastrophicOverfittingGuard(
+        x[:128],
+        y[:128],
+        eps=EPS,
+        steps=3,
+        drop=0.2,
+        action=action,
+        echo=lines.append,
+    )
+    history = model.fit(
+        x[:768],
+        y[:768],
+        batch_size=64,
+        epochs=epochs,
+        verbose=0,
+        callbacks=[_LearningRateSpike(epoch=2), guard],
+    )
+    return model, guard, history.history, lines
+
+
+def test_rollback_restores_the_best_weights_and_goes_on(digits):
+    model, guard, history, lines = _train(digits, "rollback")
+    accuracies = [a for _, a in guard.accuracies]
+    assert len(history["loss"]) == 4  # training went on after the collapse
+    assert guard.best_epoch == 2 and guard.best_accuracy > 0.4
+    # Quiet while training goes well, then one trigger per collapsed epoch.
+    assert [t["epoch"] for t in guard.triggers] == [3, 4]
+    assert all(a < guard.best_accuracy - 0.2 for a in accuracies[2:])
+    # The collapsed epochs' weights were replaced by epoch 2's.
+    assert guard.robust_accuracy() == pytest.approx(guard.best_accuracy)
+    assert history["co_guard_pgd_accuracy"] == pytest.approx(accuracies)
+    assert "catastrophic overfitting at epoch 3" in lines[0]
+    assert "restored the epoch 2 weights, training goes on" in lines[0]
+
+
+def test_stop_ends_training_with_the_best_weights(digits):
+    model, guard, history, lines = _train(digits, "stop", epochs=6)
+    assert len(history["loss"]) == 3
+    assert model.stop_training
+    assert len(guard.triggers) == 1 and guard.triggers[0]["action"] == "stop"
+    assert guard.robust_accuracy() == pytest.approx(guard.best_accuracy)
+    assert "stopping training" in lines[0]
+    summary = guard.summary()
+    assert summary["best_epoch"] == 2
+    assert [p["epoch"] for p in summary["pgd_accuracy"]] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"action": "restart"}, "action must be one of stop, rollback"),
+        ({"drop": 0.0}, "drop must be in"),
+        ({"steps": 0}, "steps must be an int"),
+    ],
+)
+def test_bad_arguments_are_rejected(kwargs, match):
+    x = np.zeros((4, 8, 8, 1), "float32")
+    with pytest.raises(ValueError, match=match):
+        CatastrophicOverfittingGuard(x, np.zeros(4, int), eps=0.1, **kwargs)

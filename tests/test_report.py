@@ -1,0 +1,149 @@
+"""report.md, and a run's report, guard, sanity checks and export end to end."""
+
+import json
+
+import pytest
+import tensorflow as tf
+from typer.testing import CliRunner
+
+from advtrain.cli import app
+from advtrain.config import recipe_from_dict
+from advtrain.report import write_report
+
+TINY = {
+    "name": "tiny_report",
+    "description": "report test",
+    "data": {"source": "digits", "limit_train": 256, "limit_test": 64},
+    "model": {"backbone": "small_cnn", "width": 4},
+    "attack": {"method": "fgsm", "eps": 0.1},
+    "train": {
+        "epochs": 2,
+        "batch_size": 64,
+        "co_guard": True,
+        "co_guard_examples": 64,
+        "co_guard_pgd_steps": 2,
+    },
+    "eval": {"pgd_steps": 2, "eps_sweep": [0.0, 0.1], "max_examples": 48},
+    "output": {"tensorboard": False},
+}
+
+METRICS = {
+    "examples": 3,
+    "clean_accuracy": 0.9,
+    "fgsm_accuracy": 0.5,
+    "fgsm_attack": {"method": "fgsm", "eps": 0.1, "norm": "inf"},
+    "pgd_accuracy": 0.4,
+    "pgd_attack": {
+        "method": "pgd",
+        "eps": 0.1,
+        "norm": "inf",
+        "steps": 20,
+        "restarts": 5,
+    },
+    "macro_f1": 0.88,
+    "per_class_accuracy": [1.0, None, 0.5],
+    "pgd_per_class_accuracy": [0.5, None, 0.0],
+    "class_support": [2, 0, 1],
+    "bn_gap": {
+        "train_mode_accuracy": 0.8,
+        "inference_mode_accuracy": 0.9,
+        "gap": -0.1,
+    },
+    "train_seconds": 12.5,
+    "train_samples_per_second": 800.0,
+    "epoch_seconds": [6.0, 6.5],
+    "sanity_checks": [
+        {"name": "pgd_not_above_fgsm", "passed": True, "detail": "ok"},
+        {"name": "input_gradients_nonzero", "passed": False, "detail": "50%"},
+    ],
+}
+HISTORY = {"accuracy": [0.5, 0.8], "adv_accuracy": [0.2, 0.4], "loss": [2, 1]}
+
+
+def test_report_holds_every_section(tmp_path):
+    recipe = recipe_from_dict(TINY)
+    path = write_report(
+        tmp_path, recipe, METRICS, HISTORY, class_names=["zero", "one", "two"]
+    )
+    text = path.read_text()
+    for heading in (
+        "## Results",
+        "## Sanity checks",
+        "## Curves",
+        "## Per-class accuracy",
+        "## BatchNorm gap",
+        "## Timing",
+        "## Recipe (resolved)",
+    ):
+        assert heading in text, heading
+    assert (
+        "| PGD accuracy (eps=0.1 norm=inf, 20 steps x 5 restart(s)) | 40.00% |"
+        in text
+    )
+    assert "1 of 2 checks passed" in text and "**FAIL**" in text
+    assert "| 2 (two) | 1 | 50.00% | 0.00% |" in text
+    assert "| 1 (one) | 0 | n/a | n/a |" in text
+    assert "- gap: -10.00 points" in text
+    assert "800.0 samples/s" in text and "6.25 s on average" in text
+    assert "co_guard: true" in text  # the resolved recipe
+    png = (tmp_path / "training_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.fixture(scope="module")
+def guarded_run(tmp_path_factory):
+    from advtrain.experiment import run
+
+    out = tmp_path_factory.mktemp("report") / "run"
+    lines = []
+    result = run(recipe_from_dict(TINY), out, echo=lines.append)
+    return result, "\n".join(lines)
+
+
+def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
+    result, output = guarded_run
+    out = result.output_dir
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [c["name"] for c in metrics["sanity_checks"]][
+        0
+    ] == "pgd_not_above_fgsm"
+    assert all(
+        set(c) == {"name", "passed", "detail"} for c in metrics["sanity_checks"]
+    )
+    assert metrics["examples"] == 48 and metrics["subset_of"] == 64
+    guard = metrics["co_guard"]
+    assert [p["epoch"] for p in guard["pgd_accuracy"]] == [1, 2]
+    assert len(result.history["co_guard_pgd_accuracy"]) == 2
+    assert "catastrophic-overfitting guard: PGD-2" in output
+    assert "sanity checks: " in output
+    report = (out / "report.md").read_text()
+    assert "![training curves](training_curves.png)" in report
+    assert "![accuracy against eps](eps_sweep.png)" in report
+    assert (out / "training_curves.png").is_file()
+
+    served = tf.saved_model.load(str(out / "export" / "saved_model"))
+    from advtrain.experiment import load_classifier
+
+    classifier = load_classifier(out / "model.keras")
+    images = tf.constant((digits[0][:16] * 255).round().astype("uint8"))
+    logits = served.signatures["serving_default"](images=images)["logits"]
+    expected = classifier(tf.cast(images, tf.float32) / 255.0, training=False)
+    assert (logits.numpy().argmax(1) == expected.numpy().argmax(1)).all()
+
+
+def test_cli_export_and_eval_print_what_they_did(guarded_run, tmp_path):
+    out = guarded_run[0].output_dir
+    runner = CliRunner()
+    target = tmp_path / "served"
+    result = runner.invoke(app, ["export", str(out), "--output", str(target)])
+    assert result.exit_code == 0, result.output
+    assert "images uint8 [N, 8, 8, 1] -> logits, probabilities" in result.output
+    assert (target / "saved_model.pb").is_file()
+    again = runner.invoke(app, ["export", str(out), "--output", str(target)])
+    assert again.exit_code == 2 and "not empty" in again.output
+
+    result = runner.invoke(app, ["eval", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "sanity checks: " in result.output
+    assert "large_eps_breaks_model" in result.output

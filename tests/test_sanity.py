@@ -1,0 +1,64 @@
+"""Gradient-masking checks: an honest model passes, a masked one fails."""
+
+import keras
+import tensorflow as tf
+
+from advtrain.config import EvalConfig
+from advtrain.sanity import format_sanity_checks, run_sanity_checks
+
+NAMES = [
+    "pgd_not_above_fgsm",
+    "large_eps_breaks_model",
+    "more_steps_do_not_help_model",
+    "more_restarts_do_not_help_model",
+    "input_gradients_nonzero",
+]
+CFG = EvalConfig(pgd_steps=5, pgd_restarts=1, batch_size=128)
+
+
+def _batches(digits):
+    x, y = digits[0][1500:], digits[1][1500:]
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(100)
+
+
+def test_undefended_model_passes_the_checks(trained_dense, digits):
+    checks = run_sanity_checks(
+        trained_dense, _batches(digits), CFG, default_eps=0.1, max_examples=128
+    )
+    assert [c["name"] for c in checks] == NAMES
+    by_name = {c["name"]: c for c in checks}
+    for name in (
+        "pgd_not_above_fgsm",
+        "large_eps_breaks_model",
+        "input_gradients_nonzero",
+    ):
+        assert by_name[name]["passed"], by_name[name]
+    assert "128 examples" in by_name["pgd_not_above_fgsm"]["detail"]
+    assert "eps=0.5" in by_name["large_eps_breaks_model"]["detail"]
+    text = format_sanity_checks(checks)
+    assert text.splitlines()[0].startswith("sanity checks: ")
+    assert "[PASS] large_eps_breaks_model" in text
+
+
+def test_saturated_logits_are_flagged(trained_dense, digits):
+    # Scaling the logits saturates the softmax: the cross-entropy gradient
+    # is exactly zero for confident examples, the classic masked model.
+    inputs = keras.Input((8, 8, 1))
+    masked = keras.Model(inputs, trained_dense(inputs) * 1e4)
+    checks = run_sanity_checks(
+        masked, _batches(digits), CFG, default_eps=0.1, max_examples=128
+    )
+    by_name = {c["name"]: c for c in checks}
+    assert not by_name["input_gradients_nonzero"]["passed"]
+    text = format_sanity_checks(checks)
+    assert "[FAIL] input_gradients_nonzero" in text
+    assert "overestimate" in text
+
+
+def test_l2_uses_a_ball_that_holds_the_linf_one(trained_dense, digits):
+    cfg = EvalConfig(pgd_steps=2, norm="2", batch_size=128)
+    checks = run_sanity_checks(
+        trained_dense, _batches(digits), cfg, default_eps=0.5, max_examples=64
+    )
+    detail = {c["name"]: c for c in checks}["large_eps_breaks_model"]["detail"]
+    assert "eps=4 2" in detail  # 0.5 * sqrt(64)
