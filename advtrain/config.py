@@ -230,6 +230,9 @@ class EvalConfig(_Section):
     pgd_restarts: int = Field(1, ge=1, le=1000)
     eps_sweep: list[float] = Field(default_factory=list)
     max_examples: Optional[int] = Field(None, ge=1)
+    # Gradient-masking checks (advtrain.sanity) on a seeded subset of this
+    # many test examples; 0 skips them. They cost ~5 PGD runs per example.
+    sanity_examples: int = Field(200, ge=0)
     seed: int = 0
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ A run folder holds:
     eps_sweep.png    accuracy against eps (when eval.eps_sweep is set)
     report.md        recipe, curves, per-class table, sanity checks, timing
     training_curves.png  clean and adversarial accuracy per epoch
-    export/saved_model/  TF Serving SavedModel: uint8 images in (advtrain.export)
+    export/saved_model/  TF Serving SavedModel, uint8 images in (export.py)
 """
 
 from __future__ import annotations
@@ -361,7 +361,11 @@ def run(
     for phase in phases(recipe.model, plan.epochs):
         if phase.epochs <= 0:
             continue
-        trainable = apply_phase(classifier, phase)
+        # A model.builder model has no backbone to freeze; it trains whole
+        # (build_from_builder refuses freezing settings).
+        trainable = (
+            [] if recipe.model.builder else apply_phase(classifier, phase)
+        )
         if phase.end_epoch <= start_epoch:
             continue  # done before the interruption
         if phase.name != "train":
@@ -516,12 +520,16 @@ def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo):
     )
 
 
-def _sanity_checks(classifier, test_ds, recipe: Recipe, echo: Echo, strategy=None):
+def _sanity_checks(
+    classifier, test_ds, recipe: Recipe, echo: Echo, strategy=None
+):
     from advtrain.sanity import format_sanity_checks, run_sanity_checks
 
+    if recipe.eval.sanity_examples == 0:
+        return []
     checks = run_sanity_checks(
         classifier, test_ds, recipe.eval, default_eps=recipe.attack.eps,
-        strategy=strategy,
+        strategy=strategy, max_examples=recipe.eval.sanity_examples,
     )
     echo(format_sanity_checks(checks))
     return checks

@@ -150,7 +150,7 @@ def fit(
             "The training data's length is unknown (a generator or repeated "
             "dataset): pass steps_per_epoch. Received: steps_per_epoch=None"
         )
-    train_cfg = TrainConfig(
+    train_cfg = _train_config(
         epochs=epochs,
         batch_size=batch,
         steps_per_epoch=steps_per_epoch,
@@ -193,6 +193,7 @@ def fit(
             steps_per_execution=plan.steps_per_execution,
             jit_compile=rt.jit_compile,
         )
+        rt.prepare_model(net)
     history = net.fit(
         train_ds.repeat(),
         epochs=plan.epochs,
@@ -206,6 +207,20 @@ def fit(
 
 
 # ---------------------------------------------------------------- runtime
+
+
+def _train_config(**values: Any) -> TrainConfig:
+    try:
+        return TrainConfig(**values)
+    except ValueError as exc:  # pydantic's ValidationError, several lines
+        errors = getattr(exc, "errors", lambda: [])()
+        if not errors:
+            raise
+        first = errors[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise ValueError(
+            f"{key}: {first['msg']}. Received: {key}={first.get('input')!r}"
+        ) from None
 
 
 def _as_runtime(runtime: Any) -> Runtime:
@@ -475,6 +490,18 @@ def build_from_builder(
             imported, fails, or returns something else.
     """
     fn = load_builder(spec)
+    unsupported = {
+        "freeze": cfg.freeze != "all_trainable",
+        "warmup_epochs": cfg.warmup_epochs > 0,
+        "weights": cfg.weights is not None,
+    }
+    for key, used in unsupported.items():
+        if used:
+            raise RecipeError(
+                f"model.{key}: applies to advtrain's backbones, not to a "
+                f"model.builder model (it trains whole; load weights in the "
+                f"builder). Received: {key}={getattr(cfg, key)!r}"
+            )
     try:
         required = [
             p for p in inspect.signature(fn).parameters.values()

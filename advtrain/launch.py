@@ -226,7 +226,8 @@ def _report(results: list[WorkerResult], leftovers: list[Path], echo: Echo):
     if None not in weights:
         same = len(weights) == 1
         echo(
-            "final weights identical on all workers"
+            "final weights identical on all workers (BatchNorm moving "
+            "statistics aside: they are per worker)"
             if same
             else "warning: final weights differ between workers"
         )

@@ -39,6 +39,9 @@ class ProfileReport:
     jit_compile: bool
     cache: str
     augment: bool
+    attack: str = "none"
+    attack_steps: int = 0
+    fused: bool = False
 
     @property
     def bound(self) -> str:
@@ -133,6 +136,18 @@ class ProfileReport:
                     "dominated by the host round trip: "
                     "runtime.steps_per_execution: auto (or 8-32)."
                 )
+            if self.attack in ("fgsm", "fgsm_rs") and not self.fused:
+                tips.append(
+                    "attack.fused: true: 2 forward + 2 backward passes per "
+                    "step instead of 3 + 3 (scripts/bench_step: 0.54 vs 0.41 "
+                    "of a clean step on CPU); see AdversarialModel(fused=) "
+                    "for its trade-off."
+                )
+            elif self.attack in ("pgd", "trades"):
+                tips.append(
+                    f"fewer attack.steps (now {self.attack_steps}): each "
+                    "costs about one forward and one input backward pass."
+                )
             if self.device_kind in ("gpu", "tpu"):
                 if self.precision == "float32":
                     tips.append(
@@ -141,17 +156,9 @@ class ProfileReport:
                     )
                 if not self.jit_compile:
                     tips.append("runtime.jit_compile: true (XLA); measure it.")
-            else:
-                if self.precision == "float32":
-                    tips.append(
-                        "runtime.precision: mixed_bfloat16 on CPUs with "
-                        "AVX512-BF16 or AMX (see README, Performance)."
-                    )
             tips.append(
                 f"a larger train.batch_size (now {self.global_batch}) uses "
-                "the device better per example, with train.scale_lr; or a "
-                "cheaper attack (fewer PGD steps, attack.fused: true for "
-                "FGSM)."
+                "the device better per example; pair it with train.scale_lr."
             )
         return tips
 
@@ -265,6 +272,7 @@ def profile(
             steps_per_execution=spe,
             jit_compile=runtime.jit_compile,
         )
+        runtime.prepare_model(model)
     batch = next(iter(stream))
     cached = tf.data.Dataset.from_tensors(batch).repeat()
     step_seconds = _time_fit(model, cached, steps, rounds)
@@ -282,6 +290,10 @@ def profile(
         jit_compile=runtime.jit_compile,
         cache=_cache_mode(recipe.data),
         augment=_has_augmentation(recipe.data),
+        attack=recipe.attack.method
+        + (" (cleverhans)" if recipe.attack.backend == "cleverhans" else ""),
+        attack_steps=recipe.attack.steps,
+        fused=recipe.attack.fused,
     )
     for line in report.lines():
         echo(line)

@@ -76,14 +76,23 @@ class Runtime:
         return self.strategy_name not in _SINGLE_STEP_STRATEGIES
 
     def prepare_model(self, model: keras.Model) -> keras.Model:
-        """Readies a compiled model for `fit` under this strategy.
+        """Readies a freshly compiled model for `fit` under this strategy.
 
-        Under MultiWorkerMirroredStrategy, Keras 3's `fit` first builds the
-        model's state from a batch it all-reduces across workers, and that
-        reduce fails for every dataset (keras-team/keras#20585, reproduced
-        with TF 2.21 / Keras 3.15). Only the batch's shapes and dtypes are
-        needed, so the build here uses this worker's local batch instead.
-        Other strategies are left alone.
+        Call it after every `compile` (which resets what it sets). Only
+        MultiWorkerMirroredStrategy needs anything: Keras 3's `fit` fails
+        under it (keras-team/keras#20585, reproduced with TF 2.21 / Keras
+        3.15) in two places, replaced here for this model only:
+
+        * before the first step, Keras builds the model's state from a
+          batch it all-reduces across workers, which fails for any
+          dataset; only shapes and dtypes are needed, so this worker's
+          local batch is used;
+        * after each step, Keras reduces the step's scalar logs with
+          `axis=0`, which fails; they are averaged over all replicas
+          (`axis=None`), as Keras does under MirroredStrategy.
+
+        The train and test functions run one step per call, as
+        `plan_batches` sets for this strategy.
         """
         if self.strategy_name != "multi_worker":
             return model
@@ -102,8 +111,24 @@ class Runtime:
             with strategy.scope():
                 model._symbolic_build(data_batch=data_batch)
 
-        # Bypasses Keras's attribute tracking: a function, not model state.
-        object.__setattr__(model, "_maybe_symbolic_build", maybe_symbolic_build)
+        def step_function(step):
+            @tf.function(reduce_retracing=True, jit_compile=model.jit_compile)
+            def one_step(data):
+                outputs = strategy.run(step, args=(data,))
+                return tf.nest.map_structure(
+                    lambda v: strategy.reduce("MEAN", v, axis=None), outputs
+                )
+
+            return lambda iterator: one_step(next(iterator))
+
+        # object.__setattr__: functions, not model state Keras should track.
+        replacements = {
+            "_maybe_symbolic_build": maybe_symbolic_build,
+            "train_function": step_function(model.train_step),
+            "test_function": step_function(model.test_step),
+        }
+        for name, value in replacements.items():
+            object.__setattr__(model, name, value)
         return model
 
     def describe(self) -> str:
@@ -241,9 +266,8 @@ def make_runtime(cfg: RuntimeConfig) -> Runtime:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver
         )
-        workers = max(1, len(resolver.cluster_spec().as_dict().get(
-            "worker", []
-        )) + len(resolver.cluster_spec().as_dict().get("chief", [])))
+        cluster = resolver.cluster_spec().as_dict()
+        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
         task = f"{resolver.task_type} {resolver.task_id}"
     else:
         gpus = tf.config.list_logical_devices("GPU")
@@ -312,11 +336,14 @@ class BatchPlan:
 
     def describe(self) -> str:
         """The batch arithmetic, as printed at the start of a run."""
+        undivided = (
+            " (every replica trains every epoch)" if self.replicas > 1 else ""
+        )
         lines = [
             f"batch: global {self.global_batch} = {self.replicas} replica(s) "
             f"x {self.per_replica_batch}; {self.steps_per_epoch} steps/epoch "
-            f"x {self.epochs} epochs (epochs are not divided by workers); "
-            f"{self.steps_per_execution} steps per host call"
+            f"x {self.epochs} epochs{undivided}; {self.steps_per_execution} "
+            "step(s) per host call"
         ]
         lr = f"learning rate {self.learning_rate:g}"
         if self.reference_batch is not None:
@@ -441,14 +468,27 @@ def plan_batches(
 
 
 def weights_fingerprint(model: keras.Model) -> str:
-    """sha256 of every weight's bytes, in order: equal on replicas in sync."""
+    """sha256 of the weights that replicas keep in sync, in order.
+
+    BatchNorm moving statistics are left out: Keras 3 creates them without
+    a cross-replica aggregation, so each worker keeps the statistics of its
+    own shard (the chief's are saved; `model.batchnorm.recalibrate`
+    re-estimates them on clean data after training).
+    """
     import hashlib
 
     import numpy as np
 
+    from advtrain.models.batchnorm import batchnorm_layers
+
+    local = {
+        id(w) for layer in batchnorm_layers(model)
+        for w in layer.non_trainable_weights
+    }
     digest = hashlib.sha256()
     for weight in model.weights:
-        digest.update(np.ascontiguousarray(np.asarray(weight)).tobytes())
+        if id(weight) not in local:
+            digest.update(np.ascontiguousarray(np.asarray(weight)).tobytes())
     return digest.hexdigest()
 
 

@@ -38,3 +38,14 @@ def trained_dense(digits):
 @pytest.fixture
 def sparse_ce():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_op_determinism():
+    """`runtime.deterministic` turns on TF op determinism for the process;
+    it also makes Keras silently drop XLA. Keep tests independent."""
+    yield
+    from tensorflow.python.framework import config as tf_config
+
+    if tf_config.is_op_determinism_enabled():
+        tf_config.disable_op_determinism()

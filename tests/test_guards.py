@@ -12,7 +12,7 @@ what the guard watches for whatever the cause.
 import keras
 import numpy as np
 import pytest
-from conftest import dense_classifier
+from helpers import dense_classifier
 
 from advtrain.attacks import Attack
 from advtrain.guards import CatastrophicOverfittingGuard

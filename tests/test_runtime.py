@@ -44,7 +44,9 @@ def float32_policy():
 
 def test_global_batch_splits_across_replicas_and_epochs_stay():
     plan = plan_batches(
-        TrainConfig(batch_size=256, epochs=7), fake_runtime(4, "mirrored"), 10_000
+        TrainConfig(batch_size=256, epochs=7),
+        fake_runtime(4, "mirrored"),
+        10_000,
     )
     assert plan.per_replica_batch == 64
     assert plan.steps_per_epoch == 10_000 // 256  # from the global batch
@@ -164,7 +166,8 @@ def test_cpu_replicas_after_tensorflow_started_is_a_recipe_error():
 def test_launch_configs_name_one_loopback_cluster():
     ports = free_ports(3)
     assert len(set(ports)) == 3
-    configs = [json.loads(c) for c in tf_configs([f"127.0.0.1:{p}" for p in ports])]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    configs = [json.loads(c) for c in tf_configs(addresses)]
     assert {len(c["cluster"]["worker"]) for c in configs} == {3}
     assert [c["task"] for c in configs] == [
         {"type": "worker", "index": i} for i in range(3)
@@ -204,7 +207,8 @@ def test_adversarial_step_compiles_under_xla(digits, attack):
     assert model.jit_compile
     assert np.isfinite(model.get_metrics_result()["loss"])
     assert any(
-        not np.allclose(a, b) for a, b in zip(before, classifier.get_weights())
+        not np.allclose(a, b)
+        for a, b in zip(before, classifier.get_weights(), strict=True)
     )
 
 
@@ -246,6 +250,6 @@ def test_profile_says_what_bounds_the_run(tmp_path, float32_policy):
                  "both, as `run` trains"):
         assert part in out
     assert "batch: global 32 = 1 replica(s) x 32; 8 steps/epoch" in out
-    assert "verdict: input-bound by" in out or "verdict: compute-bound by" in out
+    assert "verdict: input-bound by" in out or "compute-bound by" in out
     assert "to change: " in out
     assert not list(tmp_path.glob("runs"))  # profile writes nothing

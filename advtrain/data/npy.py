@@ -14,10 +14,12 @@ Images `x` are `(N, H, W)` or `(N, H, W, C)`, uint8 0..255 or float in
 [0, 1] (float16 / float64 are read as float32). Labels `y` are integers
 `(N,)` or `(N, 1)` in 0..K-1, K = 1 + the largest training label; they are
 read into memory (8 bytes an example). Images are opened with
-`np.load(mmap_mode="r")` and read a few MB of rows at a time in a
-`tf.data` generator, so host memory does not grow with N and nothing is
-ever copied whole to the device. Each epoch reads the training rows in a
-fresh random order (seeded by `data.seed` and the epoch).
+`np.load(mmap_mode="r")`, which gives their shape, dtype and offset, and a
+`tf.data` generator copies a few MB of rows at a time out of the file with
+plain reads (not through the map, whose touched pages would count as
+resident memory), so host memory does not grow with N and nothing is ever
+copied whole to the device. Each epoch reads the training rows in a fresh
+random order (seeded by `data.seed` and the epoch).
 
 Example:
 
@@ -96,6 +98,8 @@ class _Rows:
                 f"{path}: truncated .npy: expected {expected} bytes for "
                 f"shape {shape} {dtype}. Received: {size}"
             )
+        # Opened once the way numpy opens it, which also checks the header.
+        self._open()
 
     def _open(self):
         if self.rows == self.shape[0]:
@@ -111,15 +115,35 @@ class _Rows:
         )
 
     def read(self, index: np.ndarray) -> np.ndarray:
-        """Copies the rows at sorted `index` out of a fresh memory map.
+        """Copies the rows at sorted `index` into a new array.
 
-        Pages of a file mapping count toward the process's resident memory
-        until it is unmapped, and each fault maps its page-cache neighbours
-        too (up to 16x the bytes of a scattered row). Mapping per chunk and
-        dropping the map at once keeps that to one chunk's worth, whatever
-        the file's size; opening costs a header read and one mmap call.
+        The rows are read with plain file reads at the offsets of the
+        memory map, one read per run of consecutive rows, not through the
+        map: every page-cache page touched through a mapping counts as
+        this process's resident memory while mapped, and with large page
+        cache folios one scattered 12 KB row can map megabytes. Reads copy
+        only the rows, so memory stays flat whatever the file's size.
         """
-        return np.array(self._open()[index])
+        if self._fortran:  # rows are not contiguous on disk
+            return np.array(self._open()[index])
+        out = np.empty((len(index), *self.shape[1:]), self.dtype)
+        raw = out.reshape(len(index), -1).view(np.uint8)
+        breaks = np.flatnonzero(np.diff(index) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        ends = np.concatenate([breaks, [len(index)]])
+        with open(self.path, "rb", buffering=0) as f:
+            for start, end in zip(starts, ends, strict=True):
+                f.seek(self._offset + int(index[start]) * self.row_bytes)
+                view = memoryview(raw[start:end]).cast("B")
+                while view.nbytes:
+                    got = f.readinto(view)
+                    if not got:
+                        raise RecipeError(
+                            f"{self.path}: file ended while reading row "
+                            f"{index[start]}; was it changed during training?"
+                        )
+                    view = view[got:]
+        return out
 
     def read_all(self) -> np.ndarray:
         return np.array(self._open())

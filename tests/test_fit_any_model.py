@@ -1,0 +1,317 @@
+"""`advtrain.fit` and `model.builder`: any Keras model through the runtime."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import advtrain
+from advtrain.cli import app
+from advtrain.config import ModelConfig, RecipeError
+from advtrain.fitting import array_batches, build_from_builder, load_builder
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def tiny_regressor():
+    return keras.Sequential([
+        keras.Input((4,)),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(1),
+    ])
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], "float32"))[:, None]
+    return x, y
+
+
+# ---------------------------------------------------------------- tiny model
+
+
+def test_tiny_model_auto_steps_per_execution(tiny_data):
+    lines = []
+    result = advtrain.fit(
+        tiny_regressor, tiny_data, loss="mse", batch_size=20, epochs=3,
+        learning_rate=0.01, runtime={"strategy": "default"},
+        echo=lines.append,
+    )
+    # 400 / 20 = 20 steps per epoch, all in one host call.
+    assert result.plan.steps_per_epoch == 20
+    assert result.plan.steps_per_execution == 20
+    assert result.model.steps_per_execution == 20
+    assert int(result.model.optimizer.iterations.numpy()) == 60
+    assert result.history["loss"][-1] < result.history["loss"][0]
+    assert lines[0].startswith("runtime: default strategy on cpu")
+    assert "global 20 = 1 replica(s) x 20; 20 steps/epoch x 3" in lines[1]
+
+
+def test_host_calls_never_overshoot_the_epoch(tiny_data):
+    # Keras runs whole host calls: 4 per call for 10 steps would train 12.
+    result = advtrain.fit(
+        tiny_regressor(), tiny_data, loss="mse", batch_size=20,
+        steps_per_epoch=10, epochs=2, runtime={"steps_per_execution": 4},
+        echo=None,
+    )
+    assert result.plan.steps_per_execution == 2
+    assert int(result.model.optimizer.iterations.numpy()) == 20
+
+
+def test_fit_adversarially_wraps_the_classifier(digits):
+    x, y = digits
+    result = advtrain.fit(
+        lambda: keras.Sequential([
+            keras.Input((8, 8, 1)), keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ]),
+        (x[:256], y[:256]), attack=advtrain.Attack("fgsm", eps=0.1),
+        batch_size=64, runtime={"strategy": "default"}, echo=None,
+    )
+    assert type(result.model).__name__ == "AdversarialModel"
+    assert {"clean_loss", "adv_loss"} <= set(result.history)
+
+
+def test_fit_rejects_arrays_without_batch_size(tiny_data):
+    with pytest.raises(ValueError, match="Arrays need batch_size="):
+        advtrain.fit(tiny_regressor, tiny_data, loss="mse", echo=None)
+
+
+# ---------------------------------------------------------------- memmap
+
+
+class ToFloat(keras.layers.Layer):
+    def call(self, x):
+        return keras.ops.cast(x, "float32")
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def test_wide_binary_inputs_stream_from_a_memory_map(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    del psutil
+    rows, width = 12_000, 100_000
+    path = tmp_path / "x.npy"
+    # A sparse file: only each row's first 64 bytes are written, so 1.2 GB
+    # of logical data costs little disk. Labels depend on those bytes.
+    x = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8,
+                                  shape=(rows, width))
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2, size=(rows, 64), dtype=np.uint8)
+    x[:, :64] = bits
+    x.flush()
+    del x
+    y = (bits[:, :32].sum(axis=1) > bits[:, 32:].sum(axis=1)).astype("int32")
+    size = path.stat().st_size
+    assert size > 1.1e9
+
+    x = np.load(path, mmap_mode="r")
+
+    def build():
+        inputs = keras.Input((width,), dtype="uint8")
+        h = keras.layers.Dense(8, activation="relu")(ToFloat()(inputs))
+        return keras.Model(inputs, keras.layers.Dense(2)(h))
+
+    baseline = _rss()
+    peak = [baseline]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = advtrain.fit(
+            build, (x, y), batch_size=100, epochs=1,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"], runtime={"strategy": "default"}, echo=None,
+        )
+    finally:
+        done.set()
+        sampler.join()
+    assert result.plan.steps_per_epoch == 120  # the whole file, once
+    assert np.isfinite(result.history["loss"][0])
+    # Streaming: the process grows by a few batches and the model's state
+    # (about 190 MB measured), not by the 1.2 GB it read.
+    assert peak[0] - baseline < size / 4, (peak[0] - baseline, size)
+
+
+def test_array_batches_streams_blocks_in_shuffled_order(tmp_path):
+    x = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+    np.save(tmp_path / "x.npy", x)
+    mm = np.load(tmp_path / "x.npy", mmap_mode="r")
+    ds = array_batches(mm, np.arange(40), 10, shuffle=True, seed=1)
+    batches = [(bx.numpy(), by.numpy()) for bx, by in ds]
+    assert len(batches) == 4
+    got = np.concatenate([b[1] for b in batches])
+    assert sorted(got.tolist()) == list(range(40))
+    for bx, by in batches:  # rows stay paired with their labels
+        np.testing.assert_array_equal(bx, x[by])
+
+
+# ---------------------------------------------------------------- LSTM
+
+
+LSTM_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    from advtrain.fitting import fit
+
+    def build():
+        import keras
+        return keras.Sequential([
+            keras.Input((5, 8)),
+            keras.layers.LSTM(180, dropout=0.2, return_sequences=True),
+            keras.layers.LSTM(180, dropout=0.2, return_sequences=True),
+            keras.layers.LSTM(180, dropout=0.2),
+            keras.layers.Dense(4),
+        ])
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5, 8)).astype("float32")
+    y = rng.normal(size=(64, 4)).astype("float32")
+    result = fit(build, (x, y), loss="mse", batch_size=64, epochs=1,
+                 runtime={"strategy": "mirrored", "cpu_replicas": 2})
+    print(json.dumps({
+        "replicas": result.runtime.replicas,
+        "per_replica": result.plan.per_replica_batch,
+        "steps": int(result.model.optimizer.iterations.numpy()),
+        "loss": result.history["loss"][-1],
+        "units": [l.units for l in result.model.layers[:3]],
+    }))
+""")
+
+
+def test_lstm_regressor_under_two_cpu_replicas(tmp_path):
+    script = tmp_path / "lstm.py"
+    script.write_text(LSTM_SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "runtime: mirrored strategy on cpu, 2 replica(s)" in proc.stdout
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["replicas"] == 2
+    assert summary["per_replica"] == 32
+    assert summary["steps"] == 1
+    assert summary["units"] == [180, 180, 180]
+    assert np.isfinite(summary["loss"])
+
+
+# ---------------------------------------------------------------- builder
+
+
+BUILDERS = textwrap.dedent("""
+    import keras
+
+    def dense_logits(image_shape, num_classes, cfg):
+        inputs = keras.Input(image_shape)
+        h = keras.layers.Flatten()(inputs)
+        h = keras.layers.Dense(cfg.width, activation="relu")(h)
+        return keras.Model(inputs, keras.layers.Dense(num_classes)(h))
+
+    def no_arguments():
+        return keras.Sequential([keras.Input((8, 8, 1)),
+                                 keras.layers.Flatten(),
+                                 keras.layers.Dense(10)])
+
+    def wrong_outputs(image_shape, num_classes, cfg):
+        return keras.Sequential([keras.Input(image_shape),
+                                 keras.layers.Flatten(),
+                                 keras.layers.Dense(3)])
+
+    def not_a_model():
+        return "model"
+""")
+
+
+@pytest.fixture
+def builders(tmp_path, monkeypatch):
+    (tmp_path / "fit_test_builders.py").write_text(BUILDERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "fit_test_builders"
+
+
+def test_builder_called_with_shape_classes_and_config(builders):
+    model = build_from_builder(
+        f"{builders}:dense_logits", (8, 8, 1), 10, ModelConfig(width=5)
+    )
+    assert model.output_shape == (None, 10)
+    assert model.layers[-2].units == 5
+    model = build_from_builder(f"{builders}:no_arguments", (8, 8, 1), 10,
+                               ModelConfig())
+    assert model.output_shape == (None, 10)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("no_colon", "model.builder: expected 'package.module:function'"),
+     ("missing_module_xyz:fn", "model.builder: cannot import module "
+      "'missing_module_xyz' (ModuleNotFoundError"),
+     ("{m}:absent", "has no attribute 'absent'"),
+     ("{m}:wrong_outputs", "returns 3 outputs; the data has 10 classes"),
+     ("{m}:not_a_model", "must return a keras.Model. Received: str")],
+)
+def test_builder_errors_are_one_line_recipe_errors(builders, spec, message):
+    with pytest.raises(RecipeError) as info:
+        build_from_builder(spec.format(m=builders), (8, 8, 1), 10,
+                           ModelConfig())
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_builder_refuses_backbone_only_settings(builders):
+    with pytest.raises(RecipeError, match="model.freeze: applies to"):
+        build_from_builder(f"{builders}:dense_logits", (8, 8, 1), 10,
+                           ModelConfig(freeze="frozen"))
+
+
+def test_builder_recipe_runs_and_bad_import_exits_2(builders, tmp_path):
+    recipe = {
+        "name": "builder",
+        "data": {"source": "digits", "limit_train": 128, "limit_test": 32},
+        "model": {"builder": f"{builders}:dense_logits", "width": 8},
+        "attack": {"method": "fgsm", "eps": 0.1},
+        "train": {"epochs": 1, "batch_size": 32},
+        "eval": {"pgd_steps": 1, "fgsm": False, "sanity_examples": 0},
+        "output": {
+            "tensorboard": False, "plots": False, "export_saved_model": False,
+        },
+    }
+    path = tmp_path / "builder.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = runner.invoke(app, ["run", str(path), "-o", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r" / "model.keras").is_file()
+
+    bad = tmp_path / "bad.yaml"
+    recipe["model"]["builder"] = "no_such_package_q:build"
+    bad.write_text(yaml.safe_dump(recipe))
+    result = runner.invoke(app, ["run", str(bad), "-o", str(tmp_path / "b")])
+    assert result.exit_code == 2
+    assert "model.builder: cannot import module 'no_such_package_q'" in (
+        result.output
+    )
+    assert load_builder(f"{builders}:no_arguments")().output_shape == (None, 10)
