@@ -30,6 +30,14 @@ SetOption = Annotated[
         help="Override a recipe value: section.key=value (repeatable).",
     ),
 ]
+UnsafeLoadOption = Annotated[
+    bool,
+    typer.Option(
+        "--unsafe-load",
+        help="Load a model file that holds Python code (Lambda layers). "
+        "That code runs: only for files you trust.",
+    ),
+]
 DebugOption = Annotated[
     bool, typer.Option("--debug", help="Show tracebacks instead of one line.")
 ]
@@ -143,14 +151,7 @@ def eval_(
         typer.Option("--recipe", "-r", help="Recipe (default: the run's)."),
     ] = None,
     set_: SetOption = None,
-    unsafe_load: Annotated[
-        bool,
-        typer.Option(
-            "--unsafe-load",
-            help="Load a model file that holds Python code (Lambda layers). "
-            "That code runs: only for files you trust.",
-        ),
-    ] = False,
+    unsafe_load: UnsafeLoadOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Evaluate a trained classifier: clean, FGSM and PGD accuracy, and
@@ -199,14 +200,7 @@ def export(
             help="SavedModel folder (default: RUN_DIR/export/saved_model).",
         ),
     ] = None,
-    unsafe_load: Annotated[
-        bool,
-        typer.Option(
-            "--unsafe-load",
-            help="Load a model file that holds Python code (Lambda layers). "
-            "That code runs: only for files you trust.",
-        ),
-    ] = False,
+    unsafe_load: UnsafeLoadOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Export a classifier as a TensorFlow SavedModel for TF Serving.
