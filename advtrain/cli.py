@@ -112,6 +112,17 @@ def _guarded(debug: bool, action):
         _fail(f"{type(exc).__name__}: {first} (rerun with --debug for details)", 1)
 
 
+def _train(path: Path, resolved, output: Optional[Path]) -> None:
+    """Runs a loaded recipe into `output` and prints the summary."""
+    from advtrain.experiment import run as run_recipe, summary_table
+
+    _echo(f"recipe: {path} ({resolved.name})")
+    with _naming(path):
+        result = run_recipe(resolved, output, echo=_echo)
+    _echo(f"run folder: {result.output_dir}")
+    _echo(summary_table(result.metrics))
+
+
 @app.command()
 def run(
     recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
@@ -128,14 +139,7 @@ def run(
         from advtrain.config import load_recipe
 
         path = resolve_recipe_path(recipe)
-        resolved = load_recipe(path, set_ or [])
-        from advtrain.experiment import run as run_recipe, summary_table
-
-        _echo(f"recipe: {path} ({resolved.name})")
-        with _naming(path):
-            result = run_recipe(resolved, output, echo=_echo)
-        _echo(f"run folder: {result.output_dir}")
-        _echo(summary_table(result.metrics))
+        _train(path, load_recipe(path, set_ or []), output)
 
     _guarded(debug, action)
 
@@ -270,14 +274,7 @@ def resume(
                 f"{run_dir}: the run is finished (metrics.json); nothing to "
                 "resume."
             )
-        resolved = load_recipe(recipe_path)
-        from advtrain.experiment import run as run_recipe, summary_table
-
-        _echo(f"recipe: {recipe_path} ({resolved.name})")
-        with _naming(recipe_path):
-            result = run_recipe(resolved, run_dir, echo=_echo)
-        _echo(f"run folder: {result.output_dir}")
-        _echo(summary_table(result.metrics))
+        _train(recipe_path, load_recipe(recipe_path), run_dir)
 
     _guarded(debug, action)
 

@@ -102,6 +102,10 @@ class BatchNormConfig(_Section):
         trained BN layers on recalibrate_batches clean training batches.
     gap_threshold: warn when train-mode and inference-mode accuracy differ
         by more than this.
+    fused: compute the plain Keras BatchNormalization layers with
+        TensorFlow's fused kernel (advtrain.models.fused_batchnorm): the
+        same results to float rounding, faster training (scripts/bench_step
+        measures it). false keeps Keras's own computation.
     """
 
     momentum: Optional[float] = Field(None, gt=0.0, lt=1.0)
@@ -109,6 +113,7 @@ class BatchNormConfig(_Section):
     recalibrate: bool = False
     recalibrate_batches: int = Field(50, ge=1)
     gap_threshold: float = Field(0.05, ge=0.0, le=1.0)
+    fused: bool = True
 
 
 class ModelConfig(_Section):
@@ -155,6 +160,9 @@ class AttackConfig(_Section):
     step_size: Optional[float] = Field(None, gt=0.0)
     norm: Literal["inf", "2"] = "inf"
     random_start: bool = True
+    # fgsm_rs: clip the random start to the pixel range before its gradient
+    # is taken (false: as drawn, like Wong et al.'s MNIST code).
+    clip_start: bool = True
     backend: Literal["advtrain", "cleverhans"] = "advtrain"
     adv_weight: float = Field(0.5, ge=0.0, le=1.0)
     mode: Literal["inference", "train"] = "inference"
@@ -175,6 +183,11 @@ class AttackConfig(_Section):
         if self.backend == "cleverhans" and self.method not in ("fgsm", "pgd"):
             raise ValueError(
                 "backend: cleverhans supports method fgsm or pgd. "
+                f"Received: method={self.method}"
+            )
+        if not self.clip_start and self.method != "fgsm_rs":
+            raise ValueError(
+                "clip_start: false applies to method fgsm_rs only. "
                 f"Received: method={self.method}"
             )
         if self.fused and self.method not in ("fgsm", "fgsm_rs"):
@@ -204,6 +217,8 @@ class TrainConfig(_Section):
     learning_rate: float = Field(1e-3, gt=0.0, le=10.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    # cosine: cosine decay to 0 after the warm-up; onecycle: linear decay
+    # to 0 after the warm-up (triangular, as in Wong et al. 2020).
     lr_schedule: Literal["constant", "cosine", "onecycle"] = "constant"
     scale_lr: bool = False
     reference_batch: int = Field(256, ge=1)

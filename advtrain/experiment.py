@@ -51,6 +51,7 @@ def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
         step_size=cfg.step_size,
         random_start=cfg.random_start,
         backend=cfg.backend,
+        clip_start=cfg.clip_start,
     )
 
 
@@ -76,6 +77,29 @@ def build_training_model(recipe: Recipe, classifier: keras.Model) -> keras.Model
     )
 
 
+def build_run_model(recipe: Recipe, splits) -> tuple[keras.Model, keras.Model]:
+    """The classifier (backbone or `model.builder`, BatchNorm policy
+    applied) and the training model around it, as `run` and `profile`
+    build them. Call it inside the runtime's strategy scope.
+    """
+    from advtrain.models.batchnorm import apply_batchnorm_policy
+    from advtrain.models.classifier import build_classifier
+
+    if recipe.model.builder:
+        from advtrain.fitting import build_from_builder
+
+        classifier = build_from_builder(
+            recipe.model.builder, splits.image_shape,
+            splits.num_classes, recipe.model,
+        )
+    else:
+        classifier = build_classifier(
+            recipe.model, splits.image_shape, splits.num_classes
+        )
+    apply_batchnorm_policy(classifier, recipe.model.batchnorm)
+    return classifier, build_training_model(recipe, classifier)
+
+
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
     """The run folder: new, or an unfinished run of the same resolved recipe
     (which `run` resumes). Refuses anything else with a RecipeError naming
@@ -92,22 +116,41 @@ def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Pa
     return output
 
 
-def _train_stream(splits, data_cfg, plan, seed: int, skip: int):
-    """A fresh training stream for one `fit`, with its first `skip` batches
+def _train_stream(splits, data_cfg, plan, seed: int, skip: int, strategy):
+    """A fresh training stream for one `fit`, with its first `skip` steps
     dropped.
 
     Built after resetting the global seed, so its order depends on the
     recipe alone; reusing one dataset would not do: each new iterator of a
     dataset that reshuffles draws a new order, which a resumed process
     cannot reproduce. Skipping costs input-pipeline work, no model work.
+
+    With several replicas each input pipeline (one per worker) builds its
+    own shard, batched per replica (`make_distributed_input`): a worker
+    decodes and augments only the examples its replicas train on, instead
+    of the whole stream with Keras's rebatching; on one worker the replicas
+    of a step together see the same examples as one device would.
     """
-    from advtrain.data import make_input
+    from advtrain.data import make_input, make_replica_input
 
     keras.utils.set_random_seed(seed)
-    ds = make_input(
-        splits.train, data_cfg, batch_size=plan.global_batch, training=True
-    ).repeat()
-    return ds.skip(skip) if skip else ds
+    if strategy.num_replicas_in_sync == 1:
+        ds = make_input(
+            splits.train, data_cfg, batch_size=plan.global_batch,
+            training=True,
+        ).repeat()
+        return ds.skip(skip) if skip else ds
+
+    def dataset_fn(context):  # a tf.distribute.InputContext
+        ds = make_replica_input(
+            splits.train, data_cfg, context,
+            global_batch=plan.global_batch, training=True,
+        ).repeat()
+        # Each step takes one batch per local replica from this pipeline.
+        local = context.num_replicas_in_sync // context.num_input_pipelines
+        return ds.skip(skip * local) if skip else ds
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def _known_metrics(model: keras.Model, has_validation: bool) -> list[str]:
@@ -190,7 +233,6 @@ def run(
     """
     from advtrain.data import load_splits, make_input
     from advtrain.evaluation import evaluate_robustness, plot_eps_sweep
-    from advtrain.models.classifier import build_classifier
     from advtrain.runtime import make_optimizer, make_runtime, plan_batches
     from advtrain.callbacks import AtomicCheckpoint, NaNGuard, ProgressLine
     from advtrain.checkpointing import (
@@ -204,7 +246,6 @@ def run(
         writable_dir,
     )
     from advtrain.models.batchnorm import (
-        apply_batchnorm_policy,
         bn_gap,
         bn_gap_warning,
         recalibrate_batchnorm,
@@ -238,19 +279,7 @@ def run(
     )
 
     with runtime.strategy.scope():
-        if recipe.model.builder:
-            from advtrain.fitting import build_from_builder
-
-            classifier = build_from_builder(
-                recipe.model.builder, splits.image_shape,
-                splits.num_classes, recipe.model,
-            )
-        else:
-            classifier = build_classifier(
-                recipe.model, splits.image_shape, splits.num_classes
-            )
-        apply_batchnorm_policy(classifier, recipe.model.batchnorm)
-        model = build_training_model(recipe, classifier)
+        classifier, model = build_run_model(recipe, splits)
 
     has_val = splits.val is not None
     monitor, monitor_mode = resolve_monitor(
@@ -402,6 +431,7 @@ def run(
                 _train_stream(
                     splits, data_cfg, plan, recipe.train.seed,
                     (epoch - phase.start_epoch) * spe + step,
+                    runtime.strategy,
                 ),
                 initial_epoch=epoch,
                 epochs=end,

@@ -492,6 +492,42 @@ def weights_fingerprint(model: keras.Model) -> str:
     return digest.hexdigest()
 
 
+@keras.saving.register_keras_serializable(package="advtrain")
+class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
+    """Triangular one-cycle schedule: linear from 0 to `peak` over
+    `warmup_steps`, then linear down to 0 at `total_steps` (the schedule of
+    Wong, Rice and Kolter 2020). Without warm-up it starts at `peak`.
+
+    Example:
+
+    ```python
+    lr = OneCycle(peak=0.005, warmup_steps=2400, total_steps=6000)
+    float(lr(1200))  # 0.0025
+    ```
+    """
+
+    def __init__(self, peak: float, warmup_steps: int, total_steps: int):
+        self.peak = float(peak)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = max(int(total_steps), self.warmup_steps + 1)
+
+    def __call__(self, step):
+        step = keras.ops.cast(step, "float32")
+        up = step / max(self.warmup_steps, 1)
+        down = (self.total_steps - step) / (
+            self.total_steps - self.warmup_steps
+        )
+        rate = keras.ops.where(step < self.warmup_steps, up, down)
+        return self.peak * keras.ops.clip(rate, 0.0, 1.0)
+
+    def get_config(self):
+        return {
+            "peak": self.peak,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+        }
+
+
 def make_optimizer(
     train: TrainConfig, plan: BatchPlan
 ) -> keras.optimizers.Optimizer:
@@ -499,7 +535,9 @@ def make_optimizer(
     total = max(1, plan.steps_per_epoch * max(plan.epochs, 1))
     warmup = plan.warmup_steps
     lr: object = plan.learning_rate
-    if train.lr_schedule in ("cosine", "onecycle") or warmup:
+    if train.lr_schedule == "onecycle":
+        lr = OneCycle(plan.learning_rate, warmup, total)
+    elif train.lr_schedule == "cosine" or warmup:
         decay_steps = max(1, total - warmup)
         if train.lr_schedule == "constant":
             # Warm-up then constant: a cosine with alpha=1 never decays.

@@ -25,6 +25,8 @@ BAD = [
     ("attack: {method: deepfool}", [], "'attack.method': Input should be 'none', 'fgsm'"),
     ("attack: {norm: 1}", [], "'attack.norm'"),
     ("attack: {method: fgsm_rs, backend: cleverhans}", [], "backend: cleverhans supports method fgsm or pgd"),
+    ("attack: {method: pgd, clip_start: false}", [], "clip_start: false applies to method fgsm_rs only"),
+    ("model: {batchnorm: {fused: maybe}}", [], "'model.batchnorm.fused'"),
     ("data: {source: imagenet}", [], "'data.source'"),
     ("runtime: {precision: float8}", [], "'runtime.precision'"),
     ("runtime: {steps_per_execution: 0}", [], "steps_per_execution must be 'auto' or >= 1"),

@@ -253,3 +253,43 @@ def test_profile_says_what_bounds_the_run(tmp_path, float32_policy):
     assert "verdict: input-bound by" in out or "compute-bound by" in out
     assert "to change: " in out
     assert not list(tmp_path.glob("runs"))  # profile writes nothing
+
+
+def test_onecycle_is_triangular():
+    from advtrain.runtime import OneCycle
+
+    lr = OneCycle(peak=0.01, warmup_steps=4, total_steps=10)
+    values = [float(lr(step)) for step in (0, 2, 4, 7, 10, 12)]
+    np.testing.assert_allclose(values, [0, 0.005, 0.01, 0.005, 0, 0], atol=1e-7)
+    again = OneCycle.from_config(lr.get_config())
+    assert float(again(7)) == pytest.approx(0.005)
+
+
+def test_profile_advice_follows_the_cpu_and_the_step(tmp_path):
+    from advtrain.profiling import ProfileReport, cpu_has_bfloat16
+
+    def report(**changes):
+        fields = dict(
+            global_batch=64, replicas=1, steps_per_execution=1,
+            timed_steps=8, input_seconds=0.001, step_seconds=0.05,
+            together_seconds=0.05, device_kind="cpu", precision="float32",
+            jit_compile=False, cache="memory", augment=False,
+            attack="fgsm_rs",
+        )
+        fields.update(changes)
+        return ProfileReport(**fields)
+
+    tips = " ".join(report(cpu_bf16=True).advice())
+    assert "mixed_bfloat16" in tips and "attack.fused: true" in tips
+    tips = " ".join(report(cpu_bf16=False, fused=True).advice())
+    assert "mixed_bfloat16" not in tips and "attack.fused" not in tips
+    tips = " ".join(report(step_seconds=0.002).advice())
+    assert "steps_per_execution: auto" in tips
+    assert report(input_seconds=0.2).bound == "input"
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor : 0\nflags : fpu sse avx512f avx512_bf16\n")
+    assert cpu_has_bfloat16(str(cpuinfo))
+    cpuinfo.write_text("processor : 0\nflags : fpu sse avx2\n")
+    assert not cpu_has_bfloat16(str(cpuinfo))
+    assert not cpu_has_bfloat16(str(tmp_path / "missing"))

@@ -43,6 +43,9 @@ class Attack:
     backend: str = "advtrain"
     clip_min: Optional[float] = 0.0
     clip_max: Optional[float] = 1.0
+    # fgsm_rs: clip the random start to [clip_min, clip_max] before taking
+    # its gradient (see advtrain.attacks.fgsm.fgsm_random_start).
+    clip_start: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "norm", canonical_norm(self.norm))
@@ -144,7 +147,7 @@ def _fgsm_rs(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
     return fgsm.fgsm_random_start(
         model_fn, x, y, eps=a.eps, alpha=a.alpha, norm=a.norm,
         loss_fn=loss_fn, clip_min=a.clip_min, clip_max=a.clip_max,
-        loss_scale=loss_scale, seed=seed, **extra,
+        loss_scale=loss_scale, seed=seed, clip_start=a.clip_start, **extra,
     )
 
 

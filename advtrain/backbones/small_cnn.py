@@ -28,3 +28,24 @@ def small_cnn(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
             x = keras.layers.MaxPooling2D(2, name=f"pool{i}")(x)
             size //= 2
     return keras.Model(inputs, x, name="small_cnn")
+
+
+@register_backbone("mnist_cnn", preprocess="none", min_size=4)
+def mnist_cnn(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
+    """The BatchNorm-free MNIST CNN of Wong, Rice and Kolter (2020) and
+    Madry et al.'s line of work: conv 4x4 stride 2 (width / 2 filters),
+    conv 4x4 stride 2 (width filters), dense 100; the classifier adds the
+    logits. With the default width 32 it is the paper's model (16 and 32
+    filters), so published MNIST numbers compare like for like."""
+    del weights
+    width = cfg.width
+    inputs = keras.Input(shape=input_shape)
+    x = inputs
+    for i, filters in enumerate((max(1, width // 2), width)):
+        x = keras.layers.Conv2D(
+            filters, 4, strides=2, padding="same", activation="relu",
+            name=f"conv{i}",
+        )(x)
+    x = keras.layers.Flatten(name="flatten")(x)
+    x = keras.layers.Dense(100, activation="relu", name="fc")(x)
+    return keras.Model(inputs, x, name="mnist_cnn")

@@ -84,7 +84,9 @@ def set_batchnorm_momentum(model: keras.layers.Layer, momentum: float) -> int:
 def apply_batchnorm_policy(
     model: keras.layers.Layer, cfg: BatchNormConfig
 ) -> int:
-    """Applies the recipe's BN momentum override; returns the BN layer count.
+    """Applies the recipe's BN momentum override and, with `cfg.fused`,
+    switches plain Keras BN layers to the fused kernel; returns the BN
+    layer count.
 
     `cfg.trainable` is applied by `advtrain.models.freezing.apply_phase`,
     which decides what trains; recalibration and the gap report run after
@@ -97,6 +99,10 @@ def apply_batchnorm_policy(
     classifier.compile(...)
     ```
     """
+    if cfg.fused:
+        from advtrain.models.fused_batchnorm import fuse_batchnorm
+
+        fuse_batchnorm(model)
     if cfg.momentum is None:
         return len(batchnorm_layers(model))
     return set_batchnorm_momentum(model, cfg.momentum)

@@ -181,3 +181,26 @@ def test_attack_config_round_trip():
     attack = Attack("pgd", eps=0.2, norm=2, steps=7, restarts=3)
     assert Attack.from_config(attack.get_config()) == attack
     assert attack.norm == "2"
+
+
+def test_unclipped_random_start_takes_the_gradient_outside_the_pixel_range():
+    # The loss grows with (z + 0.1)^2: its gradient points up at every
+    # pixel >= 0 and down below -0.1, so the step shows where it was taken.
+    def model_fn(z):
+        score = tf.reduce_sum(tf.square(z + 0.1), axis=[1, 2, 3])
+        return tf.stack([score, -score], axis=1)
+
+    x = tf.zeros((4, 6, 6, 1))  # black background: every pixel at 0
+    y = tf.ones((4,), tf.int32)
+    common = dict(eps=0.3, alpha=0.375, seed=3)
+    clipped = fgsm_random_start(model_fn, x, y, **common)
+    free = fgsm_random_start(model_fn, x, y, clip_start=False, **common)
+    for x_adv in (clipped, free):
+        assert float(tf.reduce_min(x_adv)) >= 0.0
+        assert float(tf.reduce_max(x_adv)) <= 0.3 + 1e-6
+    # Clipped, every start sits at 0 or above and steps up to eps;
+    # unclipped, starts below -0.1 (a third) step down and end at 0.
+    assert np.mean(np.isclose(clipped.numpy(), 0.3)) > 0.99
+    assert np.mean(np.isclose(free.numpy(), 0.3)) < 0.8
+    attack = Attack("fgsm_rs", eps=0.3, alpha=0.375, clip_start=False)
+    np.testing.assert_allclose(attack(model_fn, x, y, seed=3), free)
