@@ -11,10 +11,8 @@ from advtrain.attacks.common import (
     LossFn,
     ModelFn,
     Norm,
-    as_float_tensor,
-    canonical_norm,
-    check_eps,
-    labels_or_predictions,
+    attack_inputs,
+    checked_norm,
     per_example_cross_entropy,
 )
 
@@ -51,10 +49,8 @@ def cleverhans_fgsm(
         fast_gradient_method,
     )
 
-    norm = canonical_norm(norm)
-    check_eps("eps", eps)
-    x = as_float_tensor(x)
-    y = labels_or_predictions(model_fn, x, y)
+    norm = checked_norm(norm, eps)
+    x, y = attack_inputs(model_fn, x, y)
     x_adv = fast_gradient_method(
         model_fn,
         x,
@@ -87,8 +83,7 @@ def cleverhans_pgd(
         projected_gradient_descent,
     )
 
-    norm = canonical_norm(norm)
-    check_eps("eps", eps)
+    norm = checked_norm(norm, eps)
     step_size = 2.5 * eps / steps if step_size is None else step_size
     if step_size > eps:
         # cleverhans asserts eps_iter <= eps; say so before it does.
@@ -96,8 +91,7 @@ def cleverhans_pgd(
             "The cleverhans backend needs step_size <= eps. "
             f"Received: step_size={step_size}, eps={eps}"
         )
-    x = as_float_tensor(x)
-    y = labels_or_predictions(model_fn, x, y)
+    x, y = attack_inputs(model_fn, x, y)
     x_adv = projected_gradient_descent(
         model_fn,
         x,

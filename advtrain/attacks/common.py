@@ -142,6 +142,20 @@ def labels_or_predictions(model_fn: ModelFn, x: tf.Tensor, y: Optional[tf.Tensor
     return tf.argmax(model_fn(x), axis=-1)
 
 
+def attack_inputs(model_fn: ModelFn, x: Any, y: Any) -> tuple[tf.Tensor, Any]:
+    """`x` as a float tensor and the labels to attack (the model's own
+    predictions when `y` is None); every attack starts with this, after
+    validating its hyperparameters."""
+    x = as_float_tensor(x)
+    return x, labels_or_predictions(model_fn, x, y)
+
+
+def checked_norm(norm: Norm, eps: Any) -> str:
+    """Validates `eps` and returns the canonical `norm`."""
+    check_eps("eps", eps)
+    return canonical_norm(norm)
+
+
 def clip_pixels(x: tf.Tensor, clip_min: Optional[float], clip_max: Optional[float]):
     if clip_min is None and clip_max is None:
         return x

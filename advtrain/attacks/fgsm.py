@@ -10,12 +10,11 @@ from advtrain.attacks.common import (
     LossFn,
     ModelFn,
     Norm,
-    as_float_tensor,
-    canonical_norm,
+    attack_inputs,
     check_eps,
+    checked_norm,
     clip_pixels,
     input_gradient,
-    labels_or_predictions,
     project,
     random_in_ball,
     steepest_step,
@@ -61,10 +60,8 @@ def fgsm(
     x_adv = fgsm(lambda x: model(x, training=False), x, y, eps=8 / 255)
     ```
     """
-    norm = canonical_norm(norm)
-    check_eps("eps", eps)
-    x = as_float_tensor(x)
-    y = labels_or_predictions(model_fn, x, y)
+    norm = checked_norm(norm, eps)
+    x, y = attack_inputs(model_fn, x, y)
     grad = input_gradient(model_fn, x, y, loss_fn, loss_scale)
     x_adv = clip_pixels(x + steepest_step(grad, eps, norm), clip_min, clip_max)
     return (x_adv, grad) if return_gradient else x_adv
@@ -107,12 +104,10 @@ def fgsm_random_start(
     x_adv = fgsm_random_start(model_fn, x, y, eps=0.3, alpha=0.375)
     ```
     """
-    norm = canonical_norm(norm)
-    check_eps("eps", eps)
+    norm = checked_norm(norm, eps)
     alpha = 1.25 * eps if alpha is None else alpha
     check_eps("alpha", alpha)
-    x = as_float_tensor(x)
-    y = labels_or_predictions(model_fn, x, y)
+    x, y = attack_inputs(model_fn, x, y)
     start = x + random_in_ball(x, eps, norm, seed)
     if clip_start:
         start = clip_pixels(start, clip_min, clip_max)

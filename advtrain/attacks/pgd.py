@@ -10,12 +10,11 @@ from advtrain.attacks.common import (
     LossFn,
     ModelFn,
     Norm,
-    as_float_tensor,
-    canonical_norm,
+    attack_inputs,
     check_eps,
+    checked_norm,
     clip_pixels,
     input_gradient,
-    labels_or_predictions,
     per_example_cross_entropy,
     project,
     random_in_ball,
@@ -68,8 +67,7 @@ def pgd(
     x_adv = pgd(model_fn, x, y, eps=0.1, steps=20, restarts=5)
     ```
     """
-    norm = canonical_norm(norm)
-    check_eps("eps", eps)
+    norm = checked_norm(norm, eps)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1. Received: steps={steps!r}")
     if not isinstance(restarts, int) or restarts < 1:
@@ -78,8 +76,7 @@ def pgd(
         )
     step_size = 2.5 * eps / steps if step_size is None else step_size
     check_eps("step_size", step_size)
-    x = as_float_tensor(x)
-    y = labels_or_predictions(model_fn, x, y)
+    x, y = attack_inputs(model_fn, x, y)
     loss_fn = loss_fn or per_example_cross_entropy
 
     def one_run():
