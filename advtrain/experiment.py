@@ -379,7 +379,17 @@ def run(
     ]
     co_guard = None
     if recipe.train.co_guard:
-        co_guard = _co_guard(recipe, splits, data_cfg, echo)
+        co_guard = _co_guard(
+            recipe, splits, data_cfg, echo,
+            state_path=out / "checkpoints" / "co_guard.npz",
+        )
+        if resuming and co_guard.load_state(co_guard.state_path, start_epoch):
+            echo(
+                f"catastrophic-overfitting guard: resumed with its record of "
+                f"{len(co_guard.accuracies)} epoch(s), best PGD accuracy "
+                f"{100 * co_guard.best_accuracy:.1f}% (epoch "
+                f"{co_guard.best_epoch})"
+            )
         callbacks.insert(1, co_guard)  # before the logs see the epoch
     if recipe.output.tensorboard:
         callbacks.append(
@@ -523,7 +533,7 @@ def run(
     return RunResult(out, metrics, history)
 
 
-def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo):
+def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo, state_path):
     """The catastrophic-overfitting guard on a fixed clean training batch."""
     from advtrain.data import make_input
     from advtrain.guards import CatastrophicOverfittingGuard
@@ -547,6 +557,7 @@ def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo):
         action=cfg.co_guard_action,
         echo=echo,
         seed=cfg.seed,
+        state_path=state_path,
     )
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Callable
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Union
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from advtrain.attacks import pgd
+from advtrain.io import atomic_path
 
 ACTIONS = ("stop", "rollback")
 
@@ -30,8 +34,11 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
 
     It adds `co_guard_pgd_accuracy` to the epoch logs (history, CSV log,
     progress line) when it runs before those callbacks. `triggers` lists
-    each collapse it caught. The best weights live in memory only: a
-    resumed run starts tracking afresh from its first epoch.
+    each collapse it caught. With `state_path`, what it has seen (accuracy
+    per epoch, triggers, the best epoch's weights and optimizer moments)
+    is written there atomically after every epoch, and `load_state` takes
+    it back when a run resumes, so a resumed run can still roll back to a
+    best epoch from before the interruption.
 
     Args:
         x, y: the fixed training batch: [0, 1] pixels and integer labels.
@@ -45,6 +52,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         classifier: the model to attack; default the trained model's
             `classifier` attribute (AdversarialModel), else the model.
         seed: seed of the PGD random start (the same every epoch).
+        state_path: a `.npz` file the guard's state is written to after
+            every epoch (see `load_state`); None keeps it in memory only.
 
     Example:
 
@@ -68,6 +77,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         echo: Callable[[str], None] = print,
         classifier: Optional[keras.Model] = None,
         seed: int = 0,
+        state_path: Union[str, Path, None] = None,
     ):
         super().__init__()
         if action not in ACTIONS:
@@ -104,6 +114,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         self._best_weights: Optional[list[np.ndarray]] = None
         self._best_slots: Optional[list[np.ndarray]] = None
         self._measure: Optional[Callable] = None
+        self.state_path = None if state_path is None else Path(state_path)
 
     # ------------------------------------------------------------ helpers
 
@@ -161,6 +172,11 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     # ------------------------------------------------------------ hooks
 
     def on_epoch_end(self, epoch, logs=None):
+        self._judge(epoch, logs)
+        if self.state_path is not None:
+            self.save_state(self.state_path)
+
+    def _judge(self, epoch, logs) -> None:
         accuracy = self.robust_accuracy()
         if logs is not None:
             logs["co_guard_pgd_accuracy"] = accuracy
@@ -192,6 +208,59 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         )
         if self.action == "stop":
             self.model.stop_training = True
+
+    # ------------------------------------------------------------ state
+
+    def save_state(self, path: Union[str, Path]) -> None:
+        """Writes accuracies, triggers and the best epoch's weights and
+        optimizer moments to one `.npz`, atomically."""
+        meta = {
+            "format": 1,
+            "accuracies": [[e, a] for e, a in self.accuracies],
+            "triggers": self.triggers,
+            "best_accuracy": self.best_accuracy,
+            "best_epoch": self.best_epoch,
+        }
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+        for prefix, values in (
+            ("weights", self._best_weights), ("slots", self._best_slots)
+        ):
+            for i, value in enumerate(values or []):
+                arrays[f"{prefix}/{i:05d}"] = value
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(buffer.getvalue())
+
+    def load_state(self, path: Union[str, Path], epochs_done: int) -> bool:
+        """Takes back a saved state, keeping what it recorded for the first
+        `epochs_done` epochs; False (and a fresh guard) when `path` is
+        missing or unreadable, or its best epoch came later."""
+        try:
+            with np.load(Path(path), allow_pickle=False) as npz:
+                meta = json.loads(npz["meta"].tobytes().decode())
+                weights = [npz[k] for k in sorted(npz.files)
+                           if k.startswith("weights/")]
+                slots = [npz[k] for k in sorted(npz.files)
+                         if k.startswith("slots/")]
+        except (OSError, ValueError, KeyError):
+            return False
+        best_epoch = meta.get("best_epoch")
+        if best_epoch is None or best_epoch > epochs_done or not weights:
+            return False
+        self.accuracies = [
+            (int(e), float(a)) for e, a in meta["accuracies"]
+            if e <= epochs_done
+        ]
+        self.triggers = [
+            t for t in meta["triggers"] if t["epoch"] <= epochs_done
+        ]
+        self.best_accuracy = float(meta["best_accuracy"])
+        self.best_epoch = int(best_epoch)
+        self._best_weights = weights
+        self._best_slots = slots
+        return True
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready record for metrics.json."""

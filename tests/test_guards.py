@@ -43,7 +43,7 @@ class _LearningRateSpike(keras.callbacks.Callback):
             self.model.optimizer.learning_rate.assign(5.0)
 
 
-def _train(digits, action, epochs=4):
+def _train(digits, action, epochs=4, state_path=None):
     x, y = digits
     model = _fgsm_model()
     lines = []
@@ -55,6 +55,7 @@ def _train(digits, action, epochs=4):
         drop=0.2,
         action=action,
         echo=lines.append,
+        state_path=state_path,
     )
     history = model.fit(
         x[:768],
@@ -106,3 +107,39 @@ def test_bad_arguments_are_rejected(kwargs, match):
     x = np.zeros((4, 8, 8, 1), "float32")
     with pytest.raises(ValueError, match=match):
         CatastrophicOverfittingGuard(x, np.zeros(4, int), eps=0.1, **kwargs)
+
+
+def test_saved_state_lets_a_resumed_run_roll_back(digits, tmp_path):
+    path = tmp_path / "checkpoints" / "co_guard.npz"
+    model, guard, _, _ = _train(digits, "rollback", state_path=path)
+    assert path.is_file() and not list(path.parent.glob(".tmp-*"))
+
+    x, y = digits
+    fresh = _fgsm_model()
+    fresh.fit(x[:64], y[:64], epochs=1, verbose=0)  # builds the optimizer
+    resumed = CatastrophicOverfittingGuard(
+        x[:128], y[:128], eps=EPS, steps=3, drop=0.2, echo=lambda _: None
+    )
+    resumed.set_model(fresh)
+    assert resumed.load_state(path, epochs_done=4)
+    assert resumed.accuracies == guard.accuracies
+    assert resumed.best_epoch == 2 and [t["epoch"] for t in resumed.triggers] == [3, 4]
+    # A collapse after the resume rolls back to the epoch-2 weights that
+    # were saved before it.
+    resumed.on_epoch_end(4, {})
+    assert [t["epoch"] for t in resumed.triggers] == [3, 4, 5]
+    for a, b in zip(fresh.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    # Resumed from an earlier checkpoint: later epochs are forgotten.
+    early = CatastrophicOverfittingGuard(x[:8], y[:8], eps=EPS)
+    assert early.load_state(path, epochs_done=3)
+    assert [e for e, _ in early.accuracies] == [1, 2, 3]
+    assert [t["epoch"] for t in early.triggers] == [3]
+    # Before the best epoch, or no file: a fresh guard.
+    assert not CatastrophicOverfittingGuard(x[:8], y[:8], eps=EPS).load_state(
+        path, epochs_done=1
+    )
+    assert not CatastrophicOverfittingGuard(x[:8], y[:8], eps=EPS).load_state(
+        tmp_path / "missing.npz", epochs_done=4
+    )

@@ -115,6 +115,8 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     guard = metrics["co_guard"]
     assert [p["epoch"] for p in guard["pgd_accuracy"]] == [1, 2]
     assert len(result.history["co_guard_pgd_accuracy"]) == 2
+    # The guard's record is kept for a resumed run.
+    assert (out / "checkpoints" / "co_guard.npz").is_file()
     assert "catastrophic-overfitting guard: PGD-2" in output
     assert "sanity checks: " in output
     report = (out / "report.md").read_text()
