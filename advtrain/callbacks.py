@@ -32,9 +32,7 @@ class ProgressLine(keras.callbacks.Callback):
         seconds = time.perf_counter() - self._start
         self.epoch_seconds.append(seconds)
         shown = "  ".join(
-            f"{k} {v:.4f}"
-            for k, v in (logs or {}).items()
-            if k != "learning_rate"
+            f"{k} {v:.4f}" for k, v in (logs or {}).items() if k != "learning_rate"
         )
         rate = self.samples_per_epoch / max(seconds, 1e-9)
         self.echo(
@@ -115,9 +113,7 @@ class NaNGuard(keras.callbacks.Callback):
         causes = ["learning rate too high", "eps too large"]
         scale = getattr(self.model.optimizer, "dynamic_scale", None)
         if scale is not None:
-            causes.append(
-                f"float16 overflow (loss scale {float(np.asarray(scale)):g})"
-            )
+            causes.append(f"float16 overflow (loss scale {float(np.asarray(scale)):g})")
         hint = f" ({self.hint})" if self.hint else ""
         raise NonFiniteLossError(
             f"loss became {loss} at epoch {self._epoch + 1}, step {step} "
@@ -200,10 +196,7 @@ class AtomicCheckpoint(keras.callbacks.Callback):
         if done >= self.steps_per_epoch:
             return
         global_step = self._epoch * self.steps_per_epoch + done
-        if (
-            global_step // self.every_steps
-            <= self.last_saved_step // self.every_steps
-        ):
+        if global_step // self.every_steps <= self.last_saved_step // self.every_steps:
             return
         self.saved.append(
             self.store.save(

@@ -83,9 +83,7 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: data}
 
 
-def recipe_differences(
-    saved: dict[str, Any], current: dict[str, Any]
-) -> list[str]:
+def recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: old -> new` for every dotted key whose value differs."""
     old, new = _flatten(saved), _flatten(current)
     return [
@@ -110,9 +108,7 @@ def check_run_dir(out: Path, recipe: Recipe) -> bool:
         raise RecipeError(f"--output {out}: exists and is not a folder.")
     # A kill between creating the folder and writing recipe.yaml leaves at
     # most a temporary file: still a new folder.
-    if not out.is_dir() or all(
-        p.name.startswith(TMP_PREFIX) for p in out.iterdir()
-    ):
+    if not out.is_dir() or all(p.name.startswith(TMP_PREFIX) for p in out.iterdir()):
         return False
     saved_path = out / "recipe.yaml"
     if not saved_path.is_file():
@@ -215,9 +211,7 @@ def _groups(model) -> dict[str, list]:
 
 
 def _plain(variable) -> np.ndarray:
-    return np.array(
-        variable.numpy() if hasattr(variable, "numpy") else variable
-    )
+    return np.array(variable.numpy() if hasattr(variable, "numpy") else variable)
 
 
 def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
@@ -238,8 +232,7 @@ def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
                 and not np.isfinite(value).all()
             ):
                 raise NonFiniteStateError(
-                    f"variable {variable.path} holds NaN or Inf; not "
-                    "checkpointing it"
+                    f"variable {variable.path} holds NaN or Inf; not checkpointing it"
                 )
             spec[group].append(
                 [str(variable.path), list(value.shape), str(value.dtype)]
@@ -366,9 +359,7 @@ class CheckpointStore:
         if not self.directory.is_dir():
             return []
         found = [
-            p
-            for p in self.directory.iterdir()
-            if p.is_dir() and _NAME.match(p.name)
+            p for p in self.directory.iterdir() if p.is_dir() and _NAME.match(p.name)
         ]
         return sorted(found, key=_sort_key)
 
@@ -440,11 +431,7 @@ class CheckpointStore:
         """
         if kind not in ("epoch", "step"):
             raise ValueError(f"kind must be epoch or step. Received: {kind}")
-        name = (
-            f"epoch-{epoch:04d}"
-            if kind == "epoch"
-            else f"step-{global_step:08d}"
-        )
+        name = f"epoch-{epoch:04d}" if kind == "epoch" else f"step-{global_step:08d}"
         arrays, spec = capture_variables(model)
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / name
@@ -537,9 +524,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return checkpoint
 
 
-def find_resume_point(
-    directory: Path, echo: Echo = print
-) -> Optional[Checkpoint]:
+def find_resume_point(directory: Path, echo: Echo = print) -> Optional[Checkpoint]:
     """The newest checkpoint that loads, warning about those that do not."""
     store = CheckpointStore(directory)
     for path in reversed(store.paths()):

@@ -65,9 +65,7 @@ def resolve_recipe_path(name: str) -> Path:
     if path.suffix == "" and shipped.is_file():
         return shipped
     known = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
-    raise _BadInput(
-        f"{name}: recipe file not found (shipped recipes: {known})."
-    )
+    raise _BadInput(f"{name}: recipe file not found (shipped recipes: {known}).")
 
 
 class _BadInput(Exception):
@@ -114,7 +112,8 @@ def _guarded(debug: bool, action):
 
 def _train(path: Path, resolved, output: Optional[Path]) -> None:
     """Runs a loaded recipe into `output` and prints the summary."""
-    from advtrain.experiment import run as run_recipe, summary_table
+    from advtrain.experiment import run as run_recipe
+    from advtrain.experiment import summary_table
 
     _echo(f"recipe: {path} ({resolved.name})")
     with _naming(path):
@@ -167,13 +166,13 @@ def eval_(
 
         if target.is_dir():
             model_path = target / "model.keras"
-            recipe_path = resolve_recipe_path(recipe) if recipe else target / "recipe.yaml"
+            recipe_path = (
+                resolve_recipe_path(recipe) if recipe else target / "recipe.yaml"
+            )
         else:
             model_path = target
             if recipe is None:
-                raise _BadInput(
-                    f"{target}: evaluating a model file needs --recipe."
-                )
+                raise _BadInput(f"{target}: evaluating a model file needs --recipe.")
             recipe_path = resolve_recipe_path(recipe)
         if not model_path.is_file():
             raise _BadInput(f"{model_path}: model file not found.")
@@ -200,7 +199,8 @@ def export(
     output: Annotated[
         Optional[Path],
         typer.Option(
-            "--output", "-o",
+            "--output",
+            "-o",
             help="SavedModel folder (default: RUN_DIR/export/saved_model).",
         ),
     ] = None,
@@ -271,8 +271,7 @@ def resume(
             )
         if (run_dir / "metrics.json").is_file():
             raise _BadInput(
-                f"{run_dir}: the run is finished (metrics.json); nothing to "
-                "resume."
+                f"{run_dir}: the run is finished (metrics.json); nothing to resume."
             )
         _train(recipe_path, load_recipe(recipe_path), run_dir)
 
@@ -334,7 +333,10 @@ def launch(
 
         path = resolve_recipe_path(recipe)
         results = run_launch(
-            str(path), workers, overrides=set_ or [], output=output,
+            str(path),
+            workers,
+            overrides=set_ or [],
+            output=output,
             echo=_echo,
         )
         failed = [r.exit_code for r in results if r.exit_code != 0]

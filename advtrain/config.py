@@ -49,9 +49,7 @@ class AugmentConfig(_Section):
 class DataConfig(_Section):
     """Where the examples come from and how they are fed."""
 
-    source: Literal["digits", "mnist", "gtsrb", "arrays", "folder", "tfds"] = (
-        "digits"
-    )
+    source: Literal["digits", "mnist", "gtsrb", "arrays", "folder", "tfds"] = "digits"
     # Directory (mnist IDX files, GTSRB manual dir, image folder, arrays
     # directory) or file prefix (arrays: PATH_x.npy / PATH_y.npy).
     path: Optional[str] = None
@@ -77,7 +75,7 @@ class DataConfig(_Section):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _positive_image_size(self) -> "DataConfig":
+    def _positive_image_size(self) -> DataConfig:
         if self.image_size is not None and min(self.image_size) < 1:
             raise ValueError(
                 "image_size must be [height, width] >= 1. "
@@ -141,11 +139,9 @@ class ModelConfig(_Section):
     batchnorm: BatchNormConfig = Field(default_factory=BatchNormConfig)
 
     @model_validator(mode="after")
-    def _top_k_needs_k(self) -> "ModelConfig":
+    def _top_k_needs_k(self) -> ModelConfig:
         if self.freeze == "top_k" and self.top_k < 1:
-            raise ValueError(
-                "freeze: top_k needs top_k >= 1. Received: top_k=0"
-            )
+            raise ValueError("freeze: top_k needs top_k >= 1. Received: top_k=0")
         return self
 
 
@@ -179,7 +175,7 @@ class AttackConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _compatible(self) -> "AttackConfig":
+    def _compatible(self) -> AttackConfig:
         if self.backend == "cleverhans" and self.method not in ("fgsm", "pgd"):
             raise ValueError(
                 "backend: cleverhans supports method fgsm or pgd. "
@@ -251,7 +247,7 @@ class EvalConfig(_Section):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _sweep_in_range(self) -> "EvalConfig":
+    def _sweep_in_range(self) -> EvalConfig:
         for value in self.eps_sweep:
             if not 0.0 <= value <= 1.0:
                 raise ValueError(
@@ -281,20 +277,17 @@ class RuntimeConfig(_Section):
         "auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
     ] = "auto"
     cpu_replicas: Optional[int] = Field(None, ge=1, le=64)
-    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = (
-        "float32"
-    )
+    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
     jit_compile: Union[Literal["auto"], bool] = "auto"
     steps_per_execution: Union[Literal["auto"], int] = "auto"
     deterministic: bool = False
 
     @model_validator(mode="after")
-    def _positive_steps(self) -> "RuntimeConfig":
+    def _positive_steps(self) -> RuntimeConfig:
         spe = self.steps_per_execution
         if isinstance(spe, int) and spe < 1:
             raise ValueError(
-                "steps_per_execution must be 'auto' or >= 1. "
-                f"Received: {spe}"
+                f"steps_per_execution must be 'auto' or >= 1. Received: {spe}"
             )
         return self
 
@@ -383,9 +376,7 @@ def parse_yaml(text: str, source: str) -> Any:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         if "could not determine a constructor" in str(exc):
-            problem = (
-                f"{problem}; tags that build Python objects are not allowed"
-            )
+            problem = f"{problem}; tags that build Python objects are not allowed"
         raise RecipeError(f"{source}:{where}: invalid YAML: {problem}") from None
 
 
@@ -421,7 +412,7 @@ def _format_error(error: dict[str, Any], source: str) -> str:
     received = error.get("input")
     message = error["msg"]
     if message.startswith("Value error, "):
-        message = message[len("Value error, "):]
+        message = message[len("Value error, ") :]
     if isinstance(received, (dict, list)) and kind != "literal_error":
         received_text = ""
     else:
@@ -447,9 +438,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     data = copy.deepcopy(data)
     for item in overrides:
         if "=" not in item:
-            raise RecipeError(
-                f"--set: expected section.key=value. Received: {item!r}"
-            )
+            raise RecipeError(f"--set: expected section.key=value. Received: {item!r}")
         path, raw = item.split("=", 1)
         keys = [k for k in path.strip().split(".")]
         if not all(keys):
@@ -464,9 +453,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 child = {}
                 node[key] = child
             if not isinstance(child, dict):
-                raise RecipeError(
-                    f"--set {path}: '{key}' is a value, not a section."
-                )
+                raise RecipeError(f"--set {path}: '{key}' is a value, not a section.")
             node = child
         node[keys[-1]] = value
     return data
@@ -487,7 +474,9 @@ def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
         raise _first_error(exc, source) from None
 
 
-def load_recipe(path: Union[str, Path], overrides: Optional[list[str]] = None) -> Recipe:
+def load_recipe(
+    path: Union[str, Path], overrides: Optional[list[str]] = None
+) -> Recipe:
     """Reads, overrides and validates a recipe file.
 
     Args:

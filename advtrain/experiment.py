@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 import keras
 
@@ -64,7 +65,10 @@ def build_training_model(recipe: Recipe, classifier: keras.Model) -> keras.Model
     attack = attack_from_config(cfg)
     if cfg.method == "trades":
         return TRADES(
-            classifier, attack, beta=cfg.beta, attack_mode=cfg.mode,
+            classifier,
+            attack,
+            beta=cfg.beta,
+            attack_mode=cfg.mode,
             seed=recipe.train.seed,
         )
     return AdversarialModel(
@@ -89,8 +93,10 @@ def build_run_model(recipe: Recipe, splits) -> tuple[keras.Model, keras.Model]:
         from advtrain.fitting import build_from_builder
 
         classifier = build_from_builder(
-            recipe.model.builder, splits.image_shape,
-            splits.num_classes, recipe.model,
+            recipe.model.builder,
+            splits.image_shape,
+            splits.num_classes,
+            recipe.model,
         )
     else:
         classifier = build_classifier(
@@ -136,15 +142,20 @@ def _train_stream(splits, data_cfg, plan, seed: int, skip: int, strategy):
     keras.utils.set_random_seed(seed)
     if strategy.num_replicas_in_sync == 1:
         ds = make_input(
-            splits.train, data_cfg, batch_size=plan.global_batch,
+            splits.train,
+            data_cfg,
+            batch_size=plan.global_batch,
             training=True,
         ).repeat()
         return ds.skip(skip) if skip else ds
 
     def dataset_fn(context):  # a tf.distribute.InputContext
         ds = make_replica_input(
-            splits.train, data_cfg, context,
-            global_batch=plan.global_batch, training=True,
+            splits.train,
+            data_cfg,
+            context,
+            global_batch=plan.global_batch,
+            training=True,
         ).repeat()
         # Each step takes one batch per local replica from this pipeline.
         local = context.num_replicas_in_sync // context.num_input_pipelines
@@ -155,9 +166,7 @@ def _train_stream(splits, data_cfg, plan, seed: int, skip: int, strategy):
 
 def _known_metrics(model: keras.Model, has_validation: bool) -> list[str]:
     names = ["loss", "accuracy"] + [
-        m.name
-        for m in model.metrics
-        if m.name not in ("loss", "compile_metrics")
+        m.name for m in model.metrics if m.name not in ("loss", "compile_metrics")
     ]
     return names + [f"val_{n}" for n in names] if has_validation else names
 
@@ -231,9 +240,6 @@ def run(
     result.metrics["pgd_accuracy"]
     ```
     """
-    from advtrain.data import load_splits, make_input
-    from advtrain.evaluation import evaluate_robustness, plot_eps_sweep
-    from advtrain.runtime import make_optimizer, make_runtime, plan_batches
     from advtrain.callbacks import AtomicCheckpoint, NaNGuard, ProgressLine
     from advtrain.checkpointing import (
         CheckpointError,
@@ -245,12 +251,15 @@ def run(
         truncate_history,
         writable_dir,
     )
+    from advtrain.data import load_splits, make_input
+    from advtrain.evaluation import evaluate_robustness, plot_eps_sweep
     from advtrain.models.batchnorm import (
         bn_gap,
         bn_gap_warning,
         recalibrate_batchnorm,
     )
     from advtrain.models.freezing import apply_phase, phases
+    from advtrain.runtime import make_optimizer, make_runtime, plan_batches
 
     run_dir = resolve_output_dir(recipe, output)
     resuming = (run_dir / "recipe.yaml").is_file()
@@ -287,9 +296,7 @@ def run(
         recipe.output.monitor_mode,
         has_validation=has_val,
         attacks=attack is not None,
-        validates_adversarially=(
-            type(model).test_step is not keras.Model.test_step
-        ),
+        validates_adversarially=(type(model).test_step is not keras.Model.test_step),
     )
     known = _known_metrics(model, has_val)
     if monitor not in known:
@@ -315,8 +322,12 @@ def run(
             echo(
                 f"resuming {run_dir} from {resume.path.name}: epoch "
                 f"{resume.epoch + 1}, after step {resume.step}/{spe}"
-                + (" (the interrupted epoch's remaining steps are trained "
-                   "with the same batches)" if resume.step else "")
+                + (
+                    " (the interrupted epoch's remaining steps are trained "
+                    "with the same batches)"
+                    if resume.step
+                    else ""
+                )
             )
     # Only the chief writes into the run folder; other workers run the same
     # code against a private temporary folder.
@@ -337,12 +348,12 @@ def run(
     val_ds = None
     if splits.val is not None:
         val_ds = make_input(
-            splits.val, recipe.data, batch_size=recipe.eval.batch_size,
+            splits.val,
+            recipe.data,
+            batch_size=recipe.eval.batch_size,
             training=False,
         )
-    progress = ProgressLine(
-        echo, plan.epochs, plan.steps_per_epoch * plan.global_batch
-    )
+    progress = ProgressLine(echo, plan.epochs, plan.steps_per_epoch * plan.global_batch)
     guard = NaNGuard(
         spe,
         hint=f"train.learning_rate={recipe.train.learning_rate:g}, "
@@ -380,7 +391,10 @@ def run(
     co_guard = None
     if recipe.train.co_guard:
         co_guard = _co_guard(
-            recipe, splits, data_cfg, echo,
+            recipe,
+            splits,
+            data_cfg,
+            echo,
             state_path=out / "checkpoints" / "co_guard.npz",
         )
         if resuming and co_guard.load_state(co_guard.state_path, start_epoch):
@@ -402,9 +416,7 @@ def run(
             continue
         # A model.builder model has no backbone to freeze; it trains whole
         # (build_from_builder refuses freezing settings).
-        trainable = (
-            [] if recipe.model.builder else apply_phase(classifier, phase)
-        )
+        trainable = [] if recipe.model.builder else apply_phase(classifier, phase)
         if phase.end_epoch <= start_epoch:
             continue  # done before the interruption
         if phase.name != "train":
@@ -439,7 +451,10 @@ def run(
             checkpoint.begin_fit(phase.name, step, spe - step)
             result = model.fit(
                 _train_stream(
-                    splits, data_cfg, plan, recipe.train.seed,
+                    splits,
+                    data_cfg,
+                    plan,
+                    recipe.train.seed,
                     (epoch - phase.start_epoch) * spe + step,
                     runtime.strategy,
                 ),
@@ -469,7 +484,9 @@ def run(
     bn_cfg = recipe.model.batchnorm
     if bn_cfg.recalibrate:
         clean_train = make_input(
-            splits.train, recipe.data, batch_size=plan.global_batch,
+            splits.train,
+            recipe.data,
+            batch_size=plan.global_batch,
             training=False,
         )
         batches = recalibrate_batchnorm(
@@ -482,15 +499,19 @@ def run(
 
     echo("evaluating on the test split ...")
     test_ds = make_input(
-        splits.test, recipe.data, batch_size=recipe.eval.batch_size,
+        splits.test,
+        recipe.data,
+        batch_size=recipe.eval.batch_size,
         training=False,
     )
     held_out = splits.val if splits.val is not None else splits.test
-    gap_x, gap_y = next(iter(make_input(
-        held_out, recipe.data, batch_size=512, training=False
-    )))
+    gap_x, gap_y = next(
+        iter(make_input(held_out, recipe.data, batch_size=512, training=False))
+    )
     gap = bn_gap(
-        classifier, gap_x.numpy(), gap_y.numpy(),
+        classifier,
+        gap_x.numpy(),
+        gap_y.numpy(),
         batch_size=min(plan.global_batch, len(gap_y)),
     )
     warning = bn_gap_warning(gap["gap"], bn_cfg.gap_threshold)
@@ -539,17 +560,24 @@ def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo, state_path):
     from advtrain.guards import CatastrophicOverfittingGuard
 
     cfg = recipe.train
-    x, y = next(iter(make_input(
-        splits.train, data_cfg, batch_size=cfg.co_guard_examples,
-        training=False,
-    )))
+    x, y = next(
+        iter(
+            make_input(
+                splits.train,
+                data_cfg,
+                batch_size=cfg.co_guard_examples,
+                training=False,
+            )
+        )
+    )
     echo(
         f"catastrophic-overfitting guard: PGD-{cfg.co_guard_pgd_steps} at "
         f"eps={recipe.attack.eps:g} on {len(y)} training examples each "
         f"epoch; a drop > {cfg.co_guard_drop:g} triggers {cfg.co_guard_action}"
     )
     return CatastrophicOverfittingGuard(
-        x.numpy(), y.numpy(),
+        x.numpy(),
+        y.numpy(),
         eps=recipe.attack.eps,
         norm=recipe.attack.norm,
         steps=cfg.co_guard_pgd_steps,
@@ -561,16 +589,18 @@ def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo, state_path):
     )
 
 
-def _sanity_checks(
-    classifier, test_ds, recipe: Recipe, echo: Echo, strategy=None
-):
+def _sanity_checks(classifier, test_ds, recipe: Recipe, echo: Echo, strategy=None):
     from advtrain.sanity import format_sanity_checks, run_sanity_checks
 
     if recipe.eval.sanity_examples == 0:
         return []
     checks = run_sanity_checks(
-        classifier, test_ds, recipe.eval, default_eps=recipe.attack.eps,
-        strategy=strategy, max_examples=recipe.eval.sanity_examples,
+        classifier,
+        test_ds,
+        recipe.eval,
+        default_eps=recipe.attack.eps,
+        strategy=strategy,
+        max_examples=recipe.eval.sanity_examples,
     )
     echo(format_sanity_checks(checks))
     return checks
@@ -583,7 +613,11 @@ def _report_and_export(out, recipe, metrics, history, classifier, splits, echo):
     from advtrain.report import write_report
 
     write_report(
-        out, recipe, metrics, history, class_names=splits.class_names,
+        out,
+        recipe,
+        metrics,
+        history,
+        class_names=splits.class_names,
         plots=recipe.output.plots,
     )
     if recipe.output.export_saved_model:
@@ -625,10 +659,12 @@ def summary_table(metrics: dict[str, Any]) -> str:
             rows.append((key.replace("_", " "), detail))
     if "bn_gap" in metrics:
         g = metrics["bn_gap"]
-        rows.append((
-            "BN gap (train - inference mode)",
-            f"{100 * g['gap']:+.2f} points",
-        ))
+        rows.append(
+            (
+                "BN gap (train - inference mode)",
+                f"{100 * g['gap']:+.2f} points",
+            )
+        )
     width = max(len(label) for label, _ in rows) if rows else 0
     return "\n".join(f"  {label:<{width}}  {text}" for label, text in rows)
 
@@ -684,7 +720,9 @@ def evaluate_saved(
         )
     echo(f"evaluating {model_path} on {splits.test_size} test examples ...")
     test_ds = make_input(
-        splits.test, recipe.data, batch_size=recipe.eval.batch_size,
+        splits.test,
+        recipe.data,
+        batch_size=recipe.eval.batch_size,
         training=False,
     )
     metrics = evaluate_robustness(

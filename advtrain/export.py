@@ -62,9 +62,7 @@ def export_saved_model(classifier: keras.Model, path: Union[str, Path]) -> Path:
     archive.add_endpoint(
         name=SIGNATURE,
         fn=serve,
-        input_signature=[
-            tf.TensorSpec((None, *shape), tf.uint8, name="images")
-        ],
+        input_signature=[tf.TensorSpec((None, *shape), tf.uint8, name="images")],
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")

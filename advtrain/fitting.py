@@ -174,9 +174,7 @@ def fit(
                 net, _as_attack(attack), adv_weight=adv_weight, seed=seed
             )
             if loss is None:
-                loss = keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True
-                )
+                loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         if loss is None:
             raise ValueError(
                 "fit needs a loss for clean training (e.g. loss='mse'). "
@@ -232,9 +230,7 @@ def _as_runtime(runtime: Any) -> Runtime:
         try:
             runtime = RuntimeConfig(**runtime)
         except ValueError as exc:
-            raise RecipeError(
-                f"runtime: {str(exc).splitlines()[-1].strip()}"
-            ) from None
+            raise RecipeError(f"runtime: {str(exc).splitlines()[-1].strip()}") from None
     if isinstance(runtime, RuntimeConfig):
         return make_runtime(runtime)
     raise TypeError(
@@ -304,8 +300,7 @@ def _training_data(
     if isinstance(data, (tuple, list)) and len(data) == 2:
         if batch_size is None:
             raise ValueError(
-                "Arrays need batch_size= (the global batch). "
-                "Received: batch_size=None"
+                "Arrays need batch_size= (the global batch). Received: batch_size=None"
             )
         x, y = data
         if len(x) != len(y):
@@ -376,9 +371,7 @@ def array_batches(
         ds = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))
         if shuffle:
             ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
-        return ds.batch(batch_size, drop_remainder=True).prefetch(
-            tf.data.AUTOTUNE
-        )
+        return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     read = _row_reader(x)
     blocks = n // batch_size
     rng = np.random.default_rng(seed)
@@ -388,7 +381,7 @@ def array_batches(
         for block in order:
             start = int(block) * batch_size
             xb = read(start, start + batch_size)
-            yb = y[start:start + batch_size]
+            yb = y[start : start + batch_size]
             if shuffle:
                 rows = rng.permutation(batch_size)
                 xb, yb = xb[rows], yb[rows]
@@ -466,9 +459,7 @@ def load_builder(spec: str, key: str = "model.builder") -> Callable:
                 f"Received: {spec!r}"
             )
     if not callable(fn):
-        raise RecipeError(
-            f"{key}: '{attr}' is not callable. Received: {spec!r}"
-        )
+        raise RecipeError(f"{key}: '{attr}' is not callable. Received: {spec!r}")
     return fn
 
 
@@ -504,7 +495,8 @@ def build_from_builder(
             )
     try:
         required = [
-            p for p in inspect.signature(fn).parameters.values()
+            p
+            for p in inspect.signature(fn).parameters.values()
             if p.default is p.empty
             and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]

@@ -88,9 +88,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         if not 0.0 < drop <= 1.0:
             raise ValueError(f"drop must be in (0, 1]. Received: drop={drop!r}")
         if not isinstance(steps, int) or steps < 1:
-            raise ValueError(
-                f"steps must be an int >= 1. Received: steps={steps!r}"
-            )
+            raise ValueError(f"steps must be an int >= 1. Received: steps={steps!r}")
         self.x = tf.convert_to_tensor(x, tf.float32)
         self.y = tf.convert_to_tensor(np.asarray(y).reshape(-1), tf.int64)
         if self.x.shape[0] == 0 or self.x.shape[0] != self.y.shape[0]:
@@ -137,9 +135,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             @tf.function
             def measure(x, y):
                 model_fn = lambda z: target(z, training=False)  # noqa: E731
-                x_adv = pgd(
-                    model_fn, x, y, eps=eps, steps=steps, norm=norm, seed=seed
-                )
+                x_adv = pgd(model_fn, x, y, eps=eps, steps=steps, norm=norm, seed=seed)
                 hits = tf.equal(tf.argmax(model_fn(x_adv), axis=-1), y)
                 return tf.reduce_mean(tf.cast(hits, tf.float32))
 
@@ -196,9 +192,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         }
         self.triggers.append(trigger)
         self._restore()
-        then = (
-            "stopping training" if self.action == "stop" else "training goes on"
-        )
+        then = "stopping training" if self.action == "stop" else "training goes on"
         self.echo(
             f"catastrophic overfitting at epoch {epoch + 1}: PGD accuracy on "
             f"{int(self.y.shape[0])} training examples fell to "
@@ -223,7 +217,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         }
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
         for prefix, values in (
-            ("weights", self._best_weights), ("slots", self._best_slots)
+            ("weights", self._best_weights),
+            ("slots", self._best_slots),
         ):
             for i, value in enumerate(values or []):
                 arrays[f"{prefix}/{i:05d}"] = value
@@ -240,22 +235,19 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         try:
             with np.load(Path(path), allow_pickle=False) as npz:
                 meta = json.loads(npz["meta"].tobytes().decode())
-                weights = [npz[k] for k in sorted(npz.files)
-                           if k.startswith("weights/")]
-                slots = [npz[k] for k in sorted(npz.files)
-                         if k.startswith("slots/")]
+                weights = [
+                    npz[k] for k in sorted(npz.files) if k.startswith("weights/")
+                ]
+                slots = [npz[k] for k in sorted(npz.files) if k.startswith("slots/")]
         except (OSError, ValueError, KeyError):
             return False
         best_epoch = meta.get("best_epoch")
         if best_epoch is None or best_epoch > epochs_done or not weights:
             return False
         self.accuracies = [
-            (int(e), float(a)) for e, a in meta["accuracies"]
-            if e <= epochs_done
+            (int(e), float(a)) for e, a in meta["accuracies"] if e <= epochs_done
         ]
-        self.triggers = [
-            t for t in meta["triggers"] if t["epoch"] <= epochs_done
-        ]
+        self.triggers = [t for t in meta["triggers"] if t["epoch"] <= epochs_done]
         self.best_accuracy = float(meta["best_accuracy"])
         self.best_epoch = int(best_epoch)
         self._best_weights = weights
@@ -265,13 +257,9 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     def summary(self) -> dict[str, Any]:
         """JSON-ready record for metrics.json."""
         return {
-            "pgd_accuracy": [
-                {"epoch": e, "accuracy": a} for e, a in self.accuracies
-            ],
+            "pgd_accuracy": [{"epoch": e, "accuracy": a} for e, a in self.accuracies],
             "best_epoch": self.best_epoch,
-            "best_accuracy": None
-            if self.best_epoch is None
-            else self.best_accuracy,
+            "best_accuracy": None if self.best_epoch is None else self.best_accuracy,
             "drop": self.drop,
             "action": self.action,
             "triggers": list(self.triggers),

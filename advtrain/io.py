@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Union
 
 PathLike = Union[str, Path]
 

@@ -66,10 +66,12 @@ def tf_configs(addresses: list[str]) -> list[str]:
     ```
     """
     return [
-        json.dumps({
-            "cluster": {"worker": list(addresses)},
-            "task": {"type": "worker", "index": index},
-        })
+        json.dumps(
+            {
+                "cluster": {"worker": list(addresses)},
+                "task": {"type": "worker", "index": index},
+            }
+        )
         for index in range(len(addresses))
     ]
 
@@ -78,7 +80,7 @@ def _pump(stream, index: int, result: WorkerResult, echo: Echo) -> None:
     for raw in stream:
         line = raw.rstrip("\n")
         if line.startswith("run folder: "):
-            result.run_folder = line[len("run folder: "):].strip()
+            result.run_folder = line[len("run folder: ") :].strip()
         elif line.startswith("weights: sha256 "):
             result.weights = line.split()[-1]
         result.log_tail = (result.log_tail + [line])[-20:]
@@ -144,12 +146,17 @@ def launch(
             # launcher can check they were removed.
             env["TMPDIR"] = str(scratch)
             proc = subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True, bufsize=1,
+                command,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
             )
             result = WorkerResult(index, -1)
             thread = threading.Thread(
-                target=_pump, args=(proc.stdout, index, result, echo),
+                target=_pump,
+                args=(proc.stdout, index, result, echo),
                 daemon=True,
             )
             thread.start()
@@ -199,9 +206,7 @@ def _wait(procs: list[subprocess.Popen], timeout: Optional[float]) -> None:
     failed_at = None
     while any(p.poll() is None for p in procs):
         now = time.monotonic()
-        if failed_at is None and any(
-            p.returncode not in (None, 0) for p in procs
-        ):
+        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
             failed_at = now
         expired = timeout is not None and now - start > timeout
         grace_over = failed_at is not None and now - failed_at > _GRACE_SECONDS
@@ -239,8 +244,7 @@ def _report(results: list[WorkerResult], leftovers: list[Path], echo: Echo):
         )
     elif others:
         echo(
-            f"workers 1-{len(results) - 1} wrote only to temporary folders, "
-            "now removed"
+            f"workers 1-{len(results) - 1} wrote only to temporary folders, now removed"
         )
 
 

@@ -46,7 +46,7 @@ class ProfileReport:
 
     @property
     def bound(self) -> str:
-        """"input" or "compute": the part that sets the pace."""
+        """ "input" or "compute": the part that sets the pace."""
         return "input" if self.input_seconds > self.step_seconds else "compute"
 
     @property
@@ -63,8 +63,12 @@ class ProfileReport:
         ms = 1000.0
         rows = [
             ("input pipeline alone", self.input_seconds, "ms/batch", ""),
-            ("train step alone", self.step_seconds, "ms/step",
-             "  (one cached batch, repeated)"),
+            (
+                "train step alone",
+                self.step_seconds,
+                "ms/step",
+                "  (one cached batch, repeated)",
+            ),
             ("both, as `run` trains", self.together_seconds, "ms/step", ""),
         ]
         out = [
@@ -101,8 +105,11 @@ class ProfileReport:
             out.append(
                 f"note: together {overlap:.2f}x the slower part alone: input "
                 "and step do not overlap fully"
-                + (" (on a CPU they share the same cores)"
-                   if self.device_kind == "cpu" else "")
+                + (
+                    " (on a CPU they share the same cores)"
+                    if self.device_kind == "cpu"
+                    else ""
+                )
                 + "."
             )
         out.extend(f"to change: {tip}" for tip in self.advice())
@@ -212,8 +219,12 @@ def _time_fit(model, dataset, steps: int, rounds: int) -> float:
     warm-up epoch."""
     timer = _EpochTimer()
     model.fit(
-        dataset, epochs=rounds + 1, steps_per_epoch=steps, verbose=0,
-        callbacks=[timer.callback], shuffle=False,
+        dataset,
+        epochs=rounds + 1,
+        steps_per_epoch=steps,
+        verbose=0,
+        callbacks=[timer.callback],
+        shuffle=False,
     )
     return statistics.median(timer.seconds[1:]) / steps
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -30,9 +31,7 @@ class Registry(Generic[T]):
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
             if name in self._entries:
-                raise ValueError(
-                    f"A {self.kind} named '{name}' is already registered."
-                )
+                raise ValueError(f"A {self.kind} named '{name}' is already registered.")
             self._entries[name] = obj
             return obj
 
@@ -48,9 +47,7 @@ class Registry(Generic[T]):
         known = ", ".join(sorted(self._entries))
         hint = difflib.get_close_matches(str(name), self._entries, n=1)
         did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
-        return (
-            f"Unknown {self.kind} '{name}'.{did_you_mean} Known: {known}."
-        )
+        return f"Unknown {self.kind} '{name}'.{did_you_mean} Known: {known}."
 
     def names(self) -> list[str]:
         return sorted(self._entries)

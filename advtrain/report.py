@@ -70,9 +70,7 @@ def _headline(metrics: Mapping[str, Any]) -> list[str]:
         attack = metrics.get(f"{key}_attack", {})
         detail = f"eps={attack.get('eps', 0):g} norm={attack.get('norm', '?')}"
         if attack.get("method") == "pgd":
-            detail += (
-                f", {attack['steps']} steps x {attack['restarts']} restart(s)"
-            )
+            detail += f", {attack['steps']} steps x {attack['restarts']} restart(s)"
         rows.append((f"{label} ({detail})", _pct(metrics[f"{key}_accuracy"])))
     if "macro_f1" in metrics:
         rows.append(("macro F1 (clean)", f"{metrics['macro_f1']:.4f}"))
@@ -221,8 +219,7 @@ def write_report(
             "## BatchNorm gap",
             "",
             f"- train-mode accuracy: {_pct(gap.get('train_mode_accuracy'))}",
-            f"- inference-mode accuracy: "
-            f"{_pct(gap.get('inference_mode_accuracy'))}",
+            f"- inference-mode accuracy: {_pct(gap.get('inference_mode_accuracy'))}",
             f"- gap: {100 * gap.get('gap', 0.0):+.2f} points",
             "",
         ]

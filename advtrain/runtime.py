@@ -133,9 +133,11 @@ class Runtime:
 
     def describe(self) -> str:
         """One line for the start banner."""
-        where = f" ({self.workers} workers, this is {self.task})" if (
-            self.workers > 1
-        ) else ""
+        where = (
+            f" ({self.workers} workers, this is {self.task})"
+            if (self.workers > 1)
+            else ""
+        )
         return (
             f"runtime: {self.strategy_name} strategy on {self.device_kind}, "
             f"{self.replicas} replica(s){where}, {self.precision}, "
@@ -181,7 +183,7 @@ def tf_config_tasks() -> int:
         return sum(len(v) for k, v in cluster.items() if k != "evaluator")
     except (ValueError, AttributeError, TypeError):
         raise RecipeError(
-            "TF_CONFIG: expected JSON {\"cluster\": {...}, \"task\": {...}}. "
+            'TF_CONFIG: expected JSON {"cluster": {...}, "task": {...}}. '
             f"Received: TF_CONFIG={raw[:80]!r}"
         ) from None
 
@@ -263,9 +265,7 @@ def make_runtime(cfg: RuntimeConfig) -> Runtime:
         strategy = _tpu_strategy()
     elif name == "multi_worker":
         resolver = _cluster_resolver()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver
-        )
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
         cluster = resolver.cluster_spec().as_dict()
         workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
         task = f"{resolver.task_type} {resolver.task_id}"
@@ -336,9 +336,7 @@ class BatchPlan:
 
     def describe(self) -> str:
         """The batch arithmetic, as printed at the start of a run."""
-        undivided = (
-            " (every replica trains every epoch)" if self.replicas > 1 else ""
-        )
+        undivided = " (every replica trains every epoch)" if self.replicas > 1 else ""
         lines = [
             f"batch: global {self.global_batch} = {self.replicas} replica(s) "
             f"x {self.per_replica_batch}; {self.steps_per_epoch} steps/epoch "
@@ -482,8 +480,7 @@ def weights_fingerprint(model: keras.Model) -> str:
     from advtrain.models.batchnorm import batchnorm_layers
 
     local = {
-        id(w) for layer in batchnorm_layers(model)
-        for w in layer.non_trainable_weights
+        id(w) for layer in batchnorm_layers(model) for w in layer.non_trainable_weights
     }
     digest = hashlib.sha256()
     for weight in model.weights:
@@ -514,9 +511,7 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = keras.ops.cast(step, "float32")
         up = step / max(self.warmup_steps, 1)
-        down = (self.total_steps - step) / (
-            self.total_steps - self.warmup_steps
-        )
+        down = (self.total_steps - step) / (self.total_steps - self.warmup_steps)
         rate = keras.ops.where(step < self.warmup_steps, up, down)
         return self.peak * keras.ops.clip(rate, 0.0, 1.0)
 
@@ -528,9 +523,7 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def make_optimizer(
-    train: TrainConfig, plan: BatchPlan
-) -> keras.optimizers.Optimizer:
+def make_optimizer(train: TrainConfig, plan: BatchPlan) -> keras.optimizers.Optimizer:
     """The recipe's optimizer with its learning-rate schedule."""
     total = max(1, plan.steps_per_epoch * max(plan.epochs, 1))
     warmup = plan.warmup_steps
@@ -553,7 +546,9 @@ def make_optimizer(
         )
     if train.optimizer == "sgd":
         return keras.optimizers.SGD(
-            learning_rate=lr, momentum=train.momentum, nesterov=True,
+            learning_rate=lr,
+            momentum=train.momentum,
+            nesterov=True,
             weight_decay=train.weight_decay or None,
         )
     if train.optimizer == "adamw":

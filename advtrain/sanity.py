@@ -98,15 +98,11 @@ def run_sanity_checks(
         A list of `{name, passed, detail}` dicts, JSON-ready.
     """
     if max_examples is None:
-        max_examples = min(
-            cfg.max_examples or DEFAULT_EXAMPLES, DEFAULT_EXAMPLES
-        )
+        max_examples = min(cfg.max_examples or DEFAULT_EXAMPLES, DEFAULT_EXAMPLES)
     x_all, y_all, _ = seeded_subset(batches, max_examples, cfg.seed)
     n = len(y_all)
     if n == 0:
-        raise ValueError(
-            "Sanity checks got no examples: the test split is empty."
-        )
+        raise ValueError("Sanity checks got no examples: the test split is empty.")
     eps = default_eps if cfg.eps is None else cfg.eps
     steps = max(cfg.pgd_steps, 1)
     restarts = cfg.pgd_restarts

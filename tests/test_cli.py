@@ -42,7 +42,13 @@ def finished_run(tmp_path_factory):
 
 def test_run_writes_every_artifact(finished_run):
     out, output = finished_run
-    for name in ("recipe.yaml", "model.keras", "metrics.json", "history.csv", "eps_sweep.png"):
+    for name in (
+        "recipe.yaml",
+        "model.keras",
+        "metrics.json",
+        "history.csv",
+        "eps_sweep.png",
+    ):
         assert (out / name).is_file(), name
     assert (out / "checkpoints" / "epoch-0002" / "state.json").is_file()
     assert list((out / "logs").rglob("*tfevents*"))
@@ -61,8 +67,18 @@ def test_resolved_recipe_is_saved_with_overrides(tmp_path):
     out = tmp_path / "out"
     result = runner.invoke(
         app,
-        ["run", str(recipe), "-o", str(out), "--set", "train.epochs=1",
-         "--set", "eval.pgd_steps=0", "--set", "eval.eps_sweep=[]"],
+        [
+            "run",
+            str(recipe),
+            "-o",
+            str(out),
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "eval.pgd_steps=0",
+            "--set",
+            "eval.eps_sweep=[]",
+        ],
     )
     assert result.exit_code == 0, result.output
     saved = yaml.safe_load((out / "recipe.yaml").read_text())
@@ -132,7 +148,8 @@ def test_unexpected_errors_are_one_line_without_traceback(tmp_path, monkeypatch)
     assert "second line" not in result.output
     with pytest.raises(RuntimeError):
         runner.invoke(
-            app, ["run", str(recipe), "-o", str(tmp_path / "o"), "--debug"],
+            app,
+            ["run", str(recipe), "-o", str(tmp_path / "o"), "--debug"],
             catch_exceptions=False,
         )
 

@@ -13,27 +13,59 @@ GOOD = {"data": {"source": "digits"}, "train": {"epochs": 1}}
 
 # (recipe text, extra CLI args, expected fragment of the one-line message)
 BAD = [
-    ("attack: {epss: 0.1}", [], "unknown key 'attack.epss'. Did you mean 'attack.eps'?"),
+    (
+        "attack: {epss: 0.1}",
+        [],
+        "unknown key 'attack.epss'. Did you mean 'attack.eps'?",
+    ),
     ("trian: {epochs: 1}", [], "unknown key 'trian'. Did you mean 'train'?"),
-    ("attack: {eps: -0.1}", [], "'attack.eps': Input should be greater than or equal to 0"),
+    (
+        "attack: {eps: -0.1}",
+        [],
+        "'attack.eps': Input should be greater than or equal to 0",
+    ),
     ("attack: {eps: 1.5}", [], "'attack.eps': Input should be less than or equal to 1"),
     ("attack: {adv_weight: 1.2}", [], "'attack.adv_weight'"),
     ("attack: {adv_weight: -0.1}", [], "'attack.adv_weight'"),
-    ("train: {epochs: -3}", [], "'train.epochs': Input should be greater than or equal to 0"),
+    (
+        "train: {epochs: -3}",
+        [],
+        "'train.epochs': Input should be greater than or equal to 0",
+    ),
     ("train: {epochs: many}", [], "'train.epochs': Input should be a valid integer"),
     ("train: {batch_size: 0}", [], "'train.batch_size'"),
-    ("attack: {method: deepfool}", [], "'attack.method': Input should be 'none', 'fgsm'"),
+    (
+        "attack: {method: deepfool}",
+        [],
+        "'attack.method': Input should be 'none', 'fgsm'",
+    ),
     ("attack: {norm: 1}", [], "'attack.norm'"),
-    ("attack: {method: fgsm_rs, backend: cleverhans}", [], "backend: cleverhans supports method fgsm or pgd"),
-    ("attack: {method: pgd, clip_start: false}", [], "clip_start: false applies to method fgsm_rs only"),
+    (
+        "attack: {method: fgsm_rs, backend: cleverhans}",
+        [],
+        "backend: cleverhans supports method fgsm or pgd",
+    ),
+    (
+        "attack: {method: pgd, clip_start: false}",
+        [],
+        "clip_start: false applies to method fgsm_rs only",
+    ),
     ("model: {batchnorm: {fused: maybe}}", [], "'model.batchnorm.fused'"),
     ("data: {source: imagenet}", [], "'data.source'"),
     ("runtime: {precision: float8}", [], "'runtime.precision'"),
-    ("runtime: {steps_per_execution: 0}", [], "steps_per_execution must be 'auto' or >= 1"),
+    (
+        "runtime: {steps_per_execution: 0}",
+        [],
+        "steps_per_execution must be 'auto' or >= 1",
+    ),
     ("eval: {eps_sweep: [0.1, 2.0]}", [], "eps_sweep values must be in [0, 1]"),
     ("model: {freeze: top_k}", [], "top_k"),
     ("attack: {eps: 0.1", [], "invalid YAML"),
-    ("attack: !!python/object/apply:os.system [echo hi]", [], "tags that build Python objects are not allowed"),
+    (
+        "attack: !!python/object/apply:os.system [echo hi]",
+        [],
+        "tags that build Python objects are not allowed",
+    ),
     ("train: {epochs: 1}\ntrain: {epochs: 2}", [], "duplicate key 'train'"),
     ("- just\n- a list", [], "a recipe must be a mapping of sections"),
     ("{}", ["--set", "attack.eps"], "--set: expected section.key=value"),
@@ -48,11 +80,23 @@ BAD = [
     ("output: {monitr: adv_accuracy}", [], "Did you mean 'output.monitor'?"),
     ("output: {monitor: Val-Acc}", [], "'output.monitor'"),
     ("output: {monitor_mode: biggest}", [], "'output.monitor_mode'"),
-    ("output: {monitor: val_adv_accuracy}", [], "bad.yaml: output.monitor=val_adv_accuracy needs a validation split"),
-    ("output: {monitor: adv_acc}", [], "bad.yaml: output.monitor=adv_acc: not a metric of this run"),
+    (
+        "output: {monitor: val_adv_accuracy}",
+        [],
+        "bad.yaml: output.monitor=val_adv_accuracy needs a validation split",
+    ),
+    (
+        "output: {monitor: adv_acc}",
+        [],
+        "bad.yaml: output.monitor=adv_acc: not a metric of this run",
+    ),
     ("train: {learning_rate: 0}", [], "'train.learning_rate'"),
     ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy=tpu"),
-    ("data: {source: mnist, path: /nonexistent/mnist}", [], "MNIST directory not found"),
+    (
+        "data: {source: mnist, path: /nonexistent/mnist}",
+        [],
+        "MNIST directory not found",
+    ),
     ("{}", ["--set", "output.keep_checkpoints=-1"], "'output.keep_checkpoints'"),
 ]
 
@@ -98,7 +142,9 @@ def _bad_saved_recipe(tmp_path, out):
 
 def _finished(tmp_path, out):
     _other_run(tmp_path, out)
-    (out / "recipe.yaml").write_text(load_recipe(_write(tmp_path, "r.yaml", TINY)).to_yaml())
+    (out / "recipe.yaml").write_text(
+        load_recipe(_write(tmp_path, "r.yaml", TINY)).to_yaml()
+    )
     (out / "metrics.json").write_text("{}")
 
 
@@ -111,7 +157,11 @@ def _write(tmp_path, name, text):
 # (prepare the folder, command, expected fragment of the one-line message)
 BAD_CLI = [
     (_other_run, "run", "different recipe (train.epochs: 5 -> 1)"),
-    (_other_run, "run-set", "different recipe (attack.eps: 0.03137254901960784 -> 0.2; train.epochs: 5 -> 1)"),
+    (
+        _other_run,
+        "run-set",
+        "different recipe (attack.eps: 0.03137254901960784 -> 0.2; train.epochs: 5 -> 1)",  # noqa: E501
+    ),
     (_not_a_run, "run", "holds no advtrain run (no recipe.yaml)"),
     (_finished, "run", "holds a finished run of this recipe"),
     (None, "resume", "run folder not found"),
@@ -123,7 +173,9 @@ BAD_CLI = [
 
 
 @pytest.mark.parametrize("prepare,command,fragment", BAD_CLI)
-def test_bad_cli_use_is_one_line_exit_2_nothing_changed(tmp_path, prepare, command, fragment):
+def test_bad_cli_use_is_one_line_exit_2_nothing_changed(
+    tmp_path, prepare, command, fragment
+):
     out = tmp_path / "out"
     if prepare is not None:
         prepare(tmp_path, out)
@@ -131,9 +183,22 @@ def test_bad_cli_use_is_one_line_exit_2_nothing_changed(tmp_path, prepare, comma
     recipe = _write(tmp_path, "r.yaml", TINY)
     args = {
         "run": ["run", str(recipe), "--output", str(out)],
-        "run-set": ["run", str(recipe), "--output", str(out), "--set", "attack.eps=0.2"],
+        "run-set": [
+            "run",
+            str(recipe),
+            "--output",
+            str(out),
+            "--set",
+            "attack.eps=0.2",
+        ],
         "resume": ["resume", str(out)],
-        "eval": ["eval", str(out / "model.keras"), "--recipe", str(recipe), "--unsafe-load"],
+        "eval": [
+            "eval",
+            str(out / "model.keras"),
+            "--recipe",
+            str(recipe),
+            "--unsafe-load",
+        ],
     }[command]
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
@@ -152,7 +217,10 @@ def test_bad_input_table_size():
 def test_error_names_the_recipe_file(tmp_path):
     recipe = tmp_path / "mine.yaml"
     recipe.write_text("attack: {eps: 3}")
-    with pytest.raises(RecipeError, match=r"mine\.yaml: invalid value for 'attack\.eps'.*Received: attack\.eps=3"):
+    with pytest.raises(
+        RecipeError,
+        match=r"mine\.yaml: invalid value for 'attack\.eps'.*Received: attack\.eps=3",
+    ):
         load_recipe(recipe)
 
 
@@ -167,7 +235,12 @@ def test_overrides_parse_yaml_values(tmp_path):
     recipe.write_text(yaml.safe_dump(GOOD))
     loaded = load_recipe(
         recipe,
-        ["attack.eps=0.25", "eval.eps_sweep=[0, 0.1]", "runtime.jit_compile=false", "attack.norm=2"],
+        [
+            "attack.eps=0.25",
+            "eval.eps_sweep=[0, 0.1]",
+            "runtime.jit_compile=false",
+            "attack.norm=2",
+        ],
     )
     assert loaded.attack.eps == 0.25
     assert loaded.eval.eps_sweep == [0.0, 0.1]

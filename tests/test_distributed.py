@@ -86,8 +86,11 @@ def test_two_cpu_replicas_match_one_replica(tmp_path):
     procs = {
         r: subprocess.Popen(
             [sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")],
-            cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for r in (1, 2)
     }
@@ -110,17 +113,23 @@ def test_two_cpu_replicas_match_one_replica(tmp_path):
 @pytest.mark.slow
 def test_launch_two_workers_identical_weights_only_chief_writes(tmp_path):
     recipe = tmp_path / "tiny.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "name": "tiny-mw",
-        "data": {"source": "digits", "limit_train": 256, "limit_test": 32},
-        "model": {"width": 4},
-        "attack": {"method": "fgsm_rs", "eps": 0.1},
-        "train": {"epochs": 1, "batch_size": 64},
-        "eval": {"pgd_steps": 1, "fgsm": False, "sanity_examples": 0},
-        "output": {
-            "tensorboard": False, "plots": False, "export_saved_model": False,
-        },
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny-mw",
+                "data": {"source": "digits", "limit_train": 256, "limit_test": 32},
+                "model": {"width": 4},
+                "attack": {"method": "fgsm_rs", "eps": 0.1},
+                "train": {"epochs": 1, "batch_size": 64},
+                "eval": {"pgd_steps": 1, "fgsm": False, "sanity_examples": 0},
+                "output": {
+                    "tensorboard": False,
+                    "plots": False,
+                    "export_saved_model": False,
+                },
+            }
+        )
+    )
     out = tmp_path / "run"
     old_cwd = os.getcwd()
     os.chdir(ROOT)
@@ -193,8 +202,12 @@ def test_run_stream_splits_each_global_batch_across_replicas(tmp_path):
     script = tmp_path / "stream.py"
     script.write_text(STREAM)
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, env=_env(),
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert proc.stdout.strip().endswith("ok")

@@ -54,11 +54,16 @@ def test_max_examples_limits_the_subset(trained_dense, digits):
 def test_empty_test_split_is_an_error(trained_dense):
     empty = _batches(np.zeros((0, 8, 8, 1), "float32"), np.zeros((0,), "int64"))
     with pytest.raises(ValueError, match="no examples"):
-        evaluate_robustness(trained_dense, empty, EvalConfig(), default_eps=0.1, num_classes=10)
+        evaluate_robustness(
+            trained_dense, empty, EvalConfig(), default_eps=0.1, num_classes=10
+        )
 
 
 def test_plot_is_a_png(tmp_path):
-    path = plot_eps_sweep([{"eps": 0.0, "accuracy": 0.9}, {"eps": 0.1, "accuracy": 0.5}], tmp_path / "s.png")
+    path = plot_eps_sweep(
+        [{"eps": 0.0, "accuracy": 0.9}, {"eps": 0.1, "accuracy": 0.5}],
+        tmp_path / "s.png",
+    )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob("*.tmp*"))
 
@@ -75,9 +80,7 @@ def test_max_examples_is_a_seeded_random_subset(trained_dense, digits):
     xc, _, _ = seeded_subset(_batches(x, y, 64), 50, seed=4)
     assert not np.array_equal(xa, xc)
     # In stream order, and really drawn from the stream.
-    index = [
-        int(np.flatnonzero((x == row).all(axis=(1, 2, 3)))[0]) for row in xa
-    ]
+    index = [int(np.flatnonzero((x == row).all(axis=(1, 2, 3)))[0]) for row in xa]
     assert index == sorted(index) and index[-1] > 50
 
     cfg = EvalConfig(pgd_steps=2, fgsm=False, max_examples=50, seed=3)

@@ -10,9 +10,7 @@ from advtrain.export import export_saved_model
 def test_saved_model_serves_uint8_images_like_the_classifier(
     trained_dense, digits, tmp_path
 ):
-    path = export_saved_model(
-        trained_dense, tmp_path / "export" / "saved_model"
-    )
+    path = export_saved_model(trained_dense, tmp_path / "export" / "saved_model")
     assert (path / "saved_model.pb").is_file()
     assert not list(path.parent.glob(".tmp-*"))
     served = tf.saved_model.load(str(path))
@@ -24,9 +22,7 @@ def test_saved_model_serves_uint8_images_like_the_classifier(
     out = signature(images=tf.constant(images))
     expected = trained_dense(images.astype("float32") / 255.0).numpy()
     np.testing.assert_allclose(out["logits"].numpy(), expected, atol=1e-5)
-    np.testing.assert_allclose(
-        out["probabilities"].numpy().sum(axis=1), 1.0, atol=1e-5
-    )
+    np.testing.assert_allclose(out["probabilities"].numpy().sum(axis=1), 1.0, atol=1e-5)
     np.testing.assert_array_equal(
         out["probabilities"].numpy().argmax(1), expected.argmax(1)
     )

@@ -25,11 +25,13 @@ runner = CliRunner()
 
 
 def tiny_regressor():
-    return keras.Sequential([
-        keras.Input((4,)),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(1),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +48,13 @@ def tiny_data():
 def test_tiny_model_auto_steps_per_execution(tiny_data):
     lines = []
     result = advtrain.fit(
-        tiny_regressor, tiny_data, loss="mse", batch_size=20, epochs=3,
-        learning_rate=0.01, runtime={"strategy": "default"},
+        tiny_regressor,
+        tiny_data,
+        loss="mse",
+        batch_size=20,
+        epochs=3,
+        learning_rate=0.01,
+        runtime={"strategy": "default"},
         echo=lines.append,
     )
     # 400 / 20 = 20 steps per epoch, all in one host call.
@@ -63,8 +70,13 @@ def test_tiny_model_auto_steps_per_execution(tiny_data):
 def test_host_calls_never_overshoot_the_epoch(tiny_data):
     # Keras runs whole host calls: 4 per call for 10 steps would train 12.
     result = advtrain.fit(
-        tiny_regressor(), tiny_data, loss="mse", batch_size=20,
-        steps_per_epoch=10, epochs=2, runtime={"steps_per_execution": 4},
+        tiny_regressor(),
+        tiny_data,
+        loss="mse",
+        batch_size=20,
+        steps_per_epoch=10,
+        epochs=2,
+        runtime={"steps_per_execution": 4},
         echo=None,
     )
     assert result.plan.steps_per_execution == 2
@@ -74,12 +86,18 @@ def test_host_calls_never_overshoot_the_epoch(tiny_data):
 def test_fit_adversarially_wraps_the_classifier(digits):
     x, y = digits
     result = advtrain.fit(
-        lambda: keras.Sequential([
-            keras.Input((8, 8, 1)), keras.layers.Flatten(),
-            keras.layers.Dense(10),
-        ]),
-        (x[:256], y[:256]), attack=advtrain.Attack("fgsm", eps=0.1),
-        batch_size=64, runtime={"strategy": "default"}, echo=None,
+        lambda: keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10),
+            ]
+        ),
+        (x[:256], y[:256]),
+        attack=advtrain.Attack("fgsm", eps=0.1),
+        batch_size=64,
+        runtime={"strategy": "default"},
+        echo=None,
     )
     assert type(result.model).__name__ == "AdversarialModel"
     assert {"clean_loss", "adv_loss"} <= set(result.history)
@@ -111,8 +129,7 @@ def test_wide_binary_inputs_stream_from_a_memory_map(tmp_path):
     path = tmp_path / "x.npy"
     # A sparse file: only each row's first 64 bytes are written, so 1.2 GB
     # of logical data costs little disk. Labels depend on those bytes.
-    x = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8,
-                                  shape=(rows, width))
+    x = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(rows, width))
     rng = np.random.default_rng(0)
     bits = rng.integers(0, 2, size=(rows, 64), dtype=np.uint8)
     x[:, :64] = bits
@@ -142,9 +159,14 @@ def test_wide_binary_inputs_stream_from_a_memory_map(tmp_path):
     sampler.start()
     try:
         result = advtrain.fit(
-            build, (x, y), batch_size=100, epochs=1,
+            build,
+            (x, y),
+            batch_size=100,
+            epochs=1,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"], runtime={"strategy": "default"}, echo=None,
+            metrics=["accuracy"],
+            runtime={"strategy": "default"},
+            echo=None,
         )
     finally:
         done.set()
@@ -207,8 +229,12 @@ def test_lstm_regressor_under_two_cpu_replicas(tmp_path):
     script.write_text(LSTM_SCRIPT)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "runtime: mirrored strategy on cpu, 2 replica(s)" in proc.stdout
@@ -260,32 +286,36 @@ def test_builder_called_with_shape_classes_and_config(builders):
     )
     assert model.output_shape == (None, 10)
     assert model.layers[-2].units == 5
-    model = build_from_builder(f"{builders}:no_arguments", (8, 8, 1), 10,
-                               ModelConfig())
+    model = build_from_builder(f"{builders}:no_arguments", (8, 8, 1), 10, ModelConfig())
     assert model.output_shape == (None, 10)
 
 
 @pytest.mark.parametrize(
     ("spec", "message"),
-    [("no_colon", "model.builder: expected 'package.module:function'"),
-     ("missing_module_xyz:fn", "model.builder: cannot import module "
-      "'missing_module_xyz' (ModuleNotFoundError"),
-     ("{m}:absent", "has no attribute 'absent'"),
-     ("{m}:wrong_outputs", "returns 3 outputs; the data has 10 classes"),
-     ("{m}:not_a_model", "must return a keras.Model. Received: str")],
+    [
+        ("no_colon", "model.builder: expected 'package.module:function'"),
+        (
+            "missing_module_xyz:fn",
+            "model.builder: cannot import module "
+            "'missing_module_xyz' (ModuleNotFoundError",
+        ),
+        ("{m}:absent", "has no attribute 'absent'"),
+        ("{m}:wrong_outputs", "returns 3 outputs; the data has 10 classes"),
+        ("{m}:not_a_model", "must return a keras.Model. Received: str"),
+    ],
 )
 def test_builder_errors_are_one_line_recipe_errors(builders, spec, message):
     with pytest.raises(RecipeError) as info:
-        build_from_builder(spec.format(m=builders), (8, 8, 1), 10,
-                           ModelConfig())
+        build_from_builder(spec.format(m=builders), (8, 8, 1), 10, ModelConfig())
     assert message in str(info.value)
     assert "\n" not in str(info.value)
 
 
 def test_builder_refuses_backbone_only_settings(builders):
     with pytest.raises(RecipeError, match="model.freeze: applies to"):
-        build_from_builder(f"{builders}:dense_logits", (8, 8, 1), 10,
-                           ModelConfig(freeze="frozen"))
+        build_from_builder(
+            f"{builders}:dense_logits", (8, 8, 1), 10, ModelConfig(freeze="frozen")
+        )
 
 
 def test_builder_recipe_runs_and_bad_import_exits_2(builders, tmp_path):
@@ -297,7 +327,9 @@ def test_builder_recipe_runs_and_bad_import_exits_2(builders, tmp_path):
         "train": {"epochs": 1, "batch_size": 32},
         "eval": {"pgd_steps": 1, "fgsm": False, "sanity_examples": 0},
         "output": {
-            "tensorboard": False, "plots": False, "export_saved_model": False,
+            "tensorboard": False,
+            "plots": False,
+            "export_saved_model": False,
         },
     }
     path = tmp_path / "builder.yaml"
@@ -311,7 +343,5 @@ def test_builder_recipe_runs_and_bad_import_exits_2(builders, tmp_path):
     bad.write_text(yaml.safe_dump(recipe))
     result = runner.invoke(app, ["run", str(bad), "-o", str(tmp_path / "b")])
     assert result.exit_code == 2
-    assert "model.builder: cannot import module 'no_such_package_q'" in (
-        result.output
-    )
+    assert "model.builder: cannot import module 'no_such_package_q'" in (result.output)
     assert load_builder(f"{builders}:no_arguments")().output_shape == (None, 10)

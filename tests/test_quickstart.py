@@ -12,7 +12,15 @@ from advtrain.cli import app
 def test_quickstart_reaches_promised_accuracy(tmp_path):
     out = tmp_path / "quickstart"
     result = CliRunner().invoke(
-        app, ["run", "quickstart", "--output", str(out), "--set", "output.tensorboard=false"]
+        app,
+        [
+            "run",
+            "quickstart",
+            "--output",
+            str(out),
+            "--set",
+            "output.tensorboard=false",
+        ],
     )
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "metrics.json").read_text())

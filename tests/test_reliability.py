@@ -66,9 +66,7 @@ def max_weight_difference(a, b) -> float:
     wa = load_classifier(a).get_weights()
     wb = load_classifier(b).get_weights()
     assert len(wa) == len(wb)
-    return max(
-        float(np.max(np.abs(x - y))) for x, y in zip(wa, wb, strict=True)
-    )
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(wa, wb, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +82,7 @@ def reference(tmp_path_factory):
 # ---------------------------------------------------------------- resume
 
 
-def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(
-    tmp_path, reference
-):
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path, reference):
     recipe = write_recipe(tmp_path)
     out = tmp_path / "killed"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -132,14 +128,10 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(
     assert result.exit_code == 0, result.output
     assert "from step-00000006: epoch 2, after step 2/4" in result.output
 
-    difference = max_weight_difference(
-        reference / "model.keras", out / "model.keras"
-    )
+    difference = max_weight_difference(reference / "model.keras", out / "model.keras")
     print(f"max abs weight difference after SIGKILL + resume: {difference}")
     assert difference == 0.0
-    assert (out / "history.csv").read_text() == (
-        reference / "history.csv"
-    ).read_text()
+    assert (out / "history.csv").read_text() == (reference / "history.csv").read_text()
     # Optimizer slots and iterations, BN statistics, the attack's RNG state
     # and the epoch metrics match too: the last checkpoints are identical.
     mine = load_checkpoint(out / "checkpoints" / "epoch-0003").arrays()
@@ -149,9 +141,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(
         np.testing.assert_array_equal(mine[key], theirs[key], err_msg=key)
 
 
-def test_same_recipe_on_same_folder_resumes_at_epoch_boundary(
-    tmp_path, reference
-):
+def test_same_recipe_on_same_folder_resumes_at_epoch_boundary(tmp_path, reference):
     out = tmp_path / "out"
     shutil.copytree(reference, out)
     for name in os.listdir(out):
@@ -166,13 +156,8 @@ def test_same_recipe_on_same_folder_resumes_at_epoch_boundary(
     assert result.exit_code == 0, result.output
     assert "from epoch-0002: epoch 3, after step 0/4" in result.output
     assert "epoch 1/3" not in result.output
-    assert (
-        max_weight_difference(reference / "model.keras", out / "model.keras")
-        == 0.0
-    )
-    assert (out / "history.csv").read_text() == (
-        reference / "history.csv"
-    ).read_text()
+    assert max_weight_difference(reference / "model.keras", out / "model.keras") == 0.0
+    assert (out / "history.csv").read_text() == (reference / "history.csv").read_text()
 
 
 def test_different_recipe_is_refused_naming_the_keys(tmp_path, reference):
@@ -191,9 +176,7 @@ def test_different_recipe_is_refused_naming_the_keys(tmp_path, reference):
         ],
     )
     assert result.exit_code == 2, result.output
-    lines = [
-        line for line in result.output.splitlines() if line.startswith("error:")
-    ]
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(lines) == 1
     assert "different recipe" in lines[0]
     assert "attack.eps: 0.1 -> 0.2" in lines[0]
@@ -226,13 +209,9 @@ def test_nan_loss_stops_at_that_step_and_keeps_the_last_good_checkpoint(
 
     monkeypatch.setattr(AdversarialModel, "adversarial_loss", poisoned)
     out = tmp_path / "out"
-    result = runner.invoke(
-        app, ["run", str(write_recipe(tmp_path)), "-o", str(out)]
-    )
+    result = runner.invoke(app, ["run", str(write_recipe(tmp_path)), "-o", str(out)])
     assert result.exit_code == 1, result.output
-    lines = [
-        line for line in result.output.splitlines() if line.startswith("error:")
-    ]
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, result.output
     assert "loss became nan at epoch 2, step 2 (global step 6)" in lines[0]
     assert "epoch-0001" in lines[0]
@@ -241,14 +220,10 @@ def test_nan_loss_stops_at_that_step_and_keeps_the_last_good_checkpoint(
     # Nothing written from the NaN weights; the good checkpoint loads.
     assert not (out / "model.keras").exists()
     assert not (out / "metrics.json").exists()
-    names = sorted(
-        p.name for p in (out / "checkpoints").iterdir() if p.is_dir()
-    )
+    names = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
     assert names == ["epoch-0001"]
     arrays = load_checkpoint(out / "checkpoints" / "epoch-0001").arrays()
-    assert all(
-        np.isfinite(a).all() for a in arrays.values() if a.dtype.kind == "f"
-    )
+    assert all(np.isfinite(a).all() for a in arrays.values() if a.dtype.kind == "f")
 
 
 # ---------------------------------------------------------------- atomicity
@@ -285,9 +260,7 @@ def test_crash_between_write_and_rename_keeps_the_previous_checkpoint(
 
     monkeypatch.setattr(checkpointing.os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
-        store.save(
-            model, kind="epoch", epoch=2, step=0, global_step=8, phase="train"
-        )
+        store.save(model, kind="epoch", epoch=2, step=0, global_step=8, phase="train")
     monkeypatch.undo()
     # A SIGKILL would also have skipped the cleanup: leave a half-written
     # temporary checkpoint behind as it would.
@@ -320,9 +293,7 @@ def test_final_model_write_is_atomic(tmp_path, monkeypatch):
     monkeypatch.setattr(io.os, "replace", crash)
     with pytest.raises(OSError):
         with io.atomic_path(target) as tmp:
-            keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).save(
-                tmp
-            )
+            keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).save(tmp)
     assert target.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["model.keras"]
 
@@ -356,12 +327,8 @@ def test_unreadable_newest_checkpoint_falls_back_with_a_warning(tmp_path):
 
 def test_keeps_last_k_plus_the_best_and_step_checkpoint_spacing(tmp_path):
     model, _ = small_model()
-    store = CheckpointStore(
-        tmp_path, keep=2, monitor="adv_accuracy", mode="max"
-    )
-    callback = AtomicCheckpoint(
-        store, steps_per_epoch=6, epochs=5, every_steps=4
-    )
+    store = CheckpointStore(tmp_path, keep=2, monitor="adv_accuracy", mode="max")
+    callback = AtomicCheckpoint(store, steps_per_epoch=6, epochs=5, every_steps=4)
     callback.set_model(model)
     for epoch, value in enumerate([0.1, 0.9, 0.3, 0.4, 0.5]):
         callback.on_epoch_begin(epoch)
@@ -403,9 +370,7 @@ def test_only_the_chief_writes_into_the_run_folder(tmp_path):
 def test_python_object_tag_in_a_recipe_is_refused_and_never_run(tmp_path):
     marker = tmp_path / "pwned"
     recipe = tmp_path / "evil.yaml"
-    recipe.write_text(
-        f"attack: !!python/object/apply:os.system ['touch {marker}']\n"
-    )
+    recipe.write_text(f"attack: !!python/object/apply:os.system ['touch {marker}']\n")
     out = tmp_path / "out"
     result = runner.invoke(app, ["run", str(recipe), "-o", str(out)])
     assert result.exit_code == 2
@@ -438,9 +403,7 @@ def test_optimizer_state_and_loss_scale_round_trip(tmp_path):
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         model.compile(
-            optimizer=keras.optimizers.LossScaleOptimizer(
-                keras.optimizers.Adam(0.1)
-            ),
+            optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.1)),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
         return model
@@ -458,9 +421,7 @@ def test_optimizer_state_and_loss_scale_round_trip(tmp_path):
     restore_variables(fresh, point, "model")
     restore_variables(fresh, point, "optimizer")
     assert int(fresh.optimizer.iterations) == 4
-    assert float(fresh.optimizer.dynamic_scale) == float(
-        model.optimizer.dynamic_scale
-    )
+    assert float(fresh.optimizer.dynamic_scale) == float(model.optimizer.dynamic_scale)
     # Both continue identically.
     model.fit(x, y, epochs=1, batch_size=4, verbose=0)
     fresh.fit(x, y, epochs=1, batch_size=4, verbose=0)

@@ -77,8 +77,7 @@ def test_report_holds_every_section(tmp_path):
     ):
         assert heading in text, heading
     assert (
-        "| PGD accuracy (eps=0.1 norm=inf, 20 steps x 5 restart(s)) | 40.00% |"
-        in text
+        "| PGD accuracy (eps=0.1 norm=inf, 20 steps x 5 restart(s)) | 40.00% |" in text
     )
     assert "1 of 2 checks passed" in text and "**FAIL**" in text
     assert "| 2 (two) | 1 | 50.00% | 0.00% |" in text
@@ -105,12 +104,8 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     result, output = guarded_run
     out = result.output_dir
     metrics = json.loads((out / "metrics.json").read_text())
-    assert [c["name"] for c in metrics["sanity_checks"]][
-        0
-    ] == "pgd_not_above_fgsm"
-    assert all(
-        set(c) == {"name", "passed", "detail"} for c in metrics["sanity_checks"]
-    )
+    assert [c["name"] for c in metrics["sanity_checks"]][0] == "pgd_not_above_fgsm"
+    assert all(set(c) == {"name", "passed", "detail"} for c in metrics["sanity_checks"])
     assert metrics["examples"] == 48 and metrics["subset_of"] == 64
     guard = metrics["co_guard"]
     assert [p["epoch"] for p in guard["pgd_accuracy"]] == [1, 2]

@@ -66,8 +66,11 @@ def test_batch_not_divisible_by_replicas_is_a_clear_error():
 
 def test_linear_lr_scaling_and_warmup_are_printed_with_numbers():
     train = TrainConfig(
-        batch_size=1024, learning_rate=0.1, scale_lr=True,
-        reference_batch=256, warmup_epochs=2,
+        batch_size=1024,
+        learning_rate=0.1,
+        scale_lr=True,
+        reference_batch=256,
+        warmup_epochs=2,
     )
     plan = plan_batches(train, fake_runtime(), 20_480)
     assert plan.learning_rate == pytest.approx(0.4)
@@ -80,8 +83,15 @@ def test_linear_lr_scaling_and_warmup_are_printed_with_numbers():
 
 @pytest.mark.parametrize(
     ("steps", "setting", "expected"),
-    [(22, "auto", 22), (40, "auto", 20), (64, "auto", 32), (37, "auto", 1),
-     (40, 10, 10), (40, 12, 10), (40, 1, 1)],
+    [
+        (22, "auto", 22),
+        (40, "auto", 20),
+        (64, "auto", 32),
+        (37, "auto", 1),
+        (40, 10, 10),
+        (40, 12, 10),
+        (40, 1, 1),
+    ],
 )
 def test_steps_per_execution_divides_the_epoch(steps, setting, expected):
     train = TrainConfig(batch_size=8, steps_per_epoch=steps)
@@ -94,9 +104,7 @@ def test_steps_per_execution_divides_the_epoch(steps, setting, expected):
 
 @pytest.mark.parametrize("name", ["mirrored", "multi_worker"])
 def test_one_step_per_call_where_keras_cannot_loop(name):
-    plan = plan_batches(
-        TrainConfig(batch_size=8), fake_runtime(2, name, spe=8), 800
-    )
+    plan = plan_batches(TrainConfig(batch_size=8), fake_runtime(2, name, spe=8), 800)
     assert plan.steps_per_execution == 1
     assert "keras-team/keras#19246" in plan.describe()
 
@@ -137,10 +145,12 @@ def test_auto_picks_multi_worker_from_tf_config_or_slurm(monkeypatch):
 
 @pytest.mark.parametrize(
     ("cluster", "task", "chief"),
-    [({"worker": ["a:1", "b:2"]}, ("worker", 0), True),
-     ({"worker": ["a:1", "b:2"]}, ("worker", 1), False),
-     ({"chief": ["c:0"], "worker": ["a:1"]}, ("worker", 0), False),
-     ({"chief": ["c:0"], "worker": ["a:1"]}, ("chief", 0), True)],
+    [
+        ({"worker": ["a:1", "b:2"]}, ("worker", 0), True),
+        ({"worker": ["a:1", "b:2"]}, ("worker", 1), False),
+        ({"chief": ["c:0"], "worker": ["a:1"]}, ("worker", 0), False),
+        ({"chief": ["c:0"], "worker": ["a:1"]}, ("chief", 0), True),
+    ],
 )
 def test_only_the_chief_writes(cluster, task, chief):
     class Resolver:
@@ -184,8 +194,14 @@ def test_launch_needs_two_workers(tmp_path):
 
 def _short_fit(model, digits, batch=32, steps=2):
     x, y = digits
-    model.fit(x[: batch * steps], y[: batch * steps], batch_size=batch,
-              epochs=1, verbose=0, shuffle=False)
+    model.fit(
+        x[: batch * steps],
+        y[: batch * steps],
+        batch_size=batch,
+        epochs=1,
+        verbose=0,
+        shuffle=False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -236,18 +252,21 @@ def test_mixed_bfloat16_keeps_logits_and_losses_float32(digits, float32_policy):
 
 def test_profile_says_what_bounds_the_run(tmp_path, float32_policy):
     recipe = tmp_path / "tiny.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "name": "tiny",
-        "data": {"source": "digits", "limit_train": 256, "limit_test": 64},
-        "model": {"width": 4},
-        "attack": {"method": "fgsm_rs", "eps": 0.1},
-        "train": {"batch_size": 32},
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "data": {"source": "digits", "limit_train": 256, "limit_test": 64},
+                "model": {"width": 4},
+                "attack": {"method": "fgsm_rs", "eps": 0.1},
+                "train": {"batch_size": 32},
+            }
+        )
+    )
     result = runner.invoke(app, ["profile", str(recipe), "--steps", "4"])
     assert result.exit_code == 0, result.output
     out = result.output
-    for part in ("input pipeline alone", "train step alone",
-                 "both, as `run` trains"):
+    for part in ("input pipeline alone", "train step alone", "both, as `run` trains"):
         assert part in out
     assert "batch: global 32 = 1 replica(s) x 32; 8 steps/epoch" in out
     assert "verdict: input-bound by" in out or "compute-bound by" in out
@@ -270,10 +289,18 @@ def test_profile_advice_follows_the_cpu_and_the_step(tmp_path):
 
     def report(**changes):
         fields = dict(
-            global_batch=64, replicas=1, steps_per_execution=1,
-            timed_steps=8, input_seconds=0.001, step_seconds=0.05,
-            together_seconds=0.05, device_kind="cpu", precision="float32",
-            jit_compile=False, cache="memory", augment=False,
+            global_batch=64,
+            replicas=1,
+            steps_per_execution=1,
+            timed_steps=8,
+            input_seconds=0.001,
+            step_seconds=0.05,
+            together_seconds=0.05,
+            device_kind="cpu",
+            precision="float32",
+            jit_compile=False,
+            cache="memory",
+            augment=False,
             attack="fgsm_rs",
         )
         fields.update(changes)

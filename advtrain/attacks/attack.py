@@ -77,8 +77,14 @@ class Attack:
         `return_gradient=True` for the single-step attacks."""
         key = self.method if self.backend == "advtrain" else f"cleverhans_{self.method}"
         return attacks.get(key)(
-            self, model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale,
-            seed=seed, **extra,
+            self,
+            model_fn,
+            x,
+            y,
+            loss_fn=loss_fn,
+            loss_scale=loss_scale,
+            seed=seed,
+            **extra,
         )
 
     @property
@@ -113,18 +119,20 @@ class Attack:
         else:
             alpha = 1.25 * self.eps if self.alpha is None else self.alpha
             delta = random_in_ball(x, self.eps, self.norm, seed)
-            delta = project(delta + steepest_step(grad, alpha, self.norm), self.eps, self.norm)
+            delta = project(
+                delta + steepest_step(grad, alpha, self.norm), self.eps, self.norm
+            )
             x_adv = x + delta
         return clip_pixels(x_adv, self.clip_min, self.clip_max)
 
-    def replace(self, **changes: Any) -> "Attack":
+    def replace(self, **changes: Any) -> Attack:
         return dataclasses.replace(self, **changes)
 
     def get_config(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "Attack":
+    def from_config(cls, config: dict[str, Any]) -> Attack:
         return cls(**config)
 
 
@@ -136,8 +144,15 @@ class Attack:
 def _fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
     del seed
     return fgsm.fgsm(
-        model_fn, x, y, eps=a.eps, norm=a.norm, loss_fn=loss_fn,
-        clip_min=a.clip_min, clip_max=a.clip_max, loss_scale=loss_scale,
+        model_fn,
+        x,
+        y,
+        eps=a.eps,
+        norm=a.norm,
+        loss_fn=loss_fn,
+        clip_min=a.clip_min,
+        clip_max=a.clip_max,
+        loss_scale=loss_scale,
         **extra,
     )
 
@@ -145,19 +160,39 @@ def _fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
 @register_attack("fgsm_rs")
 def _fgsm_rs(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
     return fgsm.fgsm_random_start(
-        model_fn, x, y, eps=a.eps, alpha=a.alpha, norm=a.norm,
-        loss_fn=loss_fn, clip_min=a.clip_min, clip_max=a.clip_max,
-        loss_scale=loss_scale, seed=seed, clip_start=a.clip_start, **extra,
+        model_fn,
+        x,
+        y,
+        eps=a.eps,
+        alpha=a.alpha,
+        norm=a.norm,
+        loss_fn=loss_fn,
+        clip_min=a.clip_min,
+        clip_max=a.clip_max,
+        loss_scale=loss_scale,
+        seed=seed,
+        clip_start=a.clip_start,
+        **extra,
     )
 
 
 @register_attack("pgd")
 def _pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
     return pgd.pgd(
-        model_fn, x, y, eps=a.eps, steps=a.steps, step_size=a.step_size,
-        norm=a.norm, random_start=a.random_start, restarts=a.restarts,
-        loss_fn=loss_fn, clip_min=a.clip_min, clip_max=a.clip_max,
-        loss_scale=loss_scale, seed=seed,
+        model_fn,
+        x,
+        y,
+        eps=a.eps,
+        steps=a.steps,
+        step_size=a.step_size,
+        norm=a.norm,
+        random_start=a.random_start,
+        restarts=a.restarts,
+        loss_fn=loss_fn,
+        clip_min=a.clip_min,
+        clip_max=a.clip_max,
+        loss_scale=loss_scale,
+        seed=seed,
     )
 
 
@@ -165,8 +200,14 @@ def _pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
 def _ch_fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
     del loss_scale, seed
     return cleverhans_backend.cleverhans_fgsm(
-        model_fn, x, y, eps=a.eps, norm=a.norm, loss_fn=loss_fn,
-        clip_min=a.clip_min, clip_max=a.clip_max,
+        model_fn,
+        x,
+        y,
+        eps=a.eps,
+        norm=a.norm,
+        loss_fn=loss_fn,
+        clip_min=a.clip_min,
+        clip_max=a.clip_max,
     )
 
 
@@ -174,7 +215,15 @@ def _ch_fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
 def _ch_pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
     del loss_scale, seed
     return cleverhans_backend.cleverhans_pgd(
-        model_fn, x, y, eps=a.eps, steps=a.steps, step_size=a.step_size,
-        norm=a.norm, random_start=a.random_start, loss_fn=loss_fn,
-        clip_min=a.clip_min, clip_max=a.clip_max,
+        model_fn,
+        x,
+        y,
+        eps=a.eps,
+        steps=a.steps,
+        step_size=a.step_size,
+        norm=a.norm,
+        random_start=a.random_start,
+        loss_fn=loss_fn,
+        clip_min=a.clip_min,
+        clip_max=a.clip_max,
     )

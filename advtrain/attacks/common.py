@@ -7,7 +7,8 @@ dtype of the input images.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any, Optional, Union
 
 import keras
 import tensorflow as tf
@@ -42,9 +43,7 @@ def check_eps(name: str, value: Any, upper: Optional[float] = None) -> None:
             f"{name} must be a finite number >= 0. Received: {name}={value}"
         )
     if upper is not None and value > upper:
-        raise ValueError(
-            f"{name} must be <= {upper}. Received: {name}={value}"
-        )
+        raise ValueError(f"{name} must be <= {upper}. Received: {name}={value}")
 
 
 def per_example_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -55,9 +54,7 @@ def per_example_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor
             labels=tf.cast(labels, tf.float32), logits=logits
         )
     labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=labels, logits=logits
-    )
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
 
 
 def input_gradient(
@@ -108,9 +105,7 @@ def project(delta: tf.Tensor, eps: Any, norm: str) -> tf.Tensor:
     return delta * tf.minimum(tf.cast(1.0, delta.dtype), eps / length)
 
 
-def random_in_ball(
-    x: tf.Tensor, eps: Any, norm: str, seed: Any = None
-) -> tf.Tensor:
+def random_in_ball(x: tf.Tensor, eps: Any, norm: str, seed: Any = None) -> tf.Tensor:
     """A perturbation drawn uniformly from the eps-ball of `norm`.
 
     `seed` is anything `keras.random` accepts: None, an int, or a

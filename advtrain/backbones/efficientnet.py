@@ -22,9 +22,7 @@ from advtrain.backbones.registry import register_backbone
     pretrained=("imagenet",),
     weights_file="efficientnetb0_notop.h5",
 )
-def efficientnet_b0(
-    input_shape, cfg, weights: Optional[str] = None
-) -> keras.Model:
+def efficientnet_b0(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
     """EfficientNetB0 without its top."""
     del cfg
     return keras.applications.EfficientNetB0(

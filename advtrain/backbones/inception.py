@@ -18,9 +18,7 @@ from advtrain.backbones.registry import register_backbone
     pretrained=("imagenet",),
     weights_file="inception_v3_weights_tf_dim_ordering_tf_kernels_notop.h5",
 )
-def inception_v3(
-    input_shape, cfg, weights: Optional[str] = None
-) -> keras.Model:
+def inception_v3(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
     """InceptionV3 without its top; returns the last feature map."""
     del cfg
     return keras.applications.InceptionV3(

@@ -18,12 +18,9 @@ from advtrain.backbones.registry import register_backbone
     pretrained=("imagenet",),
     # Keras has ImageNet weights for sides 96, 128, 160, 192 and 224 and
     # falls back to the 224 file for any other side.
-    weights_file="mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_{size}"
-    "_no_top.h5",
+    weights_file="mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_{size}_no_top.h5",
 )
-def mobilenet_v2(
-    input_shape, cfg, weights: Optional[str] = None
-) -> keras.Model:
+def mobilenet_v2(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
     """MobileNetV2 (alpha 1.0) without its top."""
     del cfg
     return keras.applications.MobileNetV2(

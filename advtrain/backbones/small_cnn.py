@@ -43,7 +43,11 @@ def mnist_cnn(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
     x = inputs
     for i, filters in enumerate((max(1, width // 2), width)):
         x = keras.layers.Conv2D(
-            filters, 4, strides=2, padding="same", activation="relu",
+            filters,
+            4,
+            strides=2,
+            padding="same",
+            activation="relu",
             name=f"conv{i}",
         )(x)
     x = keras.layers.Flatten(name="flatten")(x)

@@ -90,9 +90,7 @@ def _list_tree(
             )
             if not partial:
                 raise RecipeError(message)
-            n = sum(
-                1 for p in folder.iterdir() if p.suffix.lower() in EXTENSIONS
-            )
+            n = sum(1 for p in folder.iterdir() if p.suffix.lower() in EXTENSIONS)
             logger.warning("folder: skipping %d image(s): %s", n, message)
             skipped += n
             continue
@@ -136,8 +134,7 @@ def folder_splits(cfg: DataConfig) -> DataSplits:
     """Class-per-folder images; see the module docstring."""
     if cfg.path is None:
         raise RecipeError(
-            "data.path: source folder needs an image directory. "
-            "Received: path=None"
+            "data.path: source folder needs an image directory. Received: path=None"
         )
     root = Path(cfg.path).expanduser()
     if not root.is_dir():
@@ -162,22 +159,16 @@ def folder_splits(cfg: DataConfig) -> DataSplits:
         )
     paths_arr, labels_arr = np.array(paths), np.array(labels, np.int64)
     if test_root is not None and test_root.is_dir():
-        test_paths, test_labels, n = _list_tree(
-            test_root, class_names, root, partial
-        )
+        test_paths, test_labels, n = _list_tree(test_root, class_names, root, partial)
         skipped += n
         test = (np.array(test_paths), np.array(test_labels, np.int64))
     else:
-        keep, held = stratified_split(
-            labels_arr, cfg.test_fraction, seed=cfg.seed
-        )
+        keep, held = stratified_split(labels_arr, cfg.test_fraction, seed=cfg.seed)
         test = (paths_arr[held], labels_arr[held])
         paths_arr, labels_arr = paths_arr[keep], labels_arr[keep]
     val = None
     if cfg.val_fraction > 0:
-        keep, held = stratified_split(
-            labels_arr, cfg.val_fraction, seed=cfg.seed + 1
-        )
+        keep, held = stratified_split(labels_arr, cfg.val_fraction, seed=cfg.seed + 1)
         val = (paths_arr[held], labels_arr[held])
         paths_arr, labels_arr = paths_arr[keep], labels_arr[keep]
     # Class folders are listed in order; mix them once so a shuffle buffer
@@ -190,9 +181,7 @@ def folder_splits(cfg: DataConfig) -> DataSplits:
         test = (test[0][: cfg.limit_test], test[1][: cfg.limit_test])
 
     try:
-        first = tf.io.decode_image(
-            tf.io.read_file(paths[0]), expand_animations=False
-        )
+        first = tf.io.decode_image(tf.io.read_file(paths[0]), expand_animations=False)
     except tf.errors.OpError as exc:
         raise RecipeError(
             f"{Path(paths[0]).relative_to(root)}: cannot decode image "

@@ -181,11 +181,7 @@ def gtsrb_config(
     """The builder config for these options (a predefined one if it exists)."""
     name = _config_name(roi_crop, image_size)
     predefined = Gtsrb.builder_configs.get(name)
-    return (
-        predefined
-        if predefined is not None
-        else _make_config(roi_crop, image_size)
-    )
+    return predefined if predefined is not None else _make_config(roi_crop, image_size)
 
 
 # ------------------------------------------------------- files and archives
@@ -254,9 +250,7 @@ class _ZipTree:
         try:
             return self._zip.read(rel)
         except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-            raise OSError(
-                f"corrupt archive member ({_one_line(exc)})"
-            ) from None
+            raise OSError(f"corrupt archive member ({_one_line(exc)})") from None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -267,9 +261,7 @@ def _one_line(exc: BaseException) -> str:
 def _listing(root: Path, limit: int = 8) -> str:
     names = sorted(p.name for p in root.iterdir())
     shown = ", ".join(names[:limit]) or "nothing"
-    return shown + (
-        f" (+{len(names) - limit} more)" if len(names) > limit else ""
-    )
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
 @dataclasses.dataclass
@@ -369,9 +361,7 @@ def _read_csv(tree, rel: str) -> list[tuple[int, str]]:
     try:
         raw = tree.read(rel)
     except OSError as exc:
-        raise RecipeError(
-            f"{name}: cannot read CSV ({_one_line(exc)})."
-        ) from None
+        raise RecipeError(f"{name}: cannot read CSV ({_one_line(exc)}).") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -383,9 +373,7 @@ def _read_csv(tree, rel: str) -> list[tuple[int, str]]:
             f"{name}: expected the header {';'.join(CSV_HEADER)}. "
             f"Received: {header[:100]!r}"
         )
-    return [
-        (n, line.strip()) for n, line in enumerate(lines[1:], 1) if line.strip()
-    ]
+    return [(n, line.strip()) for n, line in enumerate(lines[1:], 1) if line.strip()]
 
 
 def _parse_row(csv_name: str, n: int, line: str):
@@ -555,9 +543,7 @@ def _train_examples(layout: _Layout, cfg, problems):
         csv_rel = f"{folder}/GT-{name}.csv"
         if not tree.is_file(csv_rel):
             raise RecipeError(f"{tree.name(folder)}: GT-{name}.csv not found")
-        yield from _examples(
-            tree, folder, tree, csv_rel, cfg, problems, int(name)
-        )
+        yield from _examples(tree, folder, tree, csv_rel, cfg, problems, int(name))
 
 
 class _SkipCounter:
@@ -691,9 +677,7 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
             layout.test, TEST_DIR, layout.gt, layout.gt_rel, cfg, problems, None
         )
         return {
-            "train": counter.wrap(
-                "train", _train_examples(layout, cfg, problems)
-            ),
+            "train": counter.wrap("train", _train_examples(layout, cfg, problems)),
             "test": counter.wrap("test", test),
         }
 
@@ -792,9 +776,7 @@ def gtsrb_splits(cfg: DataConfig) -> DataSplits:
 
     def supervised(split):
         # ClassLabel decodes to int64 already: no extra map per element.
-        return builder.as_dataset(
-            split=split, shuffle_files=False, as_supervised=True
-        )
+        return builder.as_dataset(split=split, shuffle_files=False, as_supervised=True)
 
     def by_track(want_held: bool):
         # The key is unique per physical sign: track ids restart per class.

@@ -53,21 +53,14 @@ def _read_bytes(path: Path) -> tuple[bytes, bool]:
     try:
         data = inflater.decompress(raw)
     except zlib.error as exc:
-        raise RecipeError(
-            f"{path}: not a readable gzip file ({exc})."
-        ) from None
+        raise RecipeError(f"{path}: not a readable gzip file ({exc}).") from None
     return data, inflater.eof
 
 
 def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
     """Returns the complete records and the count the header declares."""
     data, complete = _read_bytes(path)
-    if (
-        len(data) < 4
-        or data[0] != 0
-        or data[1] != 0
-        or data[2] not in _IDX_TYPES
-    ):
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
         raise RecipeError(
             f"{path}: not an IDX file: expected magic 00 00 <type> <ndim>. "
             f"Received: {data[:4].hex(' ') or 'empty file'}"
@@ -76,16 +69,12 @@ def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
     offset = 4 + 4 * ndim
     if ndim < 1 or len(data) < offset:
         raise RecipeError(f"{path}: truncated IDX header ({ndim} dimensions).")
-    shape = [
-        int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)
-    ]
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     record = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     have = (len(data) - offset) // record if record else shape[0]
     if not complete or have < shape[0]:
         if not partial:
-            reason = (
-                "gzip stream ends early" if not complete else "file ends early"
-            )
+            reason = "gzip stream ends early" if not complete else "file ends early"
             raise RecipeError(
                 f"{path}: truncated IDX: expected {shape[0]} records of shape "
                 f"{tuple(shape[1:])}, {reason}. Received: {min(have, shape[0])}"
@@ -94,9 +83,7 @@ def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
     array = np.frombuffer(
         data, dtype, count=n * record // dtype.itemsize, offset=offset
     )
-    return array.reshape([n, *shape[1:]]).astype(
-        dtype.newbyteorder("=")
-    ), shape[0]
+    return array.reshape([n, *shape[1:]]).astype(dtype.newbyteorder("=")), shape[0]
 
 
 def read_idx(path: Union[str, Path]) -> np.ndarray:
@@ -118,9 +105,7 @@ def _find(directory: Path, name: str) -> Path:
     for candidate in (directory / name, directory / f"{name}.gz"):
         if candidate.is_file():
             return candidate
-    raise RecipeError(
-        f"{directory}: expected {name} or {name}.gz (MNIST IDX files)."
-    )
+    raise RecipeError(f"{directory}: expected {name} or {name}.gz (MNIST IDX files).")
 
 
 def _load_split(directory: Path, split: str, partial: bool):
@@ -135,8 +120,7 @@ def _load_split(directory: Path, split: str, partial: bool):
         )
     if labels.ndim != 1:
         raise RecipeError(
-            f"{labels_path}: expected labels of shape (N,). "
-            f"Received: {labels.shape}"
+            f"{labels_path}: expected labels of shape (N,). Received: {labels.shape}"
         )
     if n_images != n_labels:
         raise RecipeError(
@@ -184,9 +168,7 @@ def load_mnist_idx(
         )
     out, skipped = {}, 0
     for split in FILES:
-        images, labels, n_skipped = _load_split(
-            directory, split, on_corrupt == "skip"
-        )
+        images, labels, n_skipped = _load_split(directory, split, on_corrupt == "skip")
         out[split] = (images, labels)
         skipped += n_skipped
     return out, skipped

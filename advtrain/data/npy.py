@@ -169,16 +169,12 @@ class _Part:
         self.x = _Rows(x_path, partial)
         self.y, missing_y = _labels(y_path, partial)
         shape = self.x.shape
-        if len(shape) not in (3, 4) or (
-            len(shape) == 4 and shape[3] not in (1, 3, 4)
-        ):
+        if len(shape) not in (3, 4) or (len(shape) == 4 and shape[3] not in (1, 3, 4)):
             raise RecipeError(
                 f"{x_path}: expected images (N, H, W) or (N, H, W, C) with C "
                 f"1, 3 or 4. Received: shape={shape}"
             )
-        if not (
-            self.x.dtype == np.uint8 or np.issubdtype(self.x.dtype, np.floating)
-        ):
+        if not (self.x.dtype == np.uint8 or np.issubdtype(self.x.dtype, np.floating)):
             raise RecipeError(
                 f"{x_path}: expected uint8 or float images. "
                 f"Received: dtype={self.x.dtype}"
@@ -326,9 +322,7 @@ def arrays_splits(cfg: DataConfig) -> DataSplits:
         train_index, val_index = train_index[keep], train_index[held]
     if cfg.limit_train is not None:
         train_index = train_index[: cfg.limit_train]
-    test_rows, test_labels = (
-        (train.x, train.y) if test is None else (test.x, test.y)
-    )
+    test_rows, test_labels = (train.x, train.y) if test is None else (test.x, test.y)
     if test_index is None:
         test_index = test.index
     if cfg.limit_test is not None:

@@ -98,9 +98,7 @@ def _augment(cfg: DataConfig):
                 image, 1.0 - aug.contrast, 1.0 + aug.contrast, seed=seeds[2]
             )
         if aug.horizontal_flip:
-            image = tf.image.stateless_random_flip_left_right(
-                image, seed=seeds[3]
-            )
+            image = tf.image.stateless_random_flip_left_right(image, seed=seeds[3])
         return tf.clip_by_value(image, 0.0, 1.0), label
 
     return apply
@@ -109,10 +107,7 @@ def _augment(cfg: DataConfig):
 def _has_augmentation(cfg: DataConfig) -> bool:
     aug = cfg.augment
     return bool(
-        aug.random_crop_pad
-        or aug.brightness
-        or aug.contrast
-        or aug.horizontal_flip
+        aug.random_crop_pad or aug.brightness or aug.contrast or aug.horizontal_flip
     )
 
 
@@ -229,9 +224,7 @@ def make_replica_input(
     per_replica = input_context.get_per_replica_batch_size(global_batch)
     if not isinstance(ds, tf.data.Dataset):
         ds = ds()
-    ds = ds.shard(
-        input_context.num_input_pipelines, input_context.input_pipeline_id
-    )
+    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     base = cfg.seed if seed is None else seed
     return make_input(
         ds,

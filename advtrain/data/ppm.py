@@ -32,9 +32,7 @@ def _header_tokens(data: bytes, name: str) -> tuple[list[bytes], int]:
                 f"maxval'. Received: {len(data)} bytes"
             )
         start = pos
-        while (
-            pos < end and data[pos] not in _WHITESPACE and data[pos] != ord("#")
-        ):
+        while pos < end and data[pos] not in _WHITESPACE and data[pos] != ord("#"):
             pos += 1
         tokens.append(data[start:pos])
     # A single whitespace byte separates maxval from the raster.
@@ -64,8 +62,7 @@ def decode_ppm(data: bytes, name: str = "image") -> np.ndarray:
     """
     if data[:2] != b"P6":
         raise RecipeError(
-            f"{name}: not a binary PPM: expected magic 'P6'. "
-            f"Received: {data[:2]!r}"
+            f"{name}: not a binary PPM: expected magic 'P6'. Received: {data[:2]!r}"
         )
     tokens, offset = _header_tokens(data, name)
     try:

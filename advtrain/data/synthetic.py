@@ -59,9 +59,7 @@ def _smooth_image(rng, height: int, width: int) -> np.ndarray:
 
 
 def _gtsrb_image(rng, size: int, pattern: str):
-    width = int(
-        np.clip(size + rng.integers(-size // 10, size // 10 + 1), 15, 250)
-    )
+    width = int(np.clip(size + rng.integers(-size // 10, size // 10 + 1), 15, 250))
     height = int(np.clip(size, 15, 250))
     if pattern == "noise":
         image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
@@ -132,9 +130,7 @@ def write_gtsrb(
                 files[f"{folder}/{name}"] = encode_ppm(image)
                 rows.append(_csv_row(name, image, roi, cls))
                 written.append(
-                    GtsrbImage(
-                        "train", f"{folder}/{name}", cls, track, roi, image
-                    )
+                    GtsrbImage("train", f"{folder}/{name}", cls, track, roi, image)
                 )
         files[f"{folder}/GT-{cls:05d}.csv"] = _csv(rows)
     test_rows, gt_rows = [_HEADER.rsplit(";", 1)[0]], [_HEADER]
@@ -165,9 +161,7 @@ def write_gtsrb(
         test = {k: v for k, v in files.items() if "Final_Test" in k}
         _write_zip(root / "GTSRB_Final_Training_Images.zip", train)
         _write_zip(root / "GTSRB_Final_Test_Images.zip", test)
-        _write_zip(
-            root / "GTSRB_Final_Test_GT.zip", {"GT-final_test.csv": gt_csv}
-        )
+        _write_zip(root / "GTSRB_Final_Test_GT.zip", {"GT-final_test.csv": gt_csv})
     return written
 
 
@@ -181,9 +175,7 @@ def _csv(rows: list[str]) -> bytes:
 
 
 def _write_zip(path: Path, files: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(
-        path, "w", zipfile.ZIP_DEFLATED, compresslevel=1
-    ) as zf:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for rel, data in sorted(files.items()):
             zf.writestr(rel, data)
 

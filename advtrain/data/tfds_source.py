@@ -32,8 +32,7 @@ def load_tfds_splits(name: str, cfg: DataConfig) -> DataSplits:
         builder = tfds.builder(name, data_dir=cfg.tfds_data_dir)
     except tfds.core.registered.DatasetNotFoundError:
         raise RecipeError(
-            "data.tfds_name: unknown TFDS dataset. "
-            f"Received: tfds_name={name!r}"
+            f"data.tfds_name: unknown TFDS dataset. Received: tfds_name={name!r}"
         ) from None
     manual = None if cfg.path is None else str(Path(cfg.path).expanduser())
     try:

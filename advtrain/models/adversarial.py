@@ -93,9 +93,7 @@ class AdversarialModel(keras.Model):
                 f"Received: adv_weight={adv_weight!r}"
             )
         if adv_weight > 0 and attack is None:
-            raise ValueError(
-                "adv_weight > 0 needs an attack. Received: attack=None"
-            )
+            raise ValueError("adv_weight > 0 needs an attack. Received: attack=None")
         if attack_mode not in ATTACK_MODES:
             raise ValueError(
                 f"attack_mode must be one of {', '.join(ATTACK_MODES)}. "
@@ -115,9 +113,7 @@ class AdversarialModel(keras.Model):
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.clean_loss_tracker = keras.metrics.Mean(name="clean_loss")
         self.adv_loss_tracker = keras.metrics.Mean(name="adv_loss")
-        self.adv_accuracy = keras.metrics.SparseCategoricalAccuracy(
-            name="adv_accuracy"
-        )
+        self.adv_accuracy = keras.metrics.SparseCategoricalAccuracy(name="adv_accuracy")
         # Share of input-gradient entries that are exactly zero: under
         # float16 an unscaled loss underflows and FGSM silently stops.
         self.zero_grad_tracker = keras.metrics.Mean(name="zero_grad_fraction")
@@ -227,9 +223,7 @@ class AdversarialModel(keras.Model):
             self._track_zero_gradients()
         with tf.GradientTape() as tape:
             y_pred, y_pred_adv = self._forward(x, x_adv)
-            loss = self.adversarial_loss(
-                x, y, y_pred, x_adv, y_pred_adv, sample_weight
-            )
+            loss = self.adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)
             self._loss_tracker.update_state(
                 keras_loss.unscale_loss_for_distribution(loss),
                 sample_weight=tf.shape(x)[0],
@@ -237,7 +231,7 @@ class AdversarialModel(keras.Model):
             scaled = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables
         gradients = tape.gradient(scaled, variables)
-        self.optimizer.apply_gradients(zip(gradients, variables))
+        self.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905 (traced: autograph)
         if y_pred_adv is not None:
             self.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
         if y_pred is None:
@@ -247,7 +241,10 @@ class AdversarialModel(keras.Model):
             self.clean_loss_tracker.update_state(
                 keras_loss.unscale_loss_for_distribution(
                     self._compute_loss(
-                        x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                        x=x,
+                        y=y,
+                        y_pred=y_pred,
+                        sample_weight=sample_weight,
                         training=False,
                     )
                 )
@@ -264,16 +261,17 @@ class AdversarialModel(keras.Model):
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
         )
-        self._loss_tracker.update_state(
-            unscale(loss), sample_weight=tf.shape(x)[0]
-        )
+        self._loss_tracker.update_state(unscale(loss), sample_weight=tf.shape(x)[0])
         self.clean_loss_tracker.update_state(unscale(loss))
         if self.attack is not None:
             x_adv = self.generate_adversarial(x, y)
             self._track_zero_gradients()
             y_pred_adv = self(x_adv, training=False)
             adv = self._compute_loss(
-                x=x_adv, y=y, y_pred=y_pred_adv, sample_weight=sample_weight,
+                x=x_adv,
+                y=y,
+                y_pred=y_pred_adv,
+                sample_weight=sample_weight,
                 training=False,
             )
             self.adv_loss_tracker.update_state(unscale(adv))
@@ -308,17 +306,16 @@ class AdversarialModel(keras.Model):
             scaled_adv = self.optimizer.scale_loss(adv)
         adv_grads = tape.gradient(scaled_adv, variables)
         gradients = [
-            None if gc is None and ga is None
+            None
+            if gc is None and ga is None
             else (1.0 - w) * (0.0 if gc is None else gc)
             + w * (0.0 if ga is None else ga)
-            for gc, ga in zip(clean_grads, adv_grads)
+            for gc, ga in zip(clean_grads, adv_grads)  # noqa: B905
         ]
-        self.optimizer.apply_gradients(zip(gradients, variables))
+        self.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905
         loss = (1.0 - w) * clean + w * adv
         unscale = keras_loss.unscale_loss_for_distribution
-        self._loss_tracker.update_state(
-            unscale(loss), sample_weight=tf.shape(x)[0]
-        )
+        self._loss_tracker.update_state(unscale(loss), sample_weight=tf.shape(x)[0])
         self.clean_loss_tracker.update_state(unscale(clean))
         self.adv_loss_tracker.update_state(unscale(adv))
         self.adv_accuracy.update_state(y, y_pred_adv, sample_weight)

@@ -72,18 +72,14 @@ def set_batchnorm_momentum(model: keras.layers.Layer, momentum: float) -> int:
     it was traced with.
     """
     if not 0.0 <= momentum < 1.0:
-        raise ValueError(
-            f"momentum must be in [0, 1). Received: momentum={momentum}"
-        )
+        raise ValueError(f"momentum must be in [0, 1). Received: momentum={momentum}")
     layers = batchnorm_layers(model)
     for layer in layers:
         layer.momentum = float(momentum)
     return len(layers)
 
 
-def apply_batchnorm_policy(
-    model: keras.layers.Layer, cfg: BatchNormConfig
-) -> int:
+def apply_batchnorm_policy(model: keras.layers.Layer, cfg: BatchNormConfig) -> int:
     """Applies the recipe's BN momentum override and, with `cfg.fused`,
     switches plain Keras BN layers to the fused kernel; returns the BN
     layer count.

@@ -130,9 +130,7 @@ def build_classifier(
         features = keras.layers.GlobalAveragePooling2D(name="pool")(features)
     if cfg.dropout:
         features = keras.layers.Dropout(cfg.dropout, name="dropout")(features)
-    logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(
-        features
-    )
+    logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(features)
     model = keras.Model(inputs, logits, name=f"{cfg.backbone}_classifier")
 
     if cfg.weights is not None and not is_pretrained_name(cfg.weights):

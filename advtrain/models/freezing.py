@@ -183,8 +183,7 @@ def apply_freeze(
     """
     if freeze not in ("all_trainable", "frozen", "top_k"):
         raise ValueError(
-            "freeze must be all_trainable, frozen or top_k. "
-            f"Received: freeze={freeze}"
+            f"freeze must be all_trainable, frozen or top_k. Received: freeze={freeze}"
         )
     if freeze == "top_k" and top_k < 1:
         raise ValueError(f"freeze=top_k needs top_k >= 1. Received: {top_k}")

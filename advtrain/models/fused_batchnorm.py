@@ -64,19 +64,25 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
             return super().call(inputs, training=training, mask=mask)
         channels = inputs.shape[-1]
         scale = (
-            ops.cast(self.gamma, "float32") if self.scale
+            ops.cast(self.gamma, "float32")
+            if self.scale
             else tf.ones([channels], tf.float32)
         )
         offset = (
-            ops.cast(self.beta, "float32") if self.center
+            ops.cast(self.beta, "float32")
+            if self.center
             else tf.zeros([channels], tf.float32)
         )
         moving_mean = ops.cast(self.moving_mean, "float32")
         moving_variance = ops.cast(self.moving_variance, "float32")
         if training and self.trainable:
             outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
-                inputs, scale, offset, epsilon=self.epsilon,
-                data_format="NHWC", is_training=True,
+                inputs,
+                scale,
+                offset,
+                epsilon=self.epsilon,
+                data_format="NHWC",
+                is_training=True,
             )
             # The kernel reports the unbiased variance (n / (n - 1) times
             # the one it normalised with); Keras tracks the biased one.
@@ -98,9 +104,14 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
             )
         else:
             outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
-                inputs, scale, offset, mean=moving_mean,
-                variance=moving_variance, epsilon=self.epsilon,
-                data_format="NHWC", is_training=False,
+                inputs,
+                scale,
+                offset,
+                mean=moving_mean,
+                variance=moving_variance,
+                epsilon=self.epsilon,
+                data_format="NHWC",
+                is_training=False,
             )
         return ops.cast(outputs, self.compute_dtype)
 

@@ -35,8 +35,7 @@ class BackbonePreprocess(keras.layers.Layer):
         super().__init__(**kwargs)
         if mode not in self.MODES:
             raise ValueError(
-                f"mode must be one of {', '.join(self.MODES)}. "
-                f"Received: mode={mode}"
+                f"mode must be one of {', '.join(self.MODES)}. Received: mode={mode}"
             )
         self.mode = mode
 
@@ -111,9 +110,7 @@ class ResizeTo(keras.layers.Layer):
 
     def call(self, inputs):
         x = ops.cast(inputs, self.compute_dtype)
-        return ops.image.resize(
-            x, (self.height, self.width), interpolation="bilinear"
-        )
+        return ops.image.resize(x, (self.height, self.width), interpolation="bilinear")
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.height, self.width, input_shape[-1])

@@ -164,9 +164,7 @@ def _strict_load(model: keras.Model, path: str) -> None:
         )
 
 
-def load_weights_file(
-    classifier: keras.Model, backbone: keras.Model, path: str
-) -> str:
+def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str) -> str:
     """Loads `path` into the classifier or its backbone; returns which.
 
     A Keras 3 file (`.weights.h5`, `.keras`) is tried on the whole

@@ -72,13 +72,17 @@ def test_mnist_cnn_is_the_papers_model():
     from advtrain.models.batchnorm import batchnorm_layers
     from advtrain.models.classifier import build_classifier
 
-    model = build_classifier(
-        ModelConfig(backbone="mnist_cnn"), (28, 28, 1), 10
-    )
+    model = build_classifier(ModelConfig(backbone="mnist_cnn"), (28, 28, 1), 10)
     assert not batchnorm_layers(model)
     shapes = [tuple(w.shape) for w in model.trainable_weights]
     # conv 4x4 1->16, conv 4x4 16->32 (28 -> 14 -> 7), dense 1568->100, 100->10
     assert shapes == [
-        (4, 4, 1, 16), (16,), (4, 4, 16, 32), (32,),
-        (7 * 7 * 32, 100), (100,), (100, 10), (10,),
+        (4, 4, 1, 16),
+        (16,),
+        (4, 4, 16, 32),
+        (32,),
+        (7 * 7 * 32, 100),
+        (100,),
+        (100, 10),
+        (10,),
     ]

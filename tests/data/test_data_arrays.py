@@ -111,13 +111,12 @@ def test_layout_errors(tmp_path):
     assert "arrays directory not found" in _error(cfg)
     (tmp_path / "d").mkdir()
     np.save(tmp_path / "d" / "x_train.npy", _images(3))
-    assert _error(
-        DataConfig(source="arrays", path=str(tmp_path / "d"))
-    ).endswith("Missing: y_train.npy")
+    assert _error(DataConfig(source="arrays", path=str(tmp_path / "d"))).endswith(
+        "Missing: y_train.npy"
+    )
     np.save(tmp_path / "d" / "y_train.npy", np.arange(4))
-    assert (
-        "expected 3 labels, one per image in x_train.npy. Received: 4"
-        in _error(DataConfig(source="arrays", path=str(tmp_path / "d")))
+    assert "expected 3 labels, one per image in x_train.npy. Received: 4" in _error(
+        DataConfig(source="arrays", path=str(tmp_path / "d"))
     )
 
 

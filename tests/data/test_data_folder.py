@@ -25,9 +25,7 @@ def test_train_and_test_trees_read_back_exactly(tmp_path):
 
 
 def test_single_tree_grayscale_resized_with_test_fraction(tmp_path):
-    write_image_folder(
-        tmp_path, per_class=5, channels=1, size=(9, 7), split_dirs=()
-    )
+    write_image_folder(tmp_path, per_class=5, channels=1, size=(9, 7), split_dirs=())
     cfg = DataConfig(
         source="folder",
         path=str(tmp_path),

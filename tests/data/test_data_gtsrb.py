@@ -13,9 +13,7 @@ TRAIN = "GTSRB/Final_Training/Images"
 
 
 def _manual(path):
-    return {
-        "download_config": tfds.download.DownloadConfig(manual_dir=str(path))
-    }
+    return {"download_config": tfds.download.DownloadConfig(manual_dir=str(path))}
 
 
 def _by_filename(ds):
@@ -24,9 +22,7 @@ def _by_filename(ds):
 
 def _cfg(path, data_dir, **kw):
     kw.setdefault("image_size", (16, 12))
-    return DataConfig(
-        source="gtsrb", path=str(path), tfds_data_dir=str(data_dir), **kw
-    )
+    return DataConfig(source="gtsrb", path=str(path), tfds_data_dir=str(data_dir), **kw)
 
 
 @pytest.mark.parametrize("layout", ["extracted", "zipped"])
@@ -190,9 +186,7 @@ def test_unreadable_image(gtsrb_copy, tmp_path):
     path = gtsrb_copy / TRAIN / "00000" / "00000_00000.ppm"
     path.write_bytes(b"\x89PNG not a ppm")
     message = _error(_cfg(gtsrb_copy, tmp_path / "tfds"))
-    assert message.startswith(
-        f"{TRAIN}/00000/00000_00000.ppm: not a binary PPM"
-    )
+    assert message.startswith(f"{TRAIN}/00000/00000_00000.ppm: not a binary PPM")
 
 
 def test_label_out_of_range_in_test_csv(gtsrb_copy, tmp_path):
@@ -202,8 +196,7 @@ def test_label_out_of_range_in_test_csv(gtsrb_copy, tmp_path):
     gt.write_text("\n".join(lines) + "\n")
     message = _error(_cfg(gtsrb_copy, tmp_path / "tfds"))
     assert message == (
-        "GT-final_test.csv row 1: ClassId out of range: expected 0..42. "
-        "Received: 43"
+        "GT-final_test.csv row 1: ClassId out of range: expected 0..42. Received: 43"
     )
 
 
@@ -212,13 +205,9 @@ def test_errors_inside_archives_name_the_archive(gtsrb_written, tmp_path):
     zipped.mkdir()
     for name in ("GTSRB_Final_Test_Images.zip", "GTSRB_Final_Test_GT.zip"):
         (zipped / name).write_bytes((gtsrb_written[1] / name).read_bytes())
-    source = zipfile.ZipFile(
-        gtsrb_written[1] / "GTSRB_Final_Training_Images.zip"
-    )
+    source = zipfile.ZipFile(gtsrb_written[1] / "GTSRB_Final_Training_Images.zip")
     missing = f"{TRAIN}/00003/00000_00001.ppm"
-    with zipfile.ZipFile(
-        zipped / "GTSRB_Final_Training_Images.zip", "w"
-    ) as out:
+    with zipfile.ZipFile(zipped / "GTSRB_Final_Training_Images.zip", "w") as out:
         for info in source.infolist():
             if info.filename != missing:
                 out.writestr(info, source.read(info))
@@ -229,9 +218,7 @@ def test_errors_inside_archives_name_the_archive(gtsrb_written, tmp_path):
     )
 
 
-def test_skip_leaves_out_and_counts_corrupt_examples(
-    gtsrb_copy, tmp_path, caplog
-):
+def test_skip_leaves_out_and_counts_corrupt_examples(gtsrb_copy, tmp_path, caplog):
     (gtsrb_copy / TRAIN / "00003" / "00001_00001.ppm").unlink()
     bad = gtsrb_copy / "GTSRB/Final_Test/Images/00001.ppm"
     bad.write_bytes(bad.read_bytes()[:20])
@@ -241,9 +228,7 @@ def test_skip_leaves_out_and_counts_corrupt_examples(
     assert splits.skipped == 2
     assert (splits.train_size, splits.test_size) == (17, 5)
     assert len(list(splits.train)) == 17 and len(list(splits.test)) == 5
-    warnings = [
-        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
-    ]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("00001_00001.ppm not found" in w for w in warnings)
     assert any("skipped 1 corrupt example" in w for w in warnings)
     # The same prepared data is refused where every example is expected.

@@ -28,13 +28,9 @@ def test_reads_idx_pixels_and_labels_exactly(tmp_path, gz):
 
 
 def test_read_idx_hand_written_header(tmp_path):
-    header = (
-        bytes([0, 0, 0x08, 2]) + (2).to_bytes(4, "big") + (3).to_bytes(4, "big")
-    )
+    header = bytes([0, 0, 0x08, 2]) + (2).to_bytes(4, "big") + (3).to_bytes(4, "big")
     (tmp_path / "a").write_bytes(header + bytes(range(6)))
-    np.testing.assert_array_equal(
-        read_idx(tmp_path / "a"), [[0, 1, 2], [3, 4, 5]]
-    )
+    np.testing.assert_array_equal(read_idx(tmp_path / "a"), [[0, 1, 2], [3, 4, 5]])
 
 
 def _one_line_error(cfg) -> str:

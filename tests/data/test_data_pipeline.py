@@ -15,12 +15,8 @@ from advtrain.data.pipeline import _shuffle_buffer
 
 def _dataset(n=40):
     # Image i is filled with i, so a batch tells which examples it holds.
-    images = np.repeat(np.arange(n, dtype=np.uint8), 8 * 8 * 3).reshape(
-        n, 8, 8, 3
-    )
-    return tf.data.Dataset.from_tensor_slices(
-        (images, np.arange(n, dtype=np.int64))
-    )
+    images = np.repeat(np.arange(n, dtype=np.uint8), 8 * 8 * 3).reshape(n, 8, 8, 3)
+    return tf.data.Dataset.from_tensor_slices((images, np.arange(n, dtype=np.int64)))
 
 
 def test_training_batches_are_shuffled_unit_floats():
@@ -93,9 +89,7 @@ def test_replica_input_shards_per_pipeline():
             input_pipeline_id=pipeline,
             num_replicas_in_sync=4,
         )
-        ds = make_replica_input(
-            _dataset, cfg, context, global_batch=8, training=True
-        )
+        ds = make_replica_input(_dataset, cfg, context, global_batch=8, training=True)
         batches = list(ds)
         assert {b[1].shape[0] for b in batches} == {2}  # 8 / 4 replicas
         labels = np.concatenate([b[1].numpy() for b in batches])

@@ -20,7 +20,7 @@ def _compile(model, lr=0.05):
 
 
 def _same_weights(a, b, atol=0.0):
-    for wa, wb in zip(a.get_weights(), b.get_weights()):
+    for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
         np.testing.assert_allclose(wa, wb, atol=atol, rtol=0)
 
 
@@ -31,7 +31,7 @@ def test_adv_weight_zero_matches_plain_keras_step_for_step(digits):
     wrapped = _compile(AdversarialModel(wrapped_clf, Attack("fgsm", eps=0.1), 0.0))
     _same_weights(plain, wrapped_clf)
     for step in range(4):
-        xb, yb = x[step * 64:(step + 1) * 64], y[step * 64:(step + 1) * 64]
+        xb, yb = x[step * 64 : (step + 1) * 64], y[step * 64 : (step + 1) * 64]
         logs_plain = plain.train_on_batch(xb, yb, return_dict=True)
         logs_adv = wrapped.train_on_batch(xb, yb, return_dict=True)
         _same_weights(plain, wrapped_clf, atol=1e-6)
@@ -56,15 +56,21 @@ def test_loss_is_the_weighted_mix(digits, w):
 def test_attack_in_inference_mode_leaves_batchnorm_statistics(digits):
     x, y = tf.constant(digits[0][:64]), tf.constant(digits[1][:64])
     clf = bn_classifier()
-    bn = next(layer for layer in clf.layers if isinstance(layer, keras.layers.BatchNormalization))
+    bn = next(
+        layer
+        for layer in clf.layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+    )
     before = [v.numpy().copy() for v in (bn.moving_mean, bn.moving_variance)]
     model = AdversarialModel(clf, Attack("pgd", eps=0.1, steps=3), 0.5)
     model.generate_adversarial(x, y)
     after = [v.numpy() for v in (bn.moving_mean, bn.moving_variance)]
-    for a, b in zip(before, after):
+    for a, b in zip(before, after, strict=True):
         np.testing.assert_array_equal(a, b)
     # The research option does update them: the test can tell the modes apart.
-    train_mode = AdversarialModel(clf, Attack("pgd", eps=0.1, steps=3), 0.5, attack_mode="train")
+    train_mode = AdversarialModel(
+        clf, Attack("pgd", eps=0.1, steps=3), 0.5, attack_mode="train"
+    )
     train_mode.generate_adversarial(x, y)
     assert not np.allclose(before[0], bn.moving_mean.numpy())
 
@@ -75,13 +81,15 @@ def test_zero_sample_weights_leave_weights_unchanged(digits):
     model = _compile(AdversarialModel(clf, Attack("fgsm_rs", eps=0.1), 0.5))
     before = [w.copy() for w in clf.get_weights()]
     model.train_on_batch(x, y, sample_weight=np.zeros(32, "float32"))
-    for a, b in zip(before, clf.get_weights()):
+    for a, b in zip(before, clf.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 def test_fit_reports_clean_and_adversarial_metrics(digits):
     x, y = digits
-    model = _compile(AdversarialModel(dense_classifier(), Attack("fgsm_rs", eps=0.1), 0.5), lr=0.3)
+    model = _compile(
+        AdversarialModel(dense_classifier(), Attack("fgsm_rs", eps=0.1), 0.5), lr=0.3
+    )
     history = model.fit(x[:512], y[:512], batch_size=32, epochs=4, verbose=0)
     for key in ("loss", "accuracy", "adv_accuracy", "clean_loss", "adv_loss"):
         assert key in history.history
@@ -94,7 +102,9 @@ def test_fit_reports_clean_and_adversarial_metrics(digits):
 
 def test_keras_round_trip(tmp_path, digits):
     x, y = digits
-    model = _compile(AdversarialModel(bn_classifier(), Attack("pgd", eps=0.2, steps=2), 0.7))
+    model = _compile(
+        AdversarialModel(bn_classifier(), Attack("pgd", eps=0.2, steps=2), 0.7)
+    )
     model.fit(x[:128], y[:128], batch_size=64, epochs=1, verbose=0)
     path = tmp_path / "adv.keras"
     model.save(path)
@@ -140,8 +150,14 @@ def test_generate_adversarial_hook_is_used(digits):
 
 def test_fused_step_matches_unfused_on_batchnorm_free_model(digits):
     x, y = digits[0][:64], digits[1][:64]
-    a = _compile(AdversarialModel(dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5))
-    b = _compile(AdversarialModel(dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5, fused=True))
+    a = _compile(
+        AdversarialModel(dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5)
+    )
+    b = _compile(
+        AdversarialModel(
+            dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5, fused=True
+        )
+    )
     for _ in range(3):
         la = a.train_on_batch(x, y, return_dict=True)
         lb = b.train_on_batch(x, y, return_dict=True)
@@ -181,9 +197,15 @@ def test_mixed_precision_attack_gradient_does_not_underflow(digits, policy):
 
 def test_validation_reports_robust_accuracy(digits):
     x, y = digits
-    model = _compile(AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.03), 0.5), lr=0.3)
+    model = _compile(
+        AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.03), 0.5), lr=0.3
+    )
     history = model.fit(
-        x[:512], y[:512], batch_size=64, epochs=2, verbose=0,
+        x[:512],
+        y[:512],
+        batch_size=64,
+        epochs=2,
+        verbose=0,
         validation_data=(x[512:768], y[512:768]),
     )
     val_clean = history.history["val_accuracy"][-1]

@@ -163,9 +163,7 @@ def _train(momentum, x, y, steps):
     )
     reps = -(-64 * steps // len(x))
     xs, ys = np.concatenate([x] * reps), np.concatenate([y] * reps)
-    model.fit(
-        xs[: 64 * steps], ys[: 64 * steps], batch_size=64, epochs=1, verbose=0
-    )
+    model.fit(xs[: 64 * steps], ys[: 64 * steps], batch_size=64, epochs=1, verbose=0)
     return model
 
 

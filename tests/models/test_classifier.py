@@ -68,21 +68,15 @@ def test_grayscale_below_minimum_is_resized(resnet_gray):
     # Parity through the input adapter: gray -> RGB -> resize -> caffe.
     rgb = np.repeat(x, 3, axis=-1)
     resized = np.asarray(keras.ops.image.resize(rgb, (32, 32)))
-    _assert_close(
-        logits, _reference(model, keras.applications.resnet50, resized)
-    )
+    _assert_close(logits, _reference(model, keras.applications.resnet50, resized))
 
 
 def test_inception_v3_grayscale_mnist_parity():
-    model = build_classifier(
-        ModelConfig(backbone="inception_v3"), (28, 28, 1), 10
-    )
+    model = build_classifier(ModelConfig(backbone="inception_v3"), (28, 28, 1), 10)
     assert model.get_layer("resize").height == 75
     x = _pixels((2, 28, 28, 1), seed=6)
     resized = keras.ops.image.resize(np.repeat(x, 3, axis=-1), (75, 75))
-    expected = _reference(
-        model, keras.applications.inception_v3, np.asarray(resized)
-    )
+    expected = _reference(model, keras.applications.inception_v3, np.asarray(resized))
     _assert_close(np.asarray(model(x)), expected)
 
 
@@ -103,9 +97,7 @@ def test_input_size_rules():
 
 def test_saved_model_serves_raw_pixels(tmp_path):
     # Gray 28x28 -> to_channels -> resize 32 -> tf mode -> MobileNetV2.
-    model = build_classifier(
-        ModelConfig(backbone="mobilenet_v2"), (28, 28, 1), 10
-    )
+    model = build_classifier(ModelConfig(backbone="mobilenet_v2"), (28, 28, 1), 10)
     path = tmp_path / "classifier.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
@@ -118,9 +110,7 @@ def test_saved_model_serves_raw_pixels(tmp_path):
     x = _pixels((2, 28, 28, 1), seed=3)
     expected = np.asarray(model(x))
     assert np.all(np.isfinite(expected))
-    np.testing.assert_allclose(
-        np.asarray(loaded(x)), expected, rtol=1e-6, atol=1e-6
-    )
+    np.testing.assert_allclose(np.asarray(loaded(x)), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_offline_imagenet_is_one_line_error(monkeypatch, tmp_path):
@@ -173,20 +163,14 @@ def test_weights_from_path_round_trip(tmp_path):
     loaded = build_classifier(
         cfg.model_copy(update={"weights": str(part)}), (8, 8, 1), 7
     )
-    pairs = zip(
-        get_backbone(loaded).weights, get_backbone(source).weights, strict=True
-    )
+    pairs = zip(get_backbone(loaded).weights, get_backbone(source).weights, strict=True)
     for ours, theirs in pairs:
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
     # Same class count: the head would fit, the file still is the backbone's.
     target = build_classifier(cfg, (8, 8, 1), 3)
-    assert load_weights_file(target, get_backbone(target), str(part)) == (
-        "backbone"
-    )
-    assert load_weights_file(target, get_backbone(target), str(whole)) == (
-        "classifier"
-    )
+    assert load_weights_file(target, get_backbone(target), str(part)) == ("backbone")
+    assert load_weights_file(target, get_backbone(target), str(whole)) == ("classifier")
 
 
 def test_weights_from_legacy_h5(tmp_path):
@@ -236,9 +220,7 @@ def test_frozen_resnet50_is_bit_identical_after_fit(resnet_rgb):
     )
     model.fit(x, rng.integers(0, 4, 8), batch_size=8, verbose=0)
     changed = {
-        v.path
-        for v in model.weights
-        if not np.array_equal(v.numpy(), before[v.path])
+        v.path for v in model.weights if not np.array_equal(v.numpy(), before[v.path])
     }
     assert changed == {"logits/kernel", "logits/bias"}
     assert len(batchnorm_layers(model)) == 53

@@ -27,9 +27,7 @@ def _snapshot(model):
 
 def _changed(model, before):
     return {
-        v.path
-        for v in model.weights
-        if not np.array_equal(v.numpy(), before[v.path])
+        v.path for v in model.weights if not np.array_equal(v.numpy(), before[v.path])
     }
 
 

@@ -39,9 +39,7 @@ def _pair(shape, momentum=0.9, **kwargs):
 
 @pytest.mark.parametrize("training", [True, False])
 def test_matches_keras_outputs_statistics_and_gradients(training):
-    x = tf.constant(
-        np.random.default_rng(0).normal(2.0, 3.0, (6, 5, 4, 3)), tf.float32
-    )
+    x = tf.constant(np.random.default_rng(0).normal(2.0, 3.0, (6, 5, 4, 3)), tf.float32)
     keras_bn, fused_bn = _pair(x.shape)
     start_var = fused_bn.moving_variance.numpy().copy()
     results = []
@@ -58,13 +56,16 @@ def test_matches_keras_outputs_statistics_and_gradients(training):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     for name in ("moving_mean", "moving_variance"):
         np.testing.assert_allclose(
-            getattr(fused_bn, name), getattr(keras_bn, name), rtol=1e-6,
+            getattr(fused_bn, name),
+            getattr(keras_bn, name),
+            rtol=1e-6,
             atol=1e-6,
         )
     if training:  # moved by Keras's rule, with the biased batch variance
         batch_var = np.var(x.numpy(), axis=(0, 1, 2))
         np.testing.assert_allclose(
-            fused_bn.moving_variance, 0.9 * start_var + 0.1 * batch_var,
+            fused_bn.moving_variance,
+            0.9 * start_var + 0.1 * batch_var,
             rtol=1e-5,
         )
     else:
@@ -92,8 +93,7 @@ def test_falls_back_to_keras_for_other_ranks():
 
 def test_bfloat16_inputs_keep_the_compute_dtype():
     layer = FusedBatchNormalization(dtype="mixed_bfloat16")
-    x = tf.cast(tf.random.stateless_normal((4, 3, 3, 2), seed=(5, 6)),
-                tf.bfloat16)
+    x = tf.cast(tf.random.stateless_normal((4, 3, 3, 2), seed=(5, 6)), tf.bfloat16)
     y = layer(x, training=True)
     assert y.dtype == tf.bfloat16
     assert layer.moving_mean.dtype == "float32"
@@ -126,8 +126,7 @@ def test_fused_model_saves_and_loads(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path)
     assert any(
-        isinstance(layer, FusedBatchNormalization)
-        for layer in batchnorm_layers(loaded)
+        isinstance(layer, FusedBatchNormalization) for layer in batchnorm_layers(loaded)
     )
     np.testing.assert_allclose(
         loaded(x, training=False), model(x, training=False), atol=1e-6

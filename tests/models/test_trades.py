@@ -12,7 +12,9 @@ from advtrain.models.trades import per_example_kl
 
 
 def _trades(beta=6.0, seed=0):
-    model = TRADES(dense_classifier(seed=seed), Attack("pgd", eps=0.1, steps=3), beta=beta)
+    model = TRADES(
+        dense_classifier(seed=seed), Attack("pgd", eps=0.1, steps=3), beta=beta
+    )
     model.compile(
         optimizer=keras.optimizers.SGD(0.1),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
