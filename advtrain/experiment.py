@@ -142,7 +142,7 @@ def _train_stream(splits, data_cfg, plan, seed: int, skip: int, strategy):
     keras.utils.set_random_seed(seed)
     if strategy.num_replicas_in_sync == 1:
         ds = make_input(
-            splits.train,
+            splits.fresh_train(),
             data_cfg,
             batch_size=plan.global_batch,
             training=True,
@@ -151,7 +151,7 @@ def _train_stream(splits, data_cfg, plan, seed: int, skip: int, strategy):
 
     def dataset_fn(context):  # a tf.distribute.InputContext
         ds = make_replica_input(
-            splits.train,
+            splits.fresh_train,
             data_cfg,
             context,
             global_batch=plan.global_batch,

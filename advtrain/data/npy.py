@@ -19,7 +19,8 @@ read into memory (8 bytes an example). Images are opened with
 plain reads (not through the map, whose touched pages would count as
 resident memory), so host memory does not grow with N and nothing is ever
 copied whole to the device. Each epoch reads the training rows in a fresh
-random order (seeded by `data.seed` and the epoch).
+random order (seeded by `data.seed` and a per-epoch seed from tf.data),
+the same sequence again in a resumed run.
 
 Example:
 
@@ -32,7 +33,6 @@ cfg = DataConfig(source="arrays", path="/data")
 
 from __future__ import annotations
 
-import itertools
 import logging
 from pathlib import Path
 from typing import Optional
@@ -211,16 +211,23 @@ def _stream(
     index: np.ndarray,
     shuffle_seed: Optional[int],
 ) -> tf.data.Dataset:
+    """The examples at `index`, read from disk a few MB at a time.
+
+    With `shuffle_seed`, each pass (epoch) draws its order from a seed that
+    tf.data's `Dataset.random(rerandomize_each_iteration=True)` gives that
+    pass: a new pipeline built with the same seeds replays the same
+    sequence of epochs, which is what lets a resumed run see the batches an
+    uninterrupted one would. The permutation lives in numpy (8 bytes an
+    example), not in a tf.data shuffle buffer.
+    """
     shape = rows.shape[1:] if len(rows.shape) == 4 else (*rows.shape[1:], 1)
     dtype = np.uint8 if rows.dtype == np.uint8 else np.float32
     chunk = max(1, _CHUNK_BYTES // rows.row_bytes)
-    epochs = itertools.count()
 
-    def generate():
-        order = index
-        rng = None
+    def generate(epoch_seed):
+        order, rng = index, None
         if shuffle_seed is not None:
-            rng = np.random.default_rng([shuffle_seed, next(epochs)])
+            rng = np.random.default_rng([shuffle_seed, int(epoch_seed) % 2**63])
             order = rng.permutation(index)
         for start in range(0, len(order), chunk):
             # Sorted reads walk the file forward; the rows are put back in
@@ -233,12 +240,17 @@ def _stream(
                 x, y = x[perm], y[perm]
             yield x, y
 
-    ds = tf.data.Dataset.from_generator(
-        generate,
-        output_signature=(
-            tf.TensorSpec((None, *shape), tf.as_dtype(dtype)),
-            tf.TensorSpec((None,), tf.int64),
-        ),
+    signature = (
+        tf.TensorSpec((None, *shape), tf.as_dtype(dtype)),
+        tf.TensorSpec((None,), tf.int64),
+    )
+    seeds = tf.data.Dataset.random(
+        seed=shuffle_seed or 0, rerandomize_each_iteration=True
+    ).take(1)
+    ds = seeds.flat_map(
+        lambda s: tf.data.Dataset.from_generator(
+            generate, args=(s,), output_signature=signature
+        )
     )
     ds = ds.unbatch()
     return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
@@ -336,6 +348,7 @@ def arrays_splits(cfg: DataConfig) -> DataSplits:
     image_shape = tuple(shape) if len(shape) == 3 else (*shape, 1)
     return DataSplits(
         train=_stream(train.x, train.y, train_index, shuffle_seed=cfg.seed),
+        train_fn=lambda: _stream(train.x, train.y, train_index, shuffle_seed=cfg.seed),
         test=_stream(test_rows, test_labels, test_index, shuffle_seed=None),
         val=None
         if val_index is None

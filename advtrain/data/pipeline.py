@@ -25,6 +25,9 @@ class DataSplits:
     """Unbatched `(image, label)` datasets and what the model needs to know.
 
     `skipped` counts corrupt examples left out under `on_corrupt: skip`.
+    `train_fn`, for sources that draw their order inside the source (the
+    streamed `arrays`), builds a fresh training stream whose epoch orders
+    start over; `fresh_train()` returns one (or `train`).
     """
 
     train: tf.data.Dataset
@@ -37,6 +40,12 @@ class DataSplits:
     val_size: int = 0
     class_names: Optional[list[str]] = None
     skipped: int = 0
+    train_fn: Optional[Callable[[], tf.data.Dataset]] = None
+
+    def fresh_train(self) -> tf.data.Dataset:
+        """The training examples, as a stream whose sequence of epochs
+        depends only on the seeds: what a resumed run needs."""
+        return self.train_fn() if self.train_fn is not None else self.train
 
 
 # The module that registers each source; imported only when asked for, so

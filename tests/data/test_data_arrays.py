@@ -169,3 +169,26 @@ def test_reads_copy_rows_without_mapping_the_file(tmp_path, monkeypatch):
         if maps.exists():
             assert str(path) not in maps.read_text()
     assert len(opened) == 1
+
+
+def test_epoch_orders_replay_in_a_new_pipeline(tmp_path):
+    # A resumed run builds its stream anew and skips the epochs already
+    # trained: it must then see the order an uninterrupted run sees.
+    _save_dir(tmp_path, n_train=60)
+    cfg = DataConfig(source="arrays", path=str(tmp_path), seed=3)
+    splits = load_splits(cfg)
+    n = splits.train_size
+
+    def epochs(count, skip_epochs=0):
+        ds = splits.fresh_train().repeat().skip(skip_epochs * n).batch(n)
+        return [_row_ids(x) for x, _ in ds.take(count).as_numpy_iterator()]
+
+    first = epochs(3)
+    assert all(sorted(e) == sorted(first[0]) for e in first)
+    assert not np.array_equal(first[0], first[1])  # reshuffled each epoch
+    assert not np.array_equal(first[1], first[2])
+    again = epochs(3)  # another pipeline in the same process
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    resumed = epochs(1, skip_epochs=2)
+    np.testing.assert_array_equal(resumed[0], first[2])
