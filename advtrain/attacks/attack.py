@@ -139,75 +139,43 @@ class Attack:
 # Adapters from an Attack's fields to each function's keywords. Attacks are
 # looked up by method, or by "cleverhans_" + method for that backend.
 
+_PIXELS = ("eps", "norm", "clip_min", "clip_max")
+
+
+def _fields(a: Attack, *names: str) -> dict[str, Any]:
+    return {name: getattr(a, name) for name in (*_PIXELS, *names)}
+
 
 @register_attack("fgsm")
 def _fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
     del seed
     return fgsm.fgsm(
-        model_fn,
-        x,
-        y,
-        eps=a.eps,
-        norm=a.norm,
-        loss_fn=loss_fn,
-        clip_min=a.clip_min,
-        clip_max=a.clip_max,
-        loss_scale=loss_scale,
-        **extra,
-    )
+        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale,
+        **_fields(a), **extra,
+    )  # fmt: skip
 
 
 @register_attack("fgsm_rs")
 def _fgsm_rs(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
     return fgsm.fgsm_random_start(
-        model_fn,
-        x,
-        y,
-        eps=a.eps,
-        alpha=a.alpha,
-        norm=a.norm,
-        loss_fn=loss_fn,
-        clip_min=a.clip_min,
-        clip_max=a.clip_max,
-        loss_scale=loss_scale,
-        seed=seed,
-        clip_start=a.clip_start,
-        **extra,
-    )
+        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, seed=seed,
+        **_fields(a, "alpha", "clip_start"), **extra,
+    )  # fmt: skip
 
 
 @register_attack("pgd")
 def _pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
     return pgd.pgd(
-        model_fn,
-        x,
-        y,
-        eps=a.eps,
-        steps=a.steps,
-        step_size=a.step_size,
-        norm=a.norm,
-        random_start=a.random_start,
-        restarts=a.restarts,
-        loss_fn=loss_fn,
-        clip_min=a.clip_min,
-        clip_max=a.clip_max,
-        loss_scale=loss_scale,
-        seed=seed,
-    )
+        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, seed=seed,
+        **_fields(a, "steps", "step_size", "random_start", "restarts"),
+    )  # fmt: skip
 
 
 @register_attack("cleverhans_fgsm")
 def _ch_fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
-    del loss_scale, seed
+    del loss_scale, seed  # cleverhans has neither
     return cleverhans_backend.cleverhans_fgsm(
-        model_fn,
-        x,
-        y,
-        eps=a.eps,
-        norm=a.norm,
-        loss_fn=loss_fn,
-        clip_min=a.clip_min,
-        clip_max=a.clip_max,
+        model_fn, x, y, loss_fn=loss_fn, **_fields(a)
     )
 
 
@@ -215,15 +183,6 @@ def _ch_fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
 def _ch_pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
     del loss_scale, seed
     return cleverhans_backend.cleverhans_pgd(
-        model_fn,
-        x,
-        y,
-        eps=a.eps,
-        steps=a.steps,
-        step_size=a.step_size,
-        norm=a.norm,
-        random_start=a.random_start,
-        loss_fn=loss_fn,
-        clip_min=a.clip_min,
-        clip_max=a.clip_max,
-    )
+        model_fn, x, y, loss_fn=loss_fn,
+        **_fields(a, "steps", "step_size", "random_start"),
+    )  # fmt: skip
