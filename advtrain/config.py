@@ -229,6 +229,9 @@ class TrainConfig(_Section):
     co_guard_action: Literal["stop", "rollback"] = "rollback"
     co_guard_examples: int = Field(256, ge=1)
     co_guard_pgd_steps: int = Field(10, ge=1, le=1000)
+    # At the end: keep the best epoch's weights when the last is worse
+    # (early stopping on the PGD check), or the last epoch's.
+    co_guard_keep: Literal["best", "last"] = "best"
 
 
 class EvalConfig(_Section):

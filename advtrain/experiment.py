@@ -404,6 +404,7 @@ def run(
                 f"{100 * co_guard.best_accuracy:.1f}% (epoch "
                 f"{co_guard.best_epoch})"
             )
+        co_guard.finish_on_train_end = False  # one fit per phase: see below
         callbacks.insert(1, co_guard)  # before the logs see the epoch
     if recipe.output.tensorboard:
         callbacks.append(
@@ -470,6 +471,9 @@ def run(
                 history.setdefault(key, []).extend(values)
             epoch, step = end, 0
     train_seconds = time.perf_counter() - start
+    if co_guard is not None:
+        co_guard.set_model(model)
+        co_guard.finish()
     if resuming:
         history = read_history(out / "history.csv") or history
     _assert_finite(classifier, "model.keras")
@@ -586,6 +590,7 @@ def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo, state_path):
         echo=echo,
         seed=cfg.seed,
         state_path=state_path,
+        keep=cfg.co_guard_keep,
     )
 
 

@@ -16,6 +16,7 @@ from advtrain.attacks import pgd
 from advtrain.io import atomic_path
 
 ACTIONS = ("stop", "rollback")
+KEEPS = ("best", "last")
 
 
 class CatastrophicOverfittingGuard(keras.callbacks.Callback):
@@ -54,6 +55,12 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         seed: seed of the PGD random start (the same every epoch).
         state_path: a `.npz` file the guard's state is written to after
             every epoch (see `load_state`); None keeps it in memory only.
+        keep: "best" (default): when training ends below the best epoch's
+            PGD accuracy, `finish()` restores the best epoch's weights
+            (early stopping on the PGD check, as Wong et al. do); "last"
+            keeps the last epoch's. Keras calls `finish()` through
+            `on_train_end`; `advtrain run`, which fits once per phase,
+            calls it after the last one.
 
     Example:
 
@@ -78,8 +85,15 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         classifier: Optional[keras.Model] = None,
         seed: int = 0,
         state_path: Union[str, Path, None] = None,
+        keep: str = "best",
     ):
         super().__init__()
+        if keep not in KEEPS:
+            raise ValueError(
+                f"keep must be one of {', '.join(KEEPS)}. Received: keep={keep!r}"
+            )
+        self.keep = keep
+        self.final: Optional[dict[str, Any]] = None
         if action not in ACTIONS:
             raise ValueError(
                 f"action must be one of {', '.join(ACTIONS)}. "
@@ -203,6 +217,44 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         if self.action == "stop":
             self.model.stop_training = True
 
+    def on_train_end(self, logs=None):
+        if self.finish_on_train_end:
+            self.finish()
+
+    finish_on_train_end = True
+
+    def finish(self) -> Optional[dict[str, Any]]:
+        """With `keep="best"`, restores the best epoch's weights when the
+        last epoch measured lower; returns (and records in `summary()`)
+        what it did, or None."""
+        if (
+            self.keep != "best"
+            or self._best_weights is None
+            or not self.accuracies
+            or self.model is None
+        ):
+            return None
+        last_epoch, last = self.accuracies[-1]
+        if last_epoch == self.best_epoch or last >= self.best_accuracy:
+            return None
+        if self.triggers and self.triggers[-1]["epoch"] == last_epoch:
+            return None  # that epoch's trigger already restored the best
+        self._restore()
+        self.final = {
+            "restored_epoch": self.best_epoch,
+            "best_accuracy": self.best_accuracy,
+            "last_epoch": last_epoch,
+            "last_accuracy": last,
+        }
+        self.echo(
+            f"end of training: PGD accuracy on {int(self.y.shape[0])} "
+            f"training examples {100 * last:.1f}% after epoch {last_epoch}, "
+            f"{100 * self.best_accuracy:.1f}% after epoch {self.best_epoch}: "
+            f"kept the epoch {self.best_epoch} weights (train.co_guard_keep: "
+            "best)"
+        )
+        return self.final
+
     # ------------------------------------------------------------ state
 
     def save_state(self, path: Union[str, Path]) -> None:
@@ -263,4 +315,6 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             "drop": self.drop,
             "action": self.action,
             "triggers": list(self.triggers),
+            "keep": self.keep,
+            "final": self.final,
         }

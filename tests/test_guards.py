@@ -101,6 +101,7 @@ def test_stop_ends_training_with_the_best_weights(digits):
         ({"action": "restart"}, "action must be one of stop, rollback"),
         ({"drop": 0.0}, "drop must be in"),
         ({"steps": 0}, "steps must be an int"),
+        ({"keep": "first"}, "keep must be one of best, last"),
     ],
 )
 def test_bad_arguments_are_rejected(kwargs, match):
@@ -143,3 +144,34 @@ def test_saved_state_lets_a_resumed_run_roll_back(digits, tmp_path):
     assert not CatastrophicOverfittingGuard(x[:8], y[:8], eps=EPS).load_state(
         tmp_path / "missing.npz", epochs_done=4
     )
+
+
+def test_keep_best_restores_the_best_epoch_when_training_ends_lower(digits):
+    x, y = digits
+    model = _fgsm_model()
+    lines = []
+    # A drop of 0.9 never triggers: the end-of-training choice alone acts.
+    guard = CatastrophicOverfittingGuard(
+        x[:128], y[:128], eps=EPS, steps=3, drop=0.9, echo=lines.append
+    )
+    model.fit(
+        x[:768], y[:768], batch_size=64, epochs=3, verbose=0,
+        callbacks=[_LearningRateSpike(epoch=2), guard],
+    )  # fmt: skip
+    (_, last), best = guard.accuracies[-1], guard.best_accuracy
+    assert guard.triggers == [] and last < best
+    assert guard.final["restored_epoch"] == guard.best_epoch == 2
+    assert guard.robust_accuracy() == pytest.approx(best)
+    assert "kept the epoch 2 weights" in lines[-1]
+    assert guard.summary()["final"] == guard.final
+
+    last_guard = CatastrophicOverfittingGuard(
+        x[:128], y[:128], eps=EPS, steps=3, drop=0.9, keep="last"
+    )
+    model = _fgsm_model()
+    model.fit(
+        x[:768], y[:768], batch_size=64, epochs=3, verbose=0,
+        callbacks=[_LearningRateSpike(epoch=2), last_guard],
+    )  # fmt: skip
+    assert last_guard.final is None
+    assert last_guard.robust_accuracy() == pytest.approx(last_guard.accuracies[-1][1])
