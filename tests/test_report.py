@@ -1,6 +1,7 @@
 """report.md, and a run's report, guard, sanity checks and export end to end."""
 
 import json
+import shutil
 
 import pytest
 import tensorflow as tf
@@ -144,3 +145,21 @@ def test_cli_export_and_eval_print_what_they_did(guarded_run, tmp_path):
     assert result.exit_code == 0, result.output
     assert "sanity checks: " in result.output
     assert "large_eps_breaks_model" in result.output
+
+
+def test_resumed_run_keeps_the_guards_record(tmp_path):
+    from advtrain.experiment import run
+
+    recipe = recipe_from_dict({**TINY, "eval": {**TINY["eval"], "sanity_examples": 0}})
+    out = tmp_path / "run"
+    run(recipe, out, echo=lambda _: None)
+    # As if killed after epoch 1: the epoch-2 checkpoint and the final
+    # files are gone, the guard's file (written after epoch 2) is not.
+    for name in ("metrics.json", "model.keras"):
+        (out / name).unlink()
+    shutil.rmtree(out / "checkpoints" / "epoch-0002")
+    lines = []
+    result = run(recipe, out, echo=lines.append)
+    assert any("guard: resumed with its record of 1 epoch(s)" in s for s in lines)
+    guard = result.metrics["co_guard"]
+    assert [p["epoch"] for p in guard["pgd_accuracy"]] == [1, 2]
