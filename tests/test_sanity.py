@@ -62,3 +62,15 @@ def test_l2_uses_a_ball_that_holds_the_linf_one(trained_dense, digits):
     )
     detail = {c["name"]: c for c in checks}["large_eps_breaks_model"]["detail"]
     assert "eps=4 2" in detail  # 0.5 * sqrt(64)
+
+
+def test_a_difference_of_exactly_the_tolerance_passes():
+    from advtrain.sanity import steps_verdict
+
+    # 0.85 - 0.83 is 0.020000000000000018 in binary: still "within".
+    assert steps_verdict(0.83, 0.85, 0.02) == (True, "within tolerance")
+    assert steps_verdict(0.87, 0.85, 0.02) == (True, "within tolerance")
+    passed, verdict = steps_verdict(0.825, 0.85, 0.02, "PGD-50x10")
+    assert not passed and verdict.startswith("PGD-50x10 has not converged")
+    passed, verdict = steps_verdict(0.875, 0.85, 0.02)
+    assert not passed and "more steps helped" in verdict
