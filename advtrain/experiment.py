@@ -137,7 +137,7 @@ def _train_stream(splits, data_cfg, plan, seed: int, skip: int, strategy):
     of the whole stream with Keras's rebatching; on one worker the replicas
     of a step together see the same examples as one device would.
     """
-    from advtrain.data import make_input, make_replica_input
+    from advtrain.data import make_distributed_input, make_input
 
     keras.utils.set_random_seed(seed)
     if strategy.num_replicas_in_sync == 1:
@@ -149,19 +149,15 @@ def _train_stream(splits, data_cfg, plan, seed: int, skip: int, strategy):
         ).repeat()
         return ds.skip(skip) if skip else ds
 
-    def dataset_fn(context):  # a tf.distribute.InputContext
-        ds = make_replica_input(
-            splits.fresh_train,
-            data_cfg,
-            context,
-            global_batch=plan.global_batch,
-            training=True,
-        ).repeat()
-        # Each step takes one batch per local replica from this pipeline.
-        local = context.num_replicas_in_sync // context.num_input_pipelines
-        return ds.skip(skip * local) if skip else ds
-
-    return strategy.distribute_datasets_from_function(dataset_fn)
+    return make_distributed_input(
+        splits.fresh_train,
+        data_cfg,
+        strategy,
+        plan.global_batch,
+        training=True,
+        repeat=True,
+        skip_steps=skip,
+    )
 
 
 def _known_metrics(model: keras.Model, has_validation: bool) -> list[str]:

@@ -94,6 +94,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             )
         self.keep = keep
         self.final: Optional[dict[str, Any]] = None
+        # `advtrain run` fits once per phase and calls `finish()` itself.
+        self.finish_on_train_end = True
         if action not in ACTIONS:
             raise ValueError(
                 f"action must be one of {', '.join(ACTIONS)}. "
@@ -221,8 +223,6 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         if self.finish_on_train_end:
             self.finish()
 
-    finish_on_train_end = True
-
     def finish(self) -> Optional[dict[str, Any]]:
         """With `keep="best"`, restores the best epoch's weights when the
         last epoch measured lower; returns (and records in `summary()`)
@@ -235,7 +235,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         ):
             return None
         last_epoch, last = self.accuracies[-1]
-        if last_epoch == self.best_epoch or last >= self.best_accuracy:
+        if last >= self.best_accuracy:  # the last epoch is (as good as) the best
             return None
         if self.triggers and self.triggers[-1]["epoch"] == last_epoch:
             return None  # that epoch's trigger already restored the best

@@ -96,7 +96,7 @@ def fgsm_random_start(
     many saturated pixels (MNIST's black background) clipping puts half of
     them back at their clean value, and the start is much less random:
     scripts/bench_mnist_robust measured 82.5% PGD-50x10 unclipped against
-    76.0% clipped, same seed.
+    76.0% clipped, one seed (README has the spread across seeds).
 
     Example:
 

@@ -33,6 +33,7 @@ cfg = DataConfig(source="arrays", path="/data")
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Optional
@@ -346,9 +347,12 @@ def arrays_splits(cfg: DataConfig) -> DataSplits:
         )
     shape = train.x.shape[1:]
     image_shape = tuple(shape) if len(shape) == 3 else (*shape, 1)
+    train_fn = functools.partial(
+        _stream, train.x, train.y, train_index, shuffle_seed=cfg.seed
+    )
     return DataSplits(
-        train=_stream(train.x, train.y, train_index, shuffle_seed=cfg.seed),
-        train_fn=lambda: _stream(train.x, train.y, train_index, shuffle_seed=cfg.seed),
+        train=train_fn(),
+        train_fn=train_fn,
         test=_stream(test_rows, test_labels, test_index, shuffle_seed=None),
         val=None
         if val_index is None

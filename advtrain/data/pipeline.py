@@ -251,13 +251,18 @@ def make_distributed_input(
     global_batch: int,
     training: bool,
     seed: Optional[int] = None,
+    *,
+    repeat: bool = False,
+    skip_steps: int = 0,
 ) -> tf.distribute.DistributedDataset:
     """Feeds every replica its own examples, batched per replica.
 
     Each input pipeline (one per worker) keeps every n-th example of `ds`
     and batches with `global_batch / replicas`; within a worker the
     strategy hands consecutive batches to its local replicas, so no two
-    replicas see the same example in a step.
+    replicas see the same example in a step. `repeat` repeats each
+    pipeline; `skip_steps` drops the first steps' batches (one per local
+    replica each), which is how a resumed run starts where it stopped.
 
     Example:
 
@@ -268,7 +273,7 @@ def make_distributed_input(
     """
 
     def dataset_fn(input_context: tf.distribute.InputContext):
-        return make_replica_input(
+        ds = make_replica_input(
             ds_or_fn,
             cfg,
             input_context,
@@ -276,5 +281,13 @@ def make_distributed_input(
             training=training,
             seed=seed,
         )
+        if repeat:
+            ds = ds.repeat()
+        if skip_steps:
+            local = (
+                input_context.num_replicas_in_sync // input_context.num_input_pipelines
+            )
+            ds = ds.skip(skip_steps * local)
+        return ds
 
     return strategy.distribute_datasets_from_function(dataset_fn)
