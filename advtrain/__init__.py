@@ -6,36 +6,31 @@ Public API:
     load_recipe, Recipe, RecipeError
     run                            train + evaluate a recipe
     fit                            any Keras model through the same runtime
+
+Importing the package imports TensorFlow (once, without its C++ start-up
+lines; see `advtrain._tfimport`) and registers everything a saved run needs
+in a fresh process: advtrain's Keras layers, models and schedules, so
+`keras.saving.load_model("model.keras")` works, and the `gtsrb` TFDS
+builder, so `tfds.builder("gtsrb")` finds it.
 """
 
-from advtrain.config import Recipe, RecipeError, load_recipe
+from advtrain._tfimport import import_tensorflow
+
+import_tensorflow()
+
+# Below TensorFlow's quiet import. Each import also registers its Keras
+# objects (register_keras_serializable) or its TFDS builder.
+from advtrain import data, runtime  # noqa: E402, F401  (gtsrb builder, OneCycle)
+from advtrain.attacks import Attack, fgsm, fgsm_random_start, pgd  # noqa: E402
+from advtrain.config import Recipe, RecipeError, load_recipe  # noqa: E402
+from advtrain.experiment import run  # noqa: E402
+
+# `fit` lives in `advtrain.fitting`, not `advtrain.fit`: a submodule named
+# `fit` would replace this function on the package with the module.
+from advtrain.fitting import fit  # noqa: E402
+from advtrain.models import TRADES, AdversarialModel  # noqa: E402
 
 __version__ = "0.1.0"
-
-
-def __getattr__(name):
-    # TensorFlow-heavy names load on first use so `advtrain recipes` and
-    # recipe validation stay fast.
-    if name in ("AdversarialModel", "TRADES"):
-        from advtrain import models
-
-        return getattr(models, name)
-    if name in ("Attack", "fgsm", "fgsm_random_start", "pgd"):
-        from advtrain import attacks
-
-        return getattr(attacks, name)
-    if name == "run":
-        from advtrain.experiment import run
-
-        return run
-    if name == "fit":
-        # In `fitting`, not `fit`: importing a submodule `advtrain.fit`
-        # would replace this function on the package with the module.
-        from advtrain.fitting import fit
-
-        return fit
-    raise AttributeError(f"module 'advtrain' has no attribute {name!r}")
-
 
 __all__ = [
     "AdversarialModel",

@@ -1,8 +1,11 @@
-"""Training callbacks: progress lines, the NaN guard, and atomic checkpoints."""
+"""Training callbacks: progress lines, the NaN guard, atomic checkpoints,
+and preemption (SIGTERM/SIGINT: checkpoint the step, then stop)."""
 
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +13,8 @@ from typing import Optional
 
 import keras
 import numpy as np
+
+from advtrain.preemption import Preempted, resume_hint
 
 
 class ProgressLine(keras.callbacks.Callback):
@@ -53,13 +58,19 @@ class NaNGuard(keras.callbacks.Callback):
     This guard raises `NonFiniteLossError` from the batch where the loss
     turned non-finite, so `fit` ends there: no checkpoint, model or metrics
     file is written from the bad weights, and the message names the step,
-    the last good checkpoint and the usual causes. Put it before the
+    the last good checkpoint and the usual causes. The model's state
+    (weights and BatchNorm moving statistics, which can turn NaN while the
+    loss stays finite) is checked the same way at every epoch end, before
+    the epoch's history row and checkpoint, and with `check_state_every_batch`
+    after every host call too. Put it before the CSV logger and the
     checkpoint callback.
 
     Args:
         steps_per_epoch: batches per epoch, to report a global step.
         hint: the likely causes, e.g. the recipe's learning rate and eps.
         last_good: returns the newest checkpoint on disk (or None).
+        check_state_every_batch: also check the state after every host
+            call (one read of every variable; for step checkpoints).
 
     Example:
 
@@ -74,11 +85,13 @@ class NaNGuard(keras.callbacks.Callback):
         steps_per_epoch: int,
         hint: str = "",
         last_good: Callable[[], Optional[Path]] = lambda: None,
+        check_state_every_batch: bool = False,
     ):
         super().__init__()
         self.steps_per_epoch = steps_per_epoch
         self.hint = hint
         self.last_good = last_good
+        self.check_state_every_batch = check_state_every_batch
         self.step_offset = 0
         self.steps_this_fit = steps_per_epoch
         self._epoch = 0
@@ -93,16 +106,27 @@ class NaNGuard(keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_epoch_end(self, epoch, logs=None):
+        self._check_state(self.steps_this_fit - 1)
         self.step_offset = 0
         self.steps_this_fit = self.steps_per_epoch
 
     def on_train_batch_end(self, batch, logs=None):
         value = (logs or {}).get("loss")
-        if value is None:
-            return
-        loss = float(np.asarray(value))
-        if math.isfinite(loss):
-            return
+        if value is not None:
+            loss = float(np.asarray(value))
+            if not math.isfinite(loss):
+                self._stop(f"loss became {loss}", batch)
+        if self.check_state_every_batch:
+            self._check_state(batch)
+
+    def _check_state(self, batch: int) -> None:
+        from advtrain.guards import first_nonfinite_variable
+
+        name = first_nonfinite_variable(self.model)
+        if name is not None:
+            self._stop(f"model state became NaN or Inf ({name})", batch)
+
+    def _stop(self, what: str, batch: int) -> None:
         self.model.stop_training = True
         # With steps_per_execution > 1, Keras reports the last step of the
         # host call; the loss went bad at or before it.
@@ -116,7 +140,7 @@ class NaNGuard(keras.callbacks.Callback):
             causes.append(f"float16 overflow (loss scale {float(np.asarray(scale)):g})")
         hint = f" ({self.hint})" if self.hint else ""
         raise NonFiniteLossError(
-            f"loss became {loss} at epoch {self._epoch + 1}, step {step} "
+            f"{what} at epoch {self._epoch + 1}, step {step} "
             f"(global step {global_step}); training stopped and nothing was "
             f"saved from it, {kept}. Likely causes: {', '.join(causes)}{hint}."
         )
@@ -189,28 +213,57 @@ class AtomicCheckpoint(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
+    def _done(self, batch: int) -> int:
+        """Batches of the current epoch trained after host call `batch`."""
+        return self.step_offset + min(batch + 1, self.steps_this_fit)
+
     def on_train_batch_end(self, batch, logs=None):
         if not self.every_steps:
             return
-        done = self.step_offset + min(batch + 1, self.steps_this_fit)
+        done = self._done(batch)
         if done >= self.steps_per_epoch:
             return
         global_step = self._epoch * self.steps_per_epoch + done
         if global_step // self.every_steps <= self.last_saved_step // self.every_steps:
             return
-        self.saved.append(
-            self.store.save(
-                self.model,
-                kind="step",
-                epoch=self._epoch,
-                step=done,
-                global_step=global_step,
-                phase=self.phase,
-                logs=logs,
-                steps_per_epoch=self.steps_per_epoch,
-            )
+        self._save_step(done, logs)
+
+    def _save_step(self, done: int, logs) -> Path:
+        global_step = self._epoch * self.steps_per_epoch + done
+        path = self.store.save(
+            self.model,
+            kind="step",
+            epoch=self._epoch,
+            step=done,
+            global_step=global_step,
+            phase=self.phase,
+            logs=logs,
+            steps_per_epoch=self.steps_per_epoch,
         )
+        self.saved.append(path)
         self.last_saved_step = global_step
+        return path
+
+    def save_step_now(self, batch: int, logs=None) -> Optional[Path]:
+        """Checkpoints the step reached after host call `batch`, off
+        schedule (preemption); None on an epoch's last step, which
+        `save_epoch_now` checkpoints at the epoch's end."""
+        done = self._done(batch)
+        if done >= self.steps_per_epoch:
+            return None
+        global_step = self._epoch * self.steps_per_epoch + done
+        if self.saved and self.last_saved_step == global_step:
+            return self.saved[-1]
+        return self._save_step(done, logs)
+
+    def save_epoch_now(self, epoch: int, logs=None) -> Path:
+        """Checkpoints the end of `epoch` (call after `on_epoch_end`) unless
+        it was just checkpointed; returns the checkpoint."""
+        if self.saved and self.last_saved_step == (epoch + 1) * self.steps_per_epoch:
+            return self.saved[-1]
+        path = self._save_epoch(epoch, logs or {})
+        self.store.prune()
+        return path
 
     def on_epoch_end(self, epoch, logs=None):
         self.step_offset = 0
@@ -223,6 +276,12 @@ class AtomicCheckpoint(keras.callbacks.Callback):
         due = (epoch + 1) % self.every_epochs == 0 or epoch + 1 == self.epochs
         if not (due or improved):
             return
+        path = self._save_epoch(epoch, logs)
+        if improved:
+            self.store.record_best(path, value, epoch + 1)
+        self.store.prune()
+
+    def _save_epoch(self, epoch: int, logs) -> Path:
         global_step = (epoch + 1) * self.steps_per_epoch
         path = self.store.save(
             self.model,
@@ -235,8 +294,206 @@ class AtomicCheckpoint(keras.callbacks.Callback):
             prune=False,
             steps_per_epoch=self.steps_per_epoch,
         )
-        if improved:
-            self.store.record_best(path, value, epoch + 1)
-        self.store.prune()
         self.saved.append(path)
         self.last_saved_step = global_step
+        return path
+
+
+# How long workers may take to agree on a step after a signal. TensorFlow's
+# handler does nothing on GCE CPU VMs, and cannot agree with a dead peer;
+# then the run stops without a new checkpoint rather than train on.
+_AGREEMENT_TIMEOUT_SECONDS = 15.0
+
+
+class Preemption(keras.callbacks.Callback):
+    """Turns SIGTERM and SIGINT into a checkpoint and a clean exit.
+
+    Creating it installs the signal handlers (main thread only; elsewhere
+    it does nothing); `close` restores the previous ones. Between `arm`
+    and `disarm` (the training loop) a signal asks the next step boundary
+    to checkpoint and raise `Preempted`; at other times it raises at once.
+    A second signal while the first is handled also raises at once.
+
+    Args:
+        run_dir: the run folder (named in the message).
+        workers: workers of the run (for the resume command).
+        signals: the signals handled.
+
+    Example:
+
+    ```python
+    preemption = Preemption(run_dir)
+    preemption.arm(atomic_checkpoint, strategy)
+    model.fit(ds, epochs=3, callbacks=[atomic_checkpoint, preemption])
+    preemption.disarm()
+    preemption.close()
+    ```
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        workers: int = 1,
+        signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+    ):
+        super().__init__()
+        self.run_dir = Path(run_dir)
+        self.workers = workers
+        self.received: Optional[str] = None
+        self._requested = threading.Event()
+        self._requested_at = 0.0
+        self._batch_end = time.monotonic()
+        self._armed = False
+        self._agreed = False
+        self._at_epoch_end = False
+        self._checkpoint = None
+        self._handler = None
+        self._previous: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in signals:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    # ------------------------------------------------------------ signals
+
+    def _on_signal(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self._armed and not self._requested.is_set():
+            self.received = name
+            self._requested_at = time.monotonic()
+            self._requested.set()
+            return
+        self.received = self.received or name
+        raise self._preempted(self._latest(), during="", written=False)
+
+    def close(self) -> None:
+        """Restores the signal handlers found at creation."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+        self._handler = None
+
+    # ------------------------------------------------------------ training
+
+    def arm(self, checkpoint, strategy=None) -> None:
+        """Enters training: a signal now stops after the current step.
+
+        Args:
+            checkpoint: the run's `AtomicCheckpoint` (writes the checkpoint).
+            strategy: the run's strategy; under MultiWorkerMirroredStrategy
+                TensorFlow's `PreemptionCheckpointHandler` picks the step.
+        """
+        self._checkpoint = checkpoint
+        resolver = getattr(strategy, "cluster_resolver", None)
+        if resolver is not None and resolver.cluster_spec().jobs:
+            self._handler = self._tf_handler(resolver)
+        self._armed = True
+        if self._requested.is_set():
+            raise self._preempted(self._latest(), during="", written=False)
+
+    def disarm(self) -> None:
+        """Leaves training; raises `Preempted` if a signal came in the
+        last steps (the final epoch's checkpoint holds the state)."""
+        self._armed = False
+        self._handler = None  # stops TensorFlow's watcher threads
+        if self._requested.is_set():
+            raise self._preempted(
+                self._latest(), during=" at the end of training", written=True
+            )
+
+    def _tf_handler(self, resolver):
+        import shutil
+        import tempfile
+
+        import tensorflow as tf
+
+        def agreed():
+            self._agreed = True
+
+        # Only the handler's own step counter would live in this
+        # checkpoint; `save_fn` writes advtrain's instead, so it stays empty.
+        scratch = tempfile.mkdtemp(prefix="advtrain-preemption-")
+        manager = tf.train.CheckpointManager(
+            tf.train.Checkpoint(), directory=scratch, max_to_keep=1
+        )
+        config = tf.distribute.experimental.TerminationConfig(
+            termination_watcher_fn=self._requested.is_set,
+            exit_fn=lambda: None,
+            grace_period=0,
+            save_fn=agreed,
+        )
+        handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+            resolver, manager, termination_config=config
+        )
+        # Read once (empty) when the handler starts; `save_fn` never writes it.
+        shutil.rmtree(scratch, ignore_errors=True)
+        return handler
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._armed:
+            return
+        if self._handler is not None:
+            stop = self._cluster_agreed()
+        else:
+            stop = self._requested.is_set()
+        if not stop or self._at_epoch_end:
+            return
+        path = self._checkpoint.save_step_now(batch, logs)
+        if path is None:  # the epoch's last step: see on_epoch_end
+            self._at_epoch_end = True
+            return
+        raise self._preempted(path, during=" after the current step")
+
+    def _cluster_agreed(self) -> bool:
+        """Whether the workers reached the step they agreed to stop at."""
+        self._handler.save_checkpoint_if_preempted()
+        now = time.monotonic()
+        step_seconds, self._batch_end = now - self._batch_end, now
+        if self._agreed or not self._requested.is_set():
+            return self._agreed
+        # Agreeing takes two steps at most (the one running, the next).
+        limit = max(_AGREEMENT_TIMEOUT_SECONDS, 4 * step_seconds)
+        if now - self._requested_at > limit:
+            raise self._preempted(
+                self._latest(),
+                during=f" (the workers agreed on no step in {limit:.0f} s)",
+                written=False,
+            )
+        return False
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._at_epoch_end:
+            return
+        path = self._checkpoint.save_epoch_now(epoch, logs)
+        raise self._preempted(path, during=" at the end of the epoch")
+
+    # ------------------------------------------------------------ messages
+
+    def _latest(self) -> Optional[Path]:
+        if self._checkpoint is not None:
+            return self._checkpoint.store.latest()
+        from advtrain.checkpointing import CheckpointStore
+
+        return CheckpointStore(self.run_dir / "checkpoints").latest()
+
+    def _preempted(
+        self, checkpoint: Optional[Path], during: str, written: bool = True
+    ) -> Preempted:
+        self._armed = False
+        if checkpoint is None:
+            kept = "no checkpoint was written yet"
+        elif written:
+            kept = f"checkpoint {checkpoint.name} written"
+        else:
+            kept = f"the last checkpoint, {checkpoint.name}, is kept"
+        scratch = None
+        store = getattr(self._checkpoint, "store", None)
+        if store is not None and self.run_dir not in store.directory.parents:
+            scratch = store.directory.parent  # a non-chief worker's folder
+        return Preempted(
+            f"preempted by {self.received or 'a signal'}{during}: {kept}; "
+            + resume_hint(self.run_dir, self.workers),
+            checkpoint,
+            multi_worker=self.workers > 1,
+            scratch=scratch,
+        )

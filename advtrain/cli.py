@@ -1,7 +1,10 @@
 """The `advtrain` command line: a thin Typer layer over `advtrain.experiment`.
 
-Bad input (recipe, override, path) exits with code 2 and one line on
-stderr; `--debug` shows the traceback instead.
+Bad input (recipe, override, path, unknown option or command) exits with
+code 2 and one line on stderr, before anything heavy runs or anything is
+written; `advtrain --debug COMMAND` shows the traceback instead. Exit codes:
+0 done, 1 failed (a diverged run, an unexpected error), 2 bad input,
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -13,9 +16,39 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    # Typer vendors click in some versions: match the class by name.
+    return any(c.__name__ == "UsageError" for c in type(exc).__mro__)
+
+
+class _OneLineUsage(TyperGroup):
+    """Click's usage errors (unknown option or command, bad option value)
+    as one `error:` line, exit 2, instead of a usage box."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except Exception as exc:
+            if not _is_usage_error(exc):
+                raise
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()  # bare `advtrain`: the help text
+                sys.exit(exc.exit_code)
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx else ""
+            message = " ".join(exc.format_message().split())
+            typer.echo(f"error: {message}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
-    add_completion=False,
+    cls=_OneLineUsage,
     no_args_is_help=True,
     help="Adversarial training and transfer learning for Keras 3.",
 )
@@ -38,9 +71,57 @@ UnsafeLoadOption = Annotated[
         "That code runs: only for files you trust.",
     ),
 ]
-DebugOption = Annotated[
-    bool, typer.Option("--debug", help="Show tracebacks instead of one line.")
+_DEBUG = {"on": False}  # `advtrain --debug COMMAND`, set by _root
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from advtrain import __version__
+
+        typer.echo(f"advtrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show tracebacks instead of one line, and TensorFlow's logs.",
+        ),
+    ] = False,
+) -> None:
+    """Adversarial training and transfer learning for Keras 3."""
+    _DEBUG["on"] = debug
+    if debug:
+        os.environ["ADVTRAIN_DEBUG"] = "1"
+
+
+QuietOption = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        "-q",
+        help="No live progress (step bars, periodic progress lines); "
+        "epoch lines and the summary stay.",
+    ),
 ]
+
+
+def _set_quiet(quiet: bool) -> None:
+    from advtrain.progress import set_quiet
+
+    set_quiet(quiet)
 
 
 def _echo(line: str) -> None:
@@ -61,6 +142,10 @@ def resolve_recipe_path(name: str) -> Path:
     path = Path(name)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise _BadInput(f"{name}: is a folder, expected a recipe file.")
+    if path.exists():
+        raise _BadInput(f"{name}: not a regular file, expected a recipe file.")
     shipped = RECIPES_DIR / f"{name}.yaml"
     if path.suffix == "" and shipped.is_file():
         return shipped
@@ -70,6 +155,22 @@ def resolve_recipe_path(name: str) -> Path:
 
 class _BadInput(Exception):
     pass
+
+
+def _model_file(target: Path) -> Path:
+    """The classifier file of a run folder or a `.keras` path."""
+    if not target.exists():
+        raise _BadInput(
+            f"{target}: not found (expected a run folder or a .keras file)."
+        )
+    if not target.is_dir():
+        return target
+    if not (target / "model.keras").is_file():
+        raise _BadInput(
+            f"{target}: not a finished run folder (no model.keras); expected "
+            "a run folder or a .keras file."
+        )
+    return target / "model.keras"
 
 
 @contextlib.contextmanager
@@ -87,8 +188,10 @@ def _naming(recipe_path: Path):
         raise RecipeError(f"{recipe_path}: {text}") from None
 
 
-def _guarded(debug: bool, action):
+def _guarded(action):
     from advtrain.config import RecipeError
+
+    debug = _DEBUG["on"]
 
     try:
         return action()
@@ -101,17 +204,29 @@ def _guarded(debug: bool, action):
     except typer.Exit:
         raise
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if type(exc).__name__ == "Preempted":
+            # SIGTERM/SIGINT: a checkpoint was kept; the message says how to
+            # resume. advtrain.preemption.PREEMPTED_EXIT_CODE.
+            typer.echo(str(exc), err=True)
+            from advtrain.preemption import exit_preempted
+
+            exit_preempted(exc)  # multi-worker: without teardown (see there)
+            raise typer.Exit(code=75) from None
         if debug:
             raise
         if type(exc).__name__ == "NonFiniteLossError":
             # The run stopped on NaN/Inf; its message says where and why.
             _fail(str(exc), 1)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _fail(f"{type(exc).__name__}: {first} (rerun with --debug for details)", 1)
+        _fail(f"{type(exc).__name__}: {first} (rerun as `advtrain --debug ...`)", 1)
 
 
 def _train(path: Path, resolved, output: Optional[Path]) -> None:
     """Runs a loaded recipe into `output` and prints the summary."""
+    from advtrain.io import check_recipe_paths
+
+    with _naming(path):
+        check_recipe_paths(resolved, output)
     from advtrain.experiment import run as run_recipe
     from advtrain.experiment import summary_table
 
@@ -129,10 +244,11 @@ def run(
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Run folder.")
     ] = None,
-    debug: DebugOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Train a recipe adversarially, evaluate it, and write the run folder."""
     _quiet_tensorflow()
+    _set_quiet(quiet)
 
     def action():
         from advtrain.config import load_recipe
@@ -140,7 +256,7 @@ def run(
         path = resolve_recipe_path(recipe)
         _train(path, load_recipe(path, set_ or []), output)
 
-    _guarded(debug, action)
+    _guarded(action)
 
 
 @app.command("eval")
@@ -155,28 +271,31 @@ def eval_(
     ] = None,
     set_: SetOption = None,
     unsafe_load: UnsafeLoadOption = False,
-    debug: DebugOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Evaluate a trained classifier: clean, FGSM and PGD accuracy, and
     the gradient-masking sanity checks."""
     _quiet_tensorflow()
+    _set_quiet(quiet)
 
     def action():
         from advtrain.config import load_recipe
+        from advtrain.io import check_keras_file, check_recipe_paths
 
+        model_path = _model_file(target)
         if target.is_dir():
-            model_path = target / "model.keras"
             recipe_path = (
                 resolve_recipe_path(recipe) if recipe else target / "recipe.yaml"
             )
         else:
-            model_path = target
             if recipe is None:
                 raise _BadInput(f"{target}: evaluating a model file needs --recipe.")
             recipe_path = resolve_recipe_path(recipe)
-        if not model_path.is_file():
-            raise _BadInput(f"{model_path}: model file not found.")
+        check_keras_file(model_path)
         resolved = load_recipe(recipe_path, set_ or [])
+        with _naming(recipe_path):
+            # Writes nothing but eval-metrics.json into a run folder.
+            check_recipe_paths(resolved, target, writes=target.is_dir())
         from advtrain.experiment import evaluate_saved, summary_table
 
         metrics = evaluate_saved(
@@ -187,7 +306,7 @@ def eval_(
 
         _echo(format_sanity_checks(metrics["sanity_checks"]))
 
-    _guarded(debug, action)
+    _guarded(action)
 
 
 @app.command()
@@ -205,7 +324,6 @@ def export(
         ),
     ] = None,
     unsafe_load: UnsafeLoadOption = False,
-    debug: DebugOption = False,
 ) -> None:
     """Export a classifier as a TensorFlow SavedModel for TF Serving.
 
@@ -215,16 +333,22 @@ def export(
     _quiet_tensorflow()
 
     def action():
+        from advtrain.io import check_keras_file, check_writable_dir
+
+        model_path = _model_file(target)
         if target.is_dir():
-            model_path = target / "model.keras"
             default = target / "export" / "saved_model"
         else:
-            model_path = target
             default = target.with_name(f"{target.stem}_saved_model")
-        if not model_path.is_file():
-            raise _BadInput(f"{model_path}: model file not found.")
+        check_keras_file(model_path)
         path = output or default
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        check_writable_dir(path, "--output")
+        # The run folder's own export is derived from its model.keras and
+        # is refreshed; a folder named with --output is never overwritten.
+        refresh = output is None and target.is_dir()
+        if path.exists() and not path.is_dir():
+            raise _BadInput(f"--output {path}: exists and is not a folder.")
+        if not refresh and path.exists() and any(path.iterdir()):
             raise _BadInput(
                 f"--output {path}: exists and is not empty; choose a new "
                 "folder so an earlier export is never overwritten."
@@ -233,7 +357,7 @@ def export(
         from advtrain.export import export_saved_model
 
         classifier = load_classifier(model_path, safe_mode=not unsafe_load)
-        export_saved_model(classifier, path)
+        export_saved_model(classifier, path, replace=refresh)
         shape = ", ".join(str(d) for d in classifier.input_shape[1:])
         _echo(f"exported {model_path} to {path}")
         _echo(
@@ -241,7 +365,7 @@ def export(
             "logits, probabilities"
         )
 
-    _guarded(debug, action)
+    _guarded(action)
 
 
 @app.command()
@@ -249,7 +373,7 @@ def resume(
     run_dir: Annotated[
         Path, typer.Argument(help="The run folder of an interrupted run.")
     ],
-    debug: DebugOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Continue an interrupted run from its last checkpoint.
 
@@ -257,6 +381,7 @@ def resume(
     `advtrain run RUN_DIR/recipe.yaml --output RUN_DIR`.
     """
     _quiet_tensorflow()
+    _set_quiet(quiet)
 
     def action():
         from advtrain.config import load_recipe
@@ -275,7 +400,7 @@ def resume(
             )
         _train(recipe_path, load_recipe(recipe_path), run_dir)
 
-    _guarded(debug, action)
+    _guarded(action)
 
 
 @app.command()
@@ -286,7 +411,6 @@ def profile(
         Optional[int],
         typer.Option(min=1, help="Steps per timed round (default >= 20)."),
     ] = None,
-    debug: DebugOption = False,
 ) -> None:
     """Time the input pipeline, the train step and both; say which bounds.
 
@@ -300,12 +424,16 @@ def profile(
 
         path = resolve_recipe_path(recipe)
         resolved = load_recipe(path, set_ or [])
+        from advtrain.io import check_recipe_paths
+
+        with _naming(path):
+            check_recipe_paths(resolved, writes=False)
         from advtrain.profiling import profile as run_profile
 
         _echo(f"recipe: {path} ({resolved.name})")
         run_profile(resolved, steps=steps, echo=_echo)
 
-    _guarded(debug, action)
+    _guarded(action)
 
 
 @app.command()
@@ -318,32 +446,74 @@ def launch(
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Run folder.")
     ] = None,
-    debug: DebugOption = False,
+    max_restarts: Annotated[
+        int,
+        typer.Option(
+            "--max-restarts",
+            min=0,
+            help="After a worker fails, relaunch all workers from the last "
+            "checkpoint, up to this many times.",
+        ),
+    ] = 0,
 ) -> None:
     """Run a recipe on N local workers (MultiWorkerMirroredStrategy).
 
     Starts N `advtrain run` processes on 127.0.0.1 with a TF_CONFIG each;
     worker 0 (the chief) writes the run folder. Reports each exit code;
-    exits 0 when all succeed, else with the first failure's code.
+    exits 0 when all succeed, 75 when SIGTERM/SIGINT stopped them after a
+    checkpoint, else with the first failure's code. Workers' full output
+    goes to log files (kept on failure, echoed with --debug).
     """
     _quiet_tensorflow()
 
     def action():
+        from advtrain.config import load_recipe
+        from advtrain.io import check_recipe_paths
+        from advtrain.launch import exit_code
         from advtrain.launch import launch as run_launch
 
         path = resolve_recipe_path(recipe)
+        with _naming(path):
+            check_recipe_paths(load_recipe(path, set_ or []), output)
         results = run_launch(
             str(path),
             workers,
             overrides=set_ or [],
             output=output,
             echo=_echo,
+            max_restarts=max_restarts,
+            debug=_DEBUG["on"],
         )
-        failed = [r.exit_code for r in results if r.exit_code != 0]
-        if failed:
-            raise typer.Exit(code=failed[0] if failed[0] > 0 else 1)
+        code = exit_code(results)
+        if code:
+            raise typer.Exit(code=code)
 
-    _guarded(debug, action)
+    _guarded(action)
+
+
+@app.command()
+def show(
+    recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
+    set_: SetOption = None,
+) -> None:
+    """Print what `run` would do, and write nothing.
+
+    The resolved recipe, the data, the runtime, the model's input adapter
+    chain, the batch plan (global / replicas / per replica, steps per
+    epoch and per host call) and each phase's learning-rate schedule.
+    """
+    _quiet_tensorflow()
+
+    def action():
+        from advtrain.config import load_recipe
+        from advtrain.show import show as show_recipe
+
+        path = resolve_recipe_path(recipe)
+        _echo(f"recipe: {path}")
+        with _naming(path):
+            show_recipe(load_recipe(path, set_ or []), echo=_echo)
+
+    _guarded(action)
 
 
 @app.command()

@@ -17,20 +17,81 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
+import re
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 
 class RecipeError(ValueError):
     """A recipe, override or CLI value that cannot be used (exit code 2)."""
 
 
+# Hostile or mistaken files fail fast: a recipe is a few KB of YAML.
+MAX_RECIPE_BYTES = 1_000_000
+MAX_DEPTH = 16
+MAX_VALUES = 100_000
+# Seeds go to numpy, TensorFlow and Keras (seed + epoch): int32 suits all.
+SEED_MAX = 2**31 - 1
+INT_MAX = 2**31 - 1
+# NUL, C0 controls except tab and newlines, DEL, unpaired surrogates.
+_BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+_NAME = re.compile(r"\w[\w.+=-]{0,99}")
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: YAML's `yes` is not 1 and 2.5 is not an int; allow_inf_nan:
+    # every float here is a finite quantity.
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False
+    )
+
+    @field_validator("*")
+    @classmethod
+    def _plain_values(cls, value: Any) -> Any:
+        if isinstance(value, str) and _BAD_CHARS.search(value):
+            raise ValueError(
+                "text must not hold NUL, control characters or unpaired surrogates"
+            )
+        if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > INT_MAX:
+                raise ValueError(f"integers must be within +-{INT_MAX}")
+        return value
+
+
+def _as_tuple(value: Any) -> Any:
+    # YAML has no tuples: [h, w] arrives as a list.
+    return tuple(value) if isinstance(value, list) else value
+
+
+Side = Annotated[int, Field(ge=1, le=16_384)]
+Size = Annotated[tuple[Side, Side], BeforeValidator(_as_tuple)]
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+
+
+def _norm_text(data: Any) -> Any:
+    """`norm: 2` and `norm: .inf` (YAML numbers) mean "2" and "inf";
+    any other number (2.5, true) is left for the Literal to refuse."""
+    if isinstance(data, dict) and "norm" in data:
+        value = data["norm"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return data
+        if value == 2:
+            return {**data, "norm": "2"}
+        if value == math.inf:
+            return {**data, "norm": "inf"}
+    return data
 
 
 Fraction = Field(ge=0.0, le=1.0)
@@ -58,7 +119,7 @@ class DataConfig(_Section):
     # None: $TFDS_DATA_DIR or ~/tensorflow_datasets.
     tfds_data_dir: Optional[str] = None
     # (height, width). gtsrb needs it: its images are 15..250 px, not square.
-    image_size: Optional[tuple[int, int]] = None
+    image_size: Optional[Size] = None
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     limit_train: Optional[int] = Field(None, ge=1)
@@ -72,7 +133,7 @@ class DataConfig(_Section):
     roi_crop: bool = True
     on_corrupt: Literal["error", "skip"] = "error"
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
-    seed: int = 0
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _positive_image_size(self) -> DataConfig:
@@ -87,9 +148,11 @@ class DataConfig(_Section):
 class BatchNormConfig(_Section):
     """BatchNorm policy (advtrain.models.batchnorm, advtrain.models.freezing).
 
-    momentum: overrides every BatchNormalization layer, nested ones included
-        (None keeps each layer's own, 0.99 for Keras layers). Short
-        fine-tunes want ~0.9 so the moving statistics keep up.
+    momentum: overrides every BatchNormalization layer, nested ones included.
+        auto (default): chosen from the run's length so the moving average
+        spans about 5% of its training steps, clamped to [0.9, 0.99]
+        (`advtrain.models.batchnorm.auto_momentum`); a number sets it; None
+        keeps each layer's own (0.99 for Keras layers).
     trainable: whether the backbone's BN layers train while the backbone
         (or its top_k layers) does. Trained BN uses batch statistics and
         updates its moving statistics; frozen BN runs in inference mode and
@@ -97,7 +160,9 @@ class BatchNormConfig(_Section):
         freeze=all_trainable, frozen under top_k; freeze=frozen always
         freezes them.
     recalibrate: after training, re-estimate the moving statistics of the
-        trained BN layers on recalibrate_batches clean training batches.
+        trained BN layers on recalibrate_batches clean training batches:
+        auto (default) when the measured gap exceeds gap_threshold, true
+        always, false never. metrics.json reports the gap before and after.
     gap_threshold: warn when train-mode and inference-mode accuracy differ
         by more than this.
     fused: compute the plain Keras BatchNormalization layers with
@@ -106,12 +171,33 @@ class BatchNormConfig(_Section):
         measures it). false keeps Keras's own computation.
     """
 
-    momentum: Optional[float] = Field(None, gt=0.0, lt=1.0)
+    momentum: Union[float, str, None] = "auto"
     trainable: Optional[bool] = None
-    recalibrate: bool = False
+    recalibrate: Union[bool, str] = "auto"
     recalibrate_batches: int = Field(50, ge=1)
     gap_threshold: float = Field(0.05, ge=0.0, le=1.0)
     fused: bool = True
+
+    @model_validator(mode="after")
+    def _auto_or_value(self) -> BatchNormConfig:
+        # One readable line instead of pydantic's per-union-member errors.
+        m = self.momentum
+        if (
+            isinstance(m, str)
+            and m != "auto"
+            or isinstance(m, float)
+            and not (0.0 < m < 1.0)
+        ):
+            raise ValueError(
+                "momentum: expected auto, a number in (0, 1) or null. "
+                f"Received: momentum={m!r}"
+            )
+        if isinstance(self.recalibrate, str) and self.recalibrate != "auto":
+            raise ValueError(
+                "recalibrate: expected auto, true or false. "
+                f"Received: recalibrate={self.recalibrate!r}"
+            )
+        return self
 
 
 class ModelConfig(_Section):
@@ -125,7 +211,7 @@ class ModelConfig(_Section):
     weights: Optional[str] = None
     # Side the backbone sees; None: native size, scaled up to the backbone's
     # minimum (its default size when pretrained weights are loaded).
-    input_size: Optional[tuple[int, int]] = None
+    input_size: Optional[Size] = None
     # frozen: head only. top_k: the backbone's top_k layers that hold
     # weights, counted from the output, plus the head.
     freeze: Literal["all_trainable", "frozen", "top_k"] = "all_trainable"
@@ -164,15 +250,15 @@ class AttackConfig(_Section):
     mode: Literal["inference", "train"] = "inference"
     fused: bool = False
     beta: float = Field(6.0, ge=0.0)
+    # Training only: eps, alpha and step_size grow linearly from ~0 to their
+    # values over this many epochs, step by step (advtrain.models.eps_ramp);
+    # 0: full eps from the first step. Evaluation always uses the full eps.
+    eps_ramp_epochs: float = Field(0.0, ge=0.0)
 
     @model_validator(mode="before")
     @classmethod
     def _norm_as_text(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("norm"), (int, float)):
-            value = data["norm"]
-            data = dict(data)
-            data["norm"] = "inf" if value == float("inf") else str(int(value))
-        return data
+        return _norm_text(data)
 
     @model_validator(mode="after")
     def _compatible(self) -> AttackConfig:
@@ -185,6 +271,13 @@ class AttackConfig(_Section):
             raise ValueError(
                 "clip_start: false applies to method fgsm_rs only. "
                 f"Received: method={self.method}"
+            )
+        if self.eps_ramp_epochs and (
+            self.method == "none" or self.backend != "advtrain"
+        ):
+            raise ValueError(
+                "eps_ramp_epochs > 0 needs a training attack on the advtrain "
+                f"backend. Received: method={self.method}, backend={self.backend}"
             )
         if self.fused and self.method not in ("fgsm", "fgsm_rs"):
             raise ValueError(
@@ -219,7 +312,7 @@ class TrainConfig(_Section):
     scale_lr: bool = False
     reference_batch: int = Field(256, ge=1)
     warmup_epochs: float = Field(0.0, ge=0.0)
-    seed: int = 0
+    seed: Seed = 0
     # Catastrophic-overfitting guard (advtrain.guards): after each epoch,
     # PGD (co_guard_pgd_steps, the training eps) on co_guard_examples fixed
     # training examples; a fall of more than co_guard_drop (absolute) below
@@ -242,12 +335,44 @@ class EvalConfig(_Section):
     pgd_steps: int = Field(20, ge=0, le=10_000)
     pgd_step_size: Optional[float] = Field(None, gt=0.0)
     pgd_restarts: int = Field(1, ge=1, le=1000)
+    # The attacks reported, e.g. [pgd, apgd_ce, apgd_dlr]; None: FGSM when
+    # `fgsm` is true and PGD when pgd_steps > 0. Given, the list alone
+    # decides (pgd uses the pgd_* settings). robust_accuracy_worst counts an
+    # example robust only if clean and every listed attack get it right.
+    attacks: Optional[list[Literal["fgsm", "pgd", "apgd_ce", "apgd_dlr"]]] = None
+    # APGD (Croce and Hein 2020): iterations per run, and random restarts;
+    # apgd_dlr is AutoAttack's targeted DLR over the 9 most likely wrong
+    # classes, one run per target and restart.
+    apgd_steps: int = Field(100, ge=1, le=10_000)
+    apgd_restarts: int = Field(1, ge=1, le=1000)
     eps_sweep: list[float] = Field(default_factory=list)
     max_examples: Optional[int] = Field(None, ge=1)
     # Gradient-masking checks (advtrain.sanity) on a seeded subset of this
     # many test examples; 0 skips them. They cost ~5 PGD runs per example.
     sanity_examples: int = Field(200, ge=0)
-    seed: int = 0
+    seed: Seed = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _norm_as_text(cls, data: Any) -> Any:
+        return _norm_text(data)
+
+    @model_validator(mode="after")
+    def _attacks_runnable(self) -> EvalConfig:
+        if self.attacks is None:
+            return self
+        repeated = sorted({a for a in self.attacks if self.attacks.count(a) > 1})
+        if repeated:
+            raise ValueError(
+                "eval.attacks must name each attack once. "
+                f"Received: repeated={repeated}"
+            )
+        if "pgd" in self.attacks and self.pgd_steps < 1:
+            raise ValueError(
+                "eval.attacks lists pgd, which needs eval.pgd_steps >= 1. "
+                f"Received: pgd_steps={self.pgd_steps}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sweep_in_range(self) -> EvalConfig:
@@ -336,6 +461,18 @@ class Recipe(_Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
 
+    @field_validator("name")
+    @classmethod
+    def _name_not_path(cls, value: str) -> str:
+        # The run folder is runs/NAME-TIMESTAMP: a name must not leave runs/.
+        if not _NAME.fullmatch(value):
+            raise ValueError(
+                "name must be 1-100 letters, digits, '_', '.', '+', '=' or "
+                "'-', starting with a letter or digit (it names the run "
+                "folder, so no '/' or '..')"
+            )
+        return value
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
@@ -353,6 +490,13 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode):
     mapping: dict[Any, Any] = {}
     for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                "a key must be a plain name, not a list or mapping",
+                key_node.start_mark,
+            )
         key = loader.construct_object(key_node, deep=True)
         if key in mapping:
             raise yaml.constructor.ConstructorError(
@@ -370,10 +514,43 @@ _StrictLoader.add_constructor(
 )
 
 
+def _check_shape(data: Any, source: str) -> None:
+    """Refuses documents nested deeper than MAX_DEPTH or holding more than
+    MAX_VALUES values (aliases counted at each use: a "billion laughs"
+    document is small on disk, huge to validate)."""
+    stack = [(data, 1)]
+    count = 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise RecipeError(
+                f"{source}: too many values (more than {MAX_VALUES}, aliases "
+                "counted at each use); a recipe holds a few dozen."
+            )
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise RecipeError(
+                    f"{source}: nested deeper than {MAX_DEPTH} levels; a "
+                    "recipe is section.key: value."
+                )
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+
+
 def parse_yaml(text: str, source: str) -> Any:
     """Parses YAML with a safe loader; any error becomes one RecipeError line."""
+    if len(text) > MAX_RECIPE_BYTES:
+        raise RecipeError(
+            f"{source}: larger than {MAX_RECIPE_BYTES} bytes; a recipe is a "
+            f"few KB. Received: {len(text)} characters"
+        )
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (safe)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (safe)
+    except RecursionError:
+        raise RecipeError(
+            f"{source}: invalid YAML: nested too deeply (limit {MAX_DEPTH})"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -381,6 +558,11 @@ def parse_yaml(text: str, source: str) -> Any:
         if "could not determine a constructor" in str(exc):
             problem = f"{problem}; tags that build Python objects are not allowed"
         raise RecipeError(f"{source}:{where}: invalid YAML: {problem}") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        # Scalars the YAML constructors choke on (a timestamp out of range).
+        raise RecipeError(f"{source}: invalid YAML: {exc}") from None
+    _check_shape(data, source)
+    return data
 
 
 def _known_keys(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
@@ -402,8 +584,13 @@ def _submodel(annotation: Any) -> Optional[type[BaseModel]]:
     return None
 
 
+# Union members pydantic names in an error's location ("float",
+# "literal['auto']", "function-after[...]"): not recipe keys.
+_TYPE_TAG = re.compile(r"(float|int|str|bool|none|[a-z-]+\[.*\])")
+
+
 def _format_error(error: dict[str, Any], source: str) -> str:
-    loc = tuple(str(p) for p in error["loc"])
+    loc = tuple(str(p) for p in error["loc"] if not _TYPE_TAG.fullmatch(str(p)))
     path = ".".join(loc)
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -416,14 +603,17 @@ def _format_error(error: dict[str, Any], source: str) -> str:
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
+    if isinstance(received, bool) and kind in ("int_type", "float_type"):
+        message = f"{message} (true/false/yes/no are booleans, not numbers)"
     if isinstance(received, (dict, list)) and kind != "literal_error":
         received_text = ""
     else:
-        received_text = f" Received: {path or 'value'}={received!r}"
-    where = f" '{path}'" if path else ""
-    return f"{source}: invalid value for{where}: {message}.{received_text}".replace(
-        "..", "."
-    )
+        shown = repr(received)
+        if len(shown) > 80:
+            shown = f"{shown[:77]}..."
+        received_text = f" Received: {path or 'value'}={shown}"
+    where = f" for '{path}'" if path else ""
+    return f"{source}: invalid value{where}: {message.rstrip('.')}.{received_text}"
 
 
 def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
@@ -490,12 +680,24 @@ def load_recipe(
         RecipeError: one line naming the file and the key.
     """
     path = Path(path)
+    if path.is_dir():
+        raise RecipeError(f"{path}: is a folder, expected a recipe file.")
     if not path.is_file():
         raise RecipeError(f"{path}: recipe file not found.")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{path}: cannot read recipe: {exc}") from None
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_RECIPE_BYTES + 1)
+        if len(raw) > MAX_RECIPE_BYTES:
+            raise RecipeError(
+                f"{path}: larger than {MAX_RECIPE_BYTES} bytes; a recipe is a few KB."
+            )
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror}.") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(
+            f"{path}: not UTF-8 text (byte {exc.start}); a recipe is YAML."
+        ) from None
     data = parse_yaml(text, str(path))
     if data is None:
         data = {}

@@ -1,4 +1,5 @@
-"""Robust evaluation: clean, FGSM and PGD accuracy, macro F1, eps sweeps."""
+"""Robust evaluation: clean, FGSM, PGD and APGD accuracy, the worst case
+per example over the attacks, macro F1, eps sweeps."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import numpy as np
 import tensorflow as tf
 
 from advtrain.attacks import Attack
+from advtrain.attacks.apgd import DEFAULT_TARGETS as APGD_TARGETS
+from advtrain.attacks.pgd import default_step_size
 from advtrain.config import EvalConfig
+from advtrain.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +63,15 @@ class _Accumulator:
 def evaluation_attacks(cfg: EvalConfig, default_eps: float) -> dict[str, Attack]:
     """The attacks a recipe's eval section asks for, by report name."""
     eps = default_eps if cfg.eps is None else cfg.eps
-    attacks: dict[str, Attack] = {}
-    if cfg.fgsm:
-        attacks["fgsm"] = Attack("fgsm", eps=eps, norm=cfg.norm)
-    if cfg.pgd_steps > 0:
-        attacks["pgd"] = Attack(
+    chosen = cfg.attacks
+    if chosen is None:
+        chosen = ["fgsm"] * cfg.fgsm + ["pgd"] * (cfg.pgd_steps > 0)
+    apgd = dict(
+        eps=eps, norm=cfg.norm, steps=cfg.apgd_steps, restarts=cfg.apgd_restarts
+    )
+    available = {
+        "fgsm": lambda: Attack("fgsm", eps=eps, norm=cfg.norm),
+        "pgd": lambda: Attack(
             "pgd",
             eps=eps,
             norm=cfg.norm,
@@ -71,7 +79,11 @@ def evaluation_attacks(cfg: EvalConfig, default_eps: float) -> dict[str, Attack]
             step_size=cfg.pgd_step_size,
             random_start=True,
             restarts=cfg.pgd_restarts,
-        )
+        ),
+        "apgd_ce": lambda: Attack("apgd_ce", **apgd),
+        "apgd_dlr": lambda: Attack("apgd_dlr", **apgd),
+    }
+    attacks = {name: available[name]() for name in chosen}
     for value in cfg.eps_sweep:
         attacks[f"sweep_{value:g}"] = Attack(
             "pgd",
@@ -87,11 +99,13 @@ def evaluation_attacks(cfg: EvalConfig, default_eps: float) -> dict[str, Attack]
 class AttackRunner:
     """Runs `Attack`s on a model in-graph and returns predicted labels.
 
-    One traced function per attack *shape* (method, steps, restarts...);
-    eps is a tensor argument, so an eps sweep costs one trace, not one per
-    value, and a smaller last batch does not retrace (reduce_retracing).
-    The random starts come from one seeded generator, so a run with the
-    same seed, examples and batch size attacks with the same noise.
+    One traced function per attack *kind* (method, norm, random start,
+    backend): eps is a tensor argument, and so are PGD's steps, step size
+    and restarts, so an eps sweep and the sanity checks' stronger variants
+    cost no new trace; the batch dimension is left open, so a smaller last
+    batch does not retrace either. The random starts come from one seeded
+    generator, so a run with the same seed, examples and batch size
+    attacks with the same noise.
 
     Example:
 
@@ -107,21 +121,49 @@ class AttackRunner:
         self._functions: dict[Attack, Callable] = {}
 
     def __call__(self, attack: Attack, x, y) -> tf.Tensor:
-        key = attack.replace(eps=0.0)
+        x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+        values = _graph_arguments(attack, x.dtype)
+        template = attack.replace(**{name: _UNSET[name] for name in values})
+        specs = tuple(tf.TensorSpec([None, *t.shape[1:]], t.dtype) for t in (x, y))
+        key = (template, specs)
         if key not in self._functions:
-            self._functions[key] = self._trace(key)
-        return self._functions[key](x, y, tf.constant(attack.eps, x.dtype))
+            self._functions[key] = self._trace(template, specs, values)
+        return self._functions[key](x, y, *values.values())
 
-    def _trace(self, template: Attack) -> Callable:
+    @property
+    def tracing_count(self) -> int:
+        """Graphs traced so far, over all attacks (for tests)."""
+        return sum(f.experimental_get_tracing_count() for f in self._functions.values())
+
+    def _trace(self, template: Attack, specs, values: dict) -> Callable:
         model, generator = self.model, self.generator
+        names = tuple(values)
+        scalars = tuple(tf.TensorSpec([], v.dtype) for v in values.values())
 
-        @tf.function(reduce_retracing=True)
-        def run(x, y, eps):
-            attack = template.replace(eps=eps)
+        @tf.function(input_signature=(*specs, *scalars))
+        def run(x, y, *arguments):
+            attack = template.replace(**dict(zip(names, arguments, strict=True)))
             x_adv = attack(lambda z: model(z, training=False), x, y, seed=generator)
             return tf.argmax(model(x_adv, training=False), axis=-1)
 
         return run
+
+
+# Placeholders for the fields AttackRunner passes as tensors.
+_UNSET = {"eps": 0.0, "steps": 1, "step_size": None, "restarts": 1}
+
+
+def _graph_arguments(attack: Attack, dtype) -> dict[str, tf.Tensor]:
+    """The attack's numbers that its traced graph takes as arguments."""
+    values = {"eps": tf.constant(attack.eps, dtype)}
+    if attack.method == "pgd" and attack.backend == "advtrain":
+        step_size = attack.step_size
+        if step_size is None:
+            step_size = default_step_size(attack.eps, attack.steps)
+        values["steps"] = tf.constant(attack.steps, tf.int32)
+        values["step_size"] = tf.constant(step_size, dtype)
+        values["restarts"] = tf.constant(attack.restarts, tf.int32)
+    return values
 
 
 def seeded_subset(
@@ -161,6 +203,19 @@ def seeded_subset(
     return kept[2][order], kept[3][order], total
 
 
+def _batch_count(batches: Iterable) -> Optional[int]:
+    try:
+        return len(batches)  # tf.data with a known cardinality, lists
+    except TypeError:
+        return None
+
+
+def _attack_names(attacks: dict[str, Attack]) -> str:
+    names = ["clean", *(n for n in attacks if not n.startswith("sweep_"))]
+    sweep = sum(n.startswith("sweep_") for n in attacks)
+    return ", ".join(names + ([f"eps sweep x{sweep}"] if sweep else []))
+
+
 def _array_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
     for start in range(0, len(y), batch_size):
         yield (
@@ -198,17 +253,27 @@ def evaluate_robustness(
             are traced and run in its scope (default: the current one).
 
     Returns:
-        A JSON-ready dict: `clean_accuracy`, `fgsm_accuracy`,
-        `pgd_accuracy`, `macro_f1`, `eps_sweep` ([{eps, accuracy}]), the
-        attacks' settings, per-class support and clean / PGD accuracy, and
-        the number of examples (`subset_of`: the split size, when a subset
-        was drawn).
+        A JSON-ready dict: `clean_accuracy`, `<attack>_accuracy` and
+        `<attack>_attack` (its settings) for each attack of `cfg.attacks`
+        (fgsm, pgd, apgd_ce, apgd_dlr), `robust_accuracy_worst` (the
+        fraction right on clean and under every one of them, per example),
+        `macro_f1`, `eps_sweep` ([{eps, accuracy}]), per-class support
+        and clean / PGD accuracy, and the number of examples (`subset_of`:
+        the split size, when a subset was drawn).
     """
     total = None
+    batch_count = _batch_count(batches)
     if cfg.max_examples is not None:
         x_all, y_all, total = seeded_subset(batches, cfg.max_examples, cfg.seed)
         batches = _array_batches(x_all, y_all, cfg.batch_size)
+        batch_count = -(-len(y_all) // cfg.batch_size)
     attacks = evaluation_attacks(cfg, default_eps)
+    bar = Progress(
+        f"evaluating ({_attack_names(attacks)})",
+        batch_count,
+        unit="batches",
+        keep=True,
+    )
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         runners = AttackRunner(model, cfg.seed)
@@ -226,8 +291,10 @@ def evaluate_robustness(
             for name, attack in attacks.items():
                 acc.add(name, runners(attack, x, y).numpy())
             seen += int(y.shape[0])
+            bar.update(len(acc.labels), f"{seen} examples")
             if progress is not None:
                 progress(f"evaluated {seen} examples")
+        bar.close()
     if seen == 0:
         raise ValueError("Evaluation got no examples: the test split is empty.")
     labels = np.concatenate(acc.labels)
@@ -245,11 +312,19 @@ def evaluate_robustness(
     if total is not None:
         result["subset_of"] = total
         result["subset_seed"] = cfg.seed
-    for name in ("fgsm", "pgd"):
-        if name in attacks:
-            preds = acc.get(name)
-            result[f"{name}_accuracy"] = float(np.mean(preds == labels))
-            result[f"{name}_attack"] = attacks[name].get_config()
+    robust = clean == labels
+    chosen = [name for name in attacks if not name.startswith("sweep_")]
+    for name in chosen:
+        right = acc.get(name) == labels
+        robust &= right
+        result[f"{name}_accuracy"] = float(np.mean(right))
+        result[f"{name}_attack"] = attacks[name].get_config()
+        if name == "apgd_dlr":
+            result[f"{name}_attack"]["targets"] = APGD_TARGETS
+    if chosen:
+        # Per example: robust only if clean and every attack get it right.
+        result["robust_accuracy_worst"] = float(np.mean(robust))
+        result["robust_accuracy_worst_over"] = ["clean", *chosen]
     if "pgd" in attacks:
         pgd_preds = acc.get("pgd")
         result["pgd_macro_f1"] = macro_f1(labels, pgd_preds, num_classes)

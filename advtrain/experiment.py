@@ -27,6 +27,7 @@ import keras
 from advtrain.attacks import Attack
 from advtrain.config import AttackConfig, Recipe, RecipeError
 from advtrain.io import atomic_path, atomic_write_json, atomic_write_text
+from advtrain.preemption import restores_signal_handlers, watch_launcher
 
 Echo = Callable[[str], None]
 
@@ -56,13 +57,20 @@ def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
     )
 
 
-def build_training_model(recipe: Recipe, classifier: keras.Model) -> keras.Model:
-    """AdversarialModel (or TRADES) around `classifier` per the recipe."""
+def build_training_model(
+    recipe: Recipe, classifier: keras.Model, steps_per_epoch: Optional[int] = None
+) -> keras.Model:
+    """AdversarialModel (or TRADES) around `classifier` per the recipe.
+    `steps_per_epoch` turns `attack.eps_ramp_epochs` into steps (without
+    it there is no ramp)."""
     from advtrain.models.adversarial import AdversarialModel
     from advtrain.models.trades import TRADES
 
     cfg = recipe.attack
     attack = attack_from_config(cfg)
+    ramp = 0
+    if attack is not None and cfg.eps_ramp_epochs and steps_per_epoch:
+        ramp = max(1, round(cfg.eps_ramp_epochs * steps_per_epoch))
     if cfg.method == "trades":
         return TRADES(
             classifier,
@@ -70,6 +78,8 @@ def build_training_model(recipe: Recipe, classifier: keras.Model) -> keras.Model
             beta=cfg.beta,
             attack_mode=cfg.mode,
             seed=recipe.train.seed,
+            eps_ramp_steps=ramp,
+            **_RECIPE_OWNS_BATCHNORM,
         )
     return AdversarialModel(
         classifier,
@@ -78,13 +88,27 @@ def build_training_model(recipe: Recipe, classifier: keras.Model) -> keras.Model
         attack_mode=cfg.mode,
         seed=recipe.train.seed,
         fused=cfg.fused and attack is not None,
+        eps_ramp_steps=ramp,
+        **_RECIPE_OWNS_BATCHNORM,
     )
 
 
-def build_run_model(recipe: Recipe, splits) -> tuple[keras.Model, keras.Model]:
+# `model.batchnorm` (fused kernel, momentum for the whole run) is applied by
+# `build_run_model`; a fit-time policy would see one phase, not the run.
+_RECIPE_OWNS_BATCHNORM = {"fused_batchnorm": False, "batchnorm_momentum": None}
+
+
+def build_run_model(
+    recipe: Recipe,
+    splits,
+    total_steps: Optional[int] = None,
+    steps_per_epoch: Optional[int] = None,
+) -> tuple[keras.Model, keras.Model]:
     """The classifier (backbone or `model.builder`, BatchNorm policy
     applied) and the training model around it, as `run` and `profile`
     build them. Call it inside the runtime's strategy scope.
+    `total_steps` (epochs x steps per epoch) sets `momentum: auto`;
+    `steps_per_epoch` sets the length of `attack.eps_ramp_epochs`.
     """
     from advtrain.models.batchnorm import apply_batchnorm_policy
     from advtrain.models.classifier import build_classifier
@@ -102,8 +126,8 @@ def build_run_model(recipe: Recipe, splits) -> tuple[keras.Model, keras.Model]:
         classifier = build_classifier(
             recipe.model, splits.image_shape, splits.num_classes
         )
-    apply_batchnorm_policy(classifier, recipe.model.batchnorm)
-    return classifier, build_training_model(recipe, classifier)
+    apply_batchnorm_policy(classifier, recipe.model.batchnorm, total_steps)
+    return classifier, build_training_model(recipe, classifier, steps_per_epoch)
 
 
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
@@ -111,6 +135,7 @@ def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Pa
     (which `run` resumes). Refuses anything else with a RecipeError naming
     the differing keys (`advtrain.checkpointing.check_run_dir`)."""
     from advtrain.checkpointing import check_run_dir
+    from advtrain.io import check_recipe_paths
 
     if output is None and recipe.output.dir:
         output = recipe.output.dir
@@ -118,6 +143,7 @@ def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Pa
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         output = Path("runs") / f"{recipe.name}-{stamp}"
     output = Path(output)
+    check_recipe_paths(recipe, output)
     check_run_dir(output, recipe)
     return output
 
@@ -189,18 +215,16 @@ def _restore_epoch_metrics(model, checkpoint, image_shape, echo: Echo) -> None:
 
 
 def _assert_finite(model: keras.Model, what: str) -> None:
-    import numpy as np
-
     from advtrain.callbacks import NonFiniteLossError
+    from advtrain.guards import first_nonfinite_variable
 
-    for variable in model.weights:
-        value = np.asarray(variable.numpy())
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
-            raise NonFiniteLossError(
-                f"{variable.path} holds NaN or Inf after training; {what} "
-                "was not written. Likely causes: learning rate too high, eps "
-                "too large, or float16 overflow."
-            )
+    name = first_nonfinite_variable(model)
+    if name is not None:
+        raise NonFiniteLossError(
+            f"{name} holds NaN or Inf after training; {what} "
+            "was not written. Likely causes: learning rate too high, eps "
+            "too large, or float16 overflow."
+        )
 
 
 def _compile(model: keras.Model, optimizer, plan, runtime) -> None:
@@ -213,6 +237,7 @@ def _compile(model: keras.Model, optimizer, plan, runtime) -> None:
     )
 
 
+@restores_signal_handlers
 def run(
     recipe: Recipe,
     output: Optional[Union[str, Path]] = None,
@@ -236,7 +261,12 @@ def run(
     result.metrics["pgd_accuracy"]
     ```
     """
-    from advtrain.callbacks import AtomicCheckpoint, NaNGuard, ProgressLine
+    from advtrain.callbacks import (
+        AtomicCheckpoint,
+        NaNGuard,
+        Preemption,
+        ProgressLine,
+    )
     from advtrain.checkpointing import (
         CheckpointError,
         CheckpointStore,
@@ -249,18 +279,18 @@ def run(
     )
     from advtrain.data import load_splits, make_input
     from advtrain.evaluation import evaluate_robustness, plot_eps_sweep
-    from advtrain.models.batchnorm import (
-        bn_gap,
-        bn_gap_warning,
-        recalibrate_batchnorm,
-    )
+    from advtrain.models.batchnorm import layer_momentum
     from advtrain.models.freezing import apply_phase, phases
+    from advtrain.progress import EpochProgress
     from advtrain.runtime import make_optimizer, make_runtime, plan_batches
 
     run_dir = resolve_output_dir(recipe, output)
+    watch_launcher()  # a worker of `advtrain launch` ends with its launcher
     resuming = (run_dir / "recipe.yaml").is_file()
     keras.utils.set_random_seed(recipe.train.seed)
     runtime = make_runtime(recipe.runtime)
+    # SIGTERM/SIGINT: checkpoint and exit 75 (advtrain.preemption).
+    preemption = Preemption(run_dir, workers=runtime.workers)
     data_cfg = recipe.data
     if recipe.runtime.deterministic and not data_cfg.deterministic:
         # A resumed run replays its batches only if tf.data's order is fixed.
@@ -281,10 +311,27 @@ def run(
         else f"attack: {recipe.attack.method} eps={attack.eps:g} "
         f"norm={attack.norm} adv_weight={recipe.attack.adv_weight:g} "
         f"backend={attack.backend} mode={recipe.attack.mode}"
+        + (
+            f" eps_ramp_epochs={recipe.attack.eps_ramp_epochs:g}"
+            if recipe.attack.eps_ramp_epochs
+            else ""
+        )
     )
 
     with runtime.strategy.scope():
-        classifier, model = build_run_model(recipe, splits)
+        classifier, model = build_run_model(
+            recipe,
+            splits,
+            plan.epochs * plan.steps_per_epoch,
+            steps_per_epoch=plan.steps_per_epoch,
+        )
+    momentum = layer_momentum(classifier)
+    if momentum is not None:
+        echo(
+            f"batchnorm: momentum {momentum:g} "
+            "(model.batchnorm.momentum: "
+            f"{recipe.model.batchnorm.momentum or 'null'})"
+        )
 
     has_val = splits.val is not None
     monitor, monitor_mode = resolve_monitor(
@@ -356,6 +403,8 @@ def run(
         f"attack.eps={recipe.attack.eps:g}, "
         f"runtime.precision={recipe.runtime.precision}",
         last_good=store.latest,
+        # Step checkpoints read every variable anyway: check them first.
+        check_state_every_batch=bool(recipe.output.checkpoint_every_steps),
     )
     checkpoint = AtomicCheckpoint(
         store,
@@ -378,6 +427,8 @@ def run(
             )
 
     callbacks: list[keras.callbacks.Callback] = [
+        # First: its live bar is cleared before any epoch-end line prints.
+        EpochProgress(plan.epochs),
         keras.callbacks.LambdaCallback(on_epoch_begin=on_epoch_begin),
         progress,
         guard,
@@ -406,6 +457,8 @@ def run(
         callbacks.append(
             keras.callbacks.TensorBoard(str(out / "logs"), write_graph=False)
         )
+    callbacks.append(preemption)  # last: it may checkpoint the epoch's end
+    preemption.arm(checkpoint, runtime.strategy)
     start = time.perf_counter()
     history: dict[str, list[float]] = {}
     for phase in phases(recipe.model, plan.epochs):
@@ -466,6 +519,7 @@ def run(
             for key, values in result.history.items():
                 history.setdefault(key, []).extend(values)
             epoch, step = end, 0
+    preemption.disarm()
     train_seconds = time.perf_counter() - start
     if co_guard is not None:
         co_guard.set_model(model)
@@ -478,24 +532,11 @@ def run(
         from advtrain.runtime import weights_fingerprint
 
         echo(f"weights: sha256 {weights_fingerprint(classifier)}")
+    gap = _settle_batchnorm(classifier, recipe, splits, plan, echo)
+    # After recalibration: model.keras, metrics.json and the SavedModel
+    # hold the same weights.
     with atomic_path(out / "model.keras") as tmp:
         classifier.save(tmp)
-
-    bn_cfg = recipe.model.batchnorm
-    if bn_cfg.recalibrate:
-        clean_train = make_input(
-            splits.train,
-            recipe.data,
-            batch_size=plan.global_batch,
-            training=False,
-        )
-        batches = recalibrate_batchnorm(
-            classifier, clean_train, num_batches=bn_cfg.recalibrate_batches
-        )
-        echo(
-            "recalibrated BatchNorm moving statistics on "
-            f"{batches} clean training batch(es)"
-        )
 
     echo("evaluating on the test split ...")
     test_ds = make_input(
@@ -504,19 +545,6 @@ def run(
         batch_size=recipe.eval.batch_size,
         training=False,
     )
-    held_out = splits.val if splits.val is not None else splits.test
-    gap_x, gap_y = next(
-        iter(make_input(held_out, recipe.data, batch_size=512, training=False))
-    )
-    gap = bn_gap(
-        classifier,
-        gap_x.numpy(),
-        gap_y.numpy(),
-        batch_size=min(plan.global_batch, len(gap_y)),
-    )
-    warning = bn_gap_warning(gap["gap"], bn_cfg.gap_threshold)
-    if warning:
-        echo(f"warning: {warning}")
     default_eps = recipe.attack.eps
     evaluation = evaluate_robustness(
         classifier,
@@ -552,6 +580,42 @@ def run(
     _report_and_export(out, recipe, metrics, history, classifier, splits, echo)
     atomic_write_json(out / "metrics.json", metrics)
     return RunResult(out, metrics, history)
+
+
+def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> dict:
+    """`model.batchnorm`'s after-training step: gap on held-out data,
+    recalibration per `recalibrate`, the gap again; echoes what it did."""
+    from advtrain.data import make_input
+    from advtrain.models.batchnorm import settle_batchnorm
+
+    bn_cfg = recipe.model.batchnorm
+    held_out = splits.val if splits.val is not None else splits.test
+    gap_x, gap_y = next(
+        iter(make_input(held_out, recipe.data, batch_size=512, training=False))
+    )
+    clean_train = make_input(
+        splits.train, recipe.data, batch_size=plan.global_batch, training=False
+    )
+    gap = settle_batchnorm(
+        classifier,
+        gap_x.numpy(),
+        gap_y.numpy(),
+        batch_size=min(plan.global_batch, len(gap_y)),
+        train_batches=clean_train,
+        recalibrate=bn_cfg.recalibrate,
+        threshold=bn_cfg.gap_threshold,
+        num_batches=bn_cfg.recalibrate_batches,
+    )
+    if gap["recalibrated"]:
+        echo(
+            "recalibrated BatchNorm moving statistics on "
+            f"{gap['recalibrated']} clean training batch(es): gap "
+            f"{100 * gap['before']['gap']:+.2f} -> {100 * gap['gap']:+.2f} points"
+        )
+    warning = gap.pop("warning")
+    if warning:
+        echo(f"warning: {warning}")
+    return gap
 
 
 def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo, state_path):
@@ -660,12 +724,10 @@ def summary_table(metrics: dict[str, Any]) -> str:
             rows.append((key.replace("_", " "), detail))
     if "bn_gap" in metrics:
         g = metrics["bn_gap"]
-        rows.append(
-            (
-                "BN gap (train - inference mode)",
-                f"{100 * g['gap']:+.2f} points",
-            )
-        )
+        text = f"{100 * g['gap']:+.2f} points"
+        if g.get("recalibrated"):
+            text += f" (before recalibration {100 * g['before']['gap']:+.2f})"
+        rows.append(("BN gap (train - inference mode)", text))
     width = max(len(label) for label, _ in rows) if rows else 0
     return "\n".join(f"  {label:<{width}}  {text}" for label, text in rows)
 
@@ -679,17 +741,22 @@ def load_classifier(path: Union[str, Path], safe_mode: bool = True) -> keras.Mod
     --unsafe-load`).
     """
     import advtrain.models  # noqa: F401  (registers advtrain's layers)
+    from advtrain.io import check_keras_file
 
+    check_keras_file(path)
     try:
         return keras.models.load_model(path, safe_mode=safe_mode, compile=False)
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure: the file is bad
         if safe_mode and "safe_mode" in str(exc):
             raise RecipeError(
                 f"{path}: refusing to load: the file holds Python code (a "
                 "Lambda layer) that would run on load. If you trust it: "
                 "`advtrain eval --unsafe-load`, or safe_mode=False."
             ) from None
-        raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RecipeError(
+            f"model {path}: cannot load it as a Keras classifier ({first[:200]})."
+        ) from None
 
 
 def evaluate_saved(

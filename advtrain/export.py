@@ -13,7 +13,9 @@ import tensorflow as tf
 SIGNATURE = "serving_default"
 
 
-def export_saved_model(classifier: keras.Model, path: Union[str, Path]) -> Path:
+def export_saved_model(
+    classifier: keras.Model, path: Union[str, Path], *, replace: bool = False
+) -> Path:
     """Writes `classifier` as a SavedModel that serves raw uint8 images.
 
     The `serving_default` signature takes `images`, uint8 `[None, H, W, C]`
@@ -27,6 +29,10 @@ def export_saved_model(classifier: keras.Model, path: Union[str, Path]) -> Path:
     Args:
         classifier: maps [0, 1] float pixels `[N, H, W, C]` to logits.
         path: the SavedModel folder to create; must not exist or be empty.
+        replace: replace an existing SavedModel at `path` instead (a run
+            folder's own `export/saved_model`, derived from its
+            `model.keras`). The new folder is written in full first, so a
+            crash leaves the old or the new export, never a mix.
 
     Returns:
         `path`.
@@ -41,7 +47,9 @@ def export_saved_model(classifier: keras.Model, path: Union[str, Path]) -> Path:
     ```
     """
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{path}: exists and is not a folder.")
+    if not replace and path.exists() and any(path.iterdir()):
         raise FileExistsError(
             f"{path}: already exists; choose a new folder for the export."
         )
@@ -66,12 +74,14 @@ def export_saved_model(classifier: keras.Model, path: Union[str, Path]) -> Path:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    old = path.with_name(f".old-{os.getpid()}-{path.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         archive.write_out(str(tmp), verbose=False)
         if path.exists():
-            path.rmdir()  # empty, checked above
+            os.replace(path, old)  # empty unless replace=True
         os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     return path

@@ -22,7 +22,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from advtrain.config import ModelConfig, RecipeError, RuntimeConfig, TrainConfig
+from advtrain.config import (
+    BatchNormConfig,
+    ModelConfig,
+    RecipeError,
+    RuntimeConfig,
+    TrainConfig,
+)
 from advtrain.runtime import (
     BatchPlan,
     Runtime,
@@ -38,6 +44,8 @@ ModelOrBuilder = Union[keras.Model, Callable[[], keras.Model]]
 # (from_tensor_slices); larger ones, and every memory map, are read one
 # batch at a time.
 _CONSTANT_BYTES = 64 * 2**20
+# Held-out examples for the BatchNorm gap.
+_GAP_EXAMPLES = 512
 
 
 @dataclasses.dataclass
@@ -50,12 +58,17 @@ class FitResult:
         history: `keras.callbacks.History.history`.
         plan: the batch arithmetic that was printed.
         runtime: the strategy and settings that ran.
+        bn_gap: for a classifier with BatchNorm, train-mode vs
+            inference-mode accuracy after training
+            (`advtrain.models.batchnorm.settle_batchnorm`: `gap`, `before`
+            recalibration, `recalibrated` batches); None otherwise.
     """
 
     model: keras.Model
     history: dict[str, list[float]]
     plan: BatchPlan
     runtime: Runtime
+    bn_gap: Optional[dict[str, Any]] = None
 
 
 def fit(
@@ -77,6 +90,7 @@ def fit(
     warmup_epochs: float = 0.0,
     shuffle: bool = True,
     seed: int = 0,
+    batchnorm: Union[BatchNormConfig, dict, None] = None,
     validation_data: Any = None,
     callbacks: Optional[list] = None,
     verbose: Union[int, str] = 0,
@@ -116,13 +130,22 @@ def fit(
         batch_size: the global batch (required for arrays).
         epochs: epochs; steps_per_epoch: default examples // batch_size
             (required when the dataset's length is unknown).
-        shuffle, seed: shuffling of arrays and unbatched datasets.
+        shuffle, seed: shuffling of arrays and unbatched datasets, a new
+            order each epoch; the stream is the same from every iterator,
+            so any number of replicas trains on the same order.
+        batchnorm: the BatchNorm policy, a `BatchNormConfig` or its dict
+            (the recipe's `model.batchnorm`; `trainable` does not apply).
+            Default: the fused kernel; momentum auto, set on layers still
+            at Keras's default 0.99 (a number sets every layer); after
+            training the gap is measured on `validation_data` (else on
+            training examples) and the moving statistics recalibrated
+            when it exceeds `gap_threshold`.
         validation_data: passed to `Model.fit` (batched).
         callbacks, verbose: passed to `Model.fit`.
         echo: receives the runtime and batch lines (None: silent).
 
     Returns:
-        A `FitResult` with the trained model and its history.
+        A `FitResult` with the trained model, its history and `bn_gap`.
 
     Raises:
         ValueError: inconsistent arguments (no batch size for arrays,
@@ -144,6 +167,7 @@ def fit(
     """
     say = echo or (lambda line: None)
     rt = _as_runtime(runtime)
+    bn_cfg = _batchnorm_config(batchnorm)
     train_ds, size, batch = _training_data(data, batch_size, shuffle, seed)
     if size is None and steps_per_epoch is None:
         raise ValueError(
@@ -167,11 +191,19 @@ def fit(
 
     with rt.strategy.scope():
         net = _model_in_scope(model, rt)
+        note = _apply_batchnorm(net, bn_cfg, plan.epochs * plan.steps_per_epoch)
+        if note:
+            say(note)
         if attack is not None:
             from advtrain.models.adversarial import AdversarialModel
 
             net = AdversarialModel(
-                net, _as_attack(attack), adv_weight=adv_weight, seed=seed
+                net,
+                _as_attack(attack),
+                adv_weight=adv_weight,
+                seed=seed,
+                fused_batchnorm=False,  # applied above with the policy
+                batchnorm_momentum=None,
             )
             if loss is None:
                 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -193,7 +225,7 @@ def fit(
         )
         rt.prepare_model(net)
     history = net.fit(
-        train_ds.repeat(),
+        train_ds,
         epochs=plan.epochs,
         steps_per_epoch=plan.steps_per_epoch,
         validation_data=validation_data,
@@ -201,7 +233,126 @@ def fit(
         verbose=verbose,
         shuffle=False,  # shuffled above, in tf.data
     )
-    return FitResult(net, history.history, plan, rt)
+    classifier = net.classifier if attack is not None else net
+    gap = _settle_batchnorm(
+        classifier, bn_cfg, data, validation_data, train_ds, plan, say
+    )
+    return FitResult(net, history.history, plan, rt, gap)
+
+
+# ---------------------------------------------------------------- batchnorm
+
+
+def _batchnorm_config(batchnorm: Any) -> BatchNormConfig:
+    if batchnorm is None:
+        return BatchNormConfig()
+    if isinstance(batchnorm, BatchNormConfig):
+        return batchnorm
+    if isinstance(batchnorm, dict):
+        try:
+            return BatchNormConfig(**batchnorm)
+        except ValueError as exc:  # pydantic's ValidationError, several lines
+            errors = getattr(exc, "errors", lambda: [])()
+            if not errors:
+                raise
+            first = errors[0]
+            where = ".".join(str(part) for part in first["loc"])
+            message = first["msg"].removeprefix("Value error, ")
+            if "Received:" not in message:
+                message += f". Received: {where}={first.get('input')!r}"
+            raise ValueError(
+                f"batchnorm{'.' + where if where else ''}: {message}"
+            ) from None
+    raise TypeError(
+        "batchnorm must be a BatchNormConfig, its dict or None. "
+        f"Received: batchnorm={batchnorm!r}"
+    )
+
+
+def _apply_batchnorm(
+    model: keras.Model, cfg: BatchNormConfig, total_steps: int
+) -> Optional[str]:
+    """Fused kernel and momentum before training; a note on what changed."""
+    from advtrain.models import batchnorm as bn
+
+    if cfg.fused:
+        from advtrain.models.fused_batchnorm import fuse_batchnorm
+
+        fuse_batchnorm(model)
+    if cfg.momentum == "auto":
+        return bn.adapt_momentum(model, total_steps)
+    if cfg.momentum is not None:
+        bn.set_batchnorm_momentum(model, cfg.momentum)
+    return None
+
+
+def _settle_batchnorm(model, cfg, data, validation_data, train_ds, plan, say):
+    """The gap (and recalibration) after training; None when the model has
+    no BatchNorm or is not a classifier with integer labels."""
+    from advtrain.models.batchnorm import batchnorm_layers, settle_batchnorm
+
+    if not batchnorm_layers(model):
+        return None
+    examples = _gap_examples(validation_data if validation_data is not None else data)
+    if examples is None:
+        examples = _gap_examples(train_ds)
+    if examples is None or not _is_classification(model, *examples):
+        return None
+    x, y = examples
+    report = settle_batchnorm(
+        model,
+        x,
+        y,
+        batch_size=min(plan.per_replica_batch, len(y)),
+        train_batches=train_ds,
+        recalibrate=cfg.recalibrate,
+        threshold=cfg.gap_threshold,
+        num_batches=cfg.recalibrate_batches,
+    )
+    line = f"bn_gap: {100 * report['gap']:+.2f} points"
+    if report["recalibrated"]:
+        line += (
+            f" after recalibrating on {report['recalibrated']} batch(es) "
+            f"({100 * report['before']['gap']:+.2f} before)"
+        )
+    say(line)
+    warning = report.pop("warning")
+    if warning:
+        say(f"warning: {warning}")
+    return report
+
+
+def _gap_examples(source: Any) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """Up to `_GAP_EXAMPLES` (x, y) pairs from arrays or a batched dataset."""
+    if isinstance(source, (tuple, list)) and len(source) in (2, 3):
+        x, y = source[0], source[1]
+        if isinstance(x, (dict, list, tuple)):
+            return None
+        return np.asarray(x[:_GAP_EXAMPLES]), np.asarray(y[:_GAP_EXAMPLES])
+    if not isinstance(source, tf.data.Dataset):
+        return None
+    xs, ys, count = [], [], 0
+    for batch in source:
+        if not isinstance(batch, tuple) or len(batch) < 2:
+            return None
+        if not all(isinstance(t, tf.Tensor) for t in batch[:2]):
+            return None
+        xs.append(batch[0].numpy())
+        ys.append(batch[1].numpy())
+        count += len(ys[-1]) if ys[-1].ndim else 1
+        if count >= _GAP_EXAMPLES:
+            break
+    if not ys or ys[0].ndim == 0:
+        return None
+    return np.concatenate(xs)[:_GAP_EXAMPLES], np.concatenate(ys)[:_GAP_EXAMPLES]
+
+
+def _is_classification(model: keras.Model, x: np.ndarray, y: np.ndarray) -> bool:
+    """Integer labels and more than one output: accuracy means something."""
+    if not np.issubdtype(y.dtype, np.integer) or y.size != len(y):
+        return False
+    out = model(x[:1], training=False)
+    return not isinstance(out, (list, tuple, dict)) and out.shape[-1] > 1
 
 
 # ---------------------------------------------------------------- runtime
@@ -294,7 +445,16 @@ def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
 def _training_data(
     data: Any, batch_size: Optional[int], shuffle: bool, seed: int
 ) -> tuple[tf.data.Dataset, Optional[int], int]:
-    """(batched dataset, number of examples or None, global batch)."""
+    """(endless dataset of global batches, number of examples or None,
+    global batch).
+
+    Every new iterator of the stream replays it from the start: epoch e is
+    shuffled with a seed drawn from (seed, e), not by a dataset that
+    reshuffles per iterator. Keras under a distribution strategy opens an
+    extra iterator to build the model before training; with per-iterator
+    reshuffling that one drew the first order and training the second,
+    so N replicas trained on a different order than one device.
+    """
     if isinstance(data, tf.data.Dataset):
         return _dataset_data(data, batch_size, shuffle, seed)
     if isinstance(data, (tuple, list)) and len(data) == 2:
@@ -308,7 +468,7 @@ def _training_data(
                 "x and y must hold the same number of examples. "
                 f"Received: len(x)={len(x)}, len(y)={len(y)}"
             )
-        ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed)
+        ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed, repeat=True)
         return ds, len(x), batch_size
     raise TypeError(
         "data must be (x, y) arrays or a tf.data.Dataset. "
@@ -320,10 +480,19 @@ def _dataset_data(ds, batch_size, shuffle, seed):
     cardinality = int(ds.cardinality())
     known = cardinality if cardinality >= 0 else None
     if batch_size is not None:
-        if shuffle:
-            ds = ds.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.batch(batch_size, drop_remainder=True)
-        return ds.prefetch(tf.data.AUTOTUNE), known, batch_size
+
+        def stream(_):
+            examples = ds
+            if shuffle:
+                examples = examples.shuffle(
+                    10_000, seed=seed, reshuffle_each_iteration=True
+                )
+            return examples.batch(batch_size, drop_remainder=True).repeat()
+
+        # Built inside flat_map, the shuffle's state is created anew for
+        # every iterator: each one replays the same stream.
+        stream = tf.data.Dataset.range(1).flat_map(stream)
+        return stream.prefetch(tf.data.AUTOTUNE), known, batch_size
     first = tf.nest.flatten(ds.element_spec)[0]
     batch = first.shape[0] if first.shape.rank else None
     if batch is None:
@@ -333,7 +502,18 @@ def _dataset_data(ds, batch_size, shuffle, seed):
             "batch_size=. Received: batch dimension None"
         )
     size = None if known is None else known * batch
-    return ds, size, int(batch)
+    return ds.repeat(), size, int(batch)
+
+
+def _epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
+    """`epoch(key)` for key 0, 1, 2, ... (repeat: the same stream from every
+    iterator), or one epoch with a fresh random key per iterator."""
+    if repeat:
+        keys = tf.data.Dataset.counter()
+    else:
+        keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        keys = keys.take(1)
+    return keys.flat_map(epoch)
 
 
 def array_batches(
@@ -343,6 +523,7 @@ def array_batches(
     *,
     shuffle: bool = True,
     seed: int = 0,
+    repeat: bool = False,
 ) -> tf.data.Dataset:
     """Global batches of `(x, y)`; large arrays and memory maps stream.
 
@@ -353,6 +534,10 @@ def array_batches(
     cache, not in the process). Shuffling then permutes the order of
     contiguous blocks of `batch_size` rows and the rows within each batch,
     which keeps reads sequential. The last partial batch is dropped.
+
+    Without `repeat`: one epoch, in a new order for every iterator. With
+    `repeat`: epochs without end, epoch e in the order drawn from
+    (seed, e), and every iterator replays the same stream.
 
     Example:
 
@@ -367,33 +552,52 @@ def array_batches(
         raise ValueError(
             f"batch_size={batch_size} is larger than the {len(y)} examples."
         )
-    if not isinstance(x, np.memmap) and np.asarray(x).nbytes <= _CONSTANT_BYTES:
-        ds = tf.data.Dataset.from_tensor_slices((np.asarray(x), y))
-        if shuffle:
-            ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
-        return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    read = _row_reader(x)
     blocks = n // batch_size
-    rng = np.random.default_rng(seed)
+    if not isinstance(x, np.memmap) and np.asarray(x).nbytes <= _CONSTANT_BYTES:
+        xs, ys = tf.constant(np.asarray(x)), tf.constant(y)
 
-    def generate():
-        order = rng.permutation(blocks) if shuffle else np.arange(blocks)
-        for block in order:
-            start = int(block) * batch_size
-            xb = read(start, start + batch_size)
-            yb = y[start : start + batch_size]
+        def epoch(key):
+            rows = tf.range(len(y), dtype=tf.int64)
             if shuffle:
-                rows = rng.permutation(batch_size)
-                xb, yb = xb[rows], yb[rows]
-            yield xb, yb
+                rows = tf.random.experimental.stateless_shuffle(
+                    rows, seed=tf.stack([tf.constant(seed, tf.int64), key])
+                )
+            rows = tf.reshape(rows[:n], (blocks, batch_size))
+            return tf.data.Dataset.from_tensor_slices(rows).map(
+                lambda r: (tf.gather(xs, r), tf.gather(ys, r))
+            )
 
-    spec = (
-        tf.TensorSpec((batch_size, *x.shape[1:]), tf.as_dtype(x.dtype)),
-        tf.TensorSpec((batch_size, *y.shape[1:]), tf.as_dtype(y.dtype)),
-    )
-    ds = tf.data.Dataset.from_generator(generate, output_signature=spec)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(blocks))
-    return ds.prefetch(2)
+        prefetch = tf.data.AUTOTUNE
+    else:
+        read = _row_reader(x)
+
+        def generate(key):
+            rng = np.random.default_rng([seed % 2**32, int(key) % 2**32])
+            order = rng.permutation(blocks) if shuffle else np.arange(blocks)
+            for block in order:
+                start = int(block) * batch_size
+                xb = read(start, start + batch_size)
+                yb = y[start : start + batch_size]
+                if shuffle:
+                    rows = rng.permutation(batch_size)
+                    xb, yb = xb[rows], yb[rows]
+                yield xb, yb
+
+        spec = (
+            tf.TensorSpec((batch_size, *x.shape[1:]), tf.as_dtype(x.dtype)),
+            tf.TensorSpec((batch_size, *y.shape[1:]), tf.as_dtype(y.dtype)),
+        )
+
+        def epoch(key):
+            return tf.data.Dataset.from_generator(
+                generate, args=(key,), output_signature=spec
+            )
+
+        prefetch = 2
+    ds = _epochs(epoch, repeat=repeat, seed=seed)
+    cardinality = tf.data.INFINITE_CARDINALITY if repeat else blocks
+    ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+    return ds.prefetch(prefetch)
 
 
 def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:

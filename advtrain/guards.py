@@ -1,4 +1,8 @@
-"""`CatastrophicOverfittingGuard`: catches FGSM training's sudden collapse."""
+"""`CatastrophicOverfittingGuard`: catches FGSM training's sudden collapse.
+
+Also `first_nonfinite_variable`, the one check that a model's state (its
+weights and BatchNorm moving statistics) holds only finite numbers.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,18 @@ from advtrain.io import atomic_path
 
 ACTIONS = ("stop", "rollback")
 KEEPS = ("best", "last")
+
+
+def first_nonfinite_variable(model: keras.Model) -> Optional[str]:
+    """The path of the first float variable of `model` (trainable or not:
+    BatchNorm moving mean and variance included) that holds NaN or Inf, or
+    None. One device read per variable, one host sync in all."""
+    variables = [v for v in model.weights if "float" in str(v.dtype)]
+    if not variables:
+        return None
+    finite = tf.stack([tf.reduce_all(tf.math.is_finite(v.value)) for v in variables])
+    bad = np.flatnonzero(~np.asarray(finite))
+    return str(variables[bad[0]].path) if bad.size else None
 
 
 class CatastrophicOverfittingGuard(keras.callbacks.Callback):

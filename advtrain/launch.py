@@ -5,6 +5,24 @@ the same cluster of loopback addresses, so the multi-worker path (collective
 all-reduce, data sharding, chief-only writes) can be exercised on one
 machine exactly as it runs on several. Worker 0 is the chief: it writes the
 run folder; the others write into a temporary folder they remove.
+
+The launcher owns its workers:
+
+* each starts in its own process group (`start_new_session`), so a Ctrl-C
+  in the terminal reaches the launcher only, and the launcher can stop a
+  worker with everything it started;
+* SIGTERM or SIGINT to the launcher is forwarded to every worker; they
+  checkpoint at a step they agree on (`advtrain.preemption`) and exit 75;
+  a worker still running `_SHUTDOWN_GRACE` seconds later is killed, as is
+  every worker when the launcher itself ends (`finally`);
+* a worker outlives a launcher that was killed by at most a moment: it
+  watches its parent (`advtrain.preemption.watch_launcher`);
+* a worker that dies is named (index, pid, exit code or signal) in one
+  line with the command that resumes; the others, which would block in a
+  collective, are stopped; with `max_restarts` all workers are started
+  again from the last checkpoint;
+* workers' output goes to log files (TensorFlow's C++ messages included);
+  the chief's progress lines are echoed, and of a failed worker one line.
 """
 
 from __future__ import annotations
@@ -12,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -20,14 +40,24 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import IO, Optional
 
 from advtrain.config import RecipeError, load_recipe
+from advtrain.preemption import (
+    LAUNCHER_PID_ENV,
+    PREEMPTED_EXIT_CODE,
+    RESUME_COMMAND_ENV,
+)
 
 Echo = Callable[[str], None]
 
-# After one worker fails, the others would wait forever in a collective.
-_GRACE_SECONDS = 15.0
+# After a worker is lost the others block in a collective until TensorFlow's
+# coordination service notices; they get this long to exit on their own.
+_LOST_WORKER_GRACE = 5.0
+# After a forwarded SIGTERM, workers get this long to reach the agreed step,
+# checkpoint and exit. Below the 30 s that SLURM (KillWait) and Kubernetes
+# (terminationGracePeriodSeconds) give by default before their SIGKILL.
+_SHUTDOWN_GRACE = 25.0
 
 
 @dataclasses.dataclass
@@ -39,6 +69,28 @@ class WorkerResult:
     run_folder: Optional[str] = None
     weights: Optional[str] = None
     log_tail: list[str] = dataclasses.field(default_factory=list)
+    pid: Optional[int] = None
+    log: Optional[Path] = None
+
+    @property
+    def ending(self) -> str:
+        """ "exit code 1", "killed by SIGKILL", ..."""
+        if self.exit_code < 0:
+            try:
+                return f"killed by {signal.Signals(-self.exit_code).name}"
+            except ValueError:
+                return f"killed by signal {-self.exit_code}"
+        if self.exit_code == PREEMPTED_EXIT_CODE:
+            return f"exit code {self.exit_code} (checkpointed on a signal)"
+        return f"exit code {self.exit_code}"
+
+    @property
+    def error_line(self) -> Optional[str]:
+        """The worker's own one-line error, if it printed one."""
+        for line in reversed(self.log_tail):
+            if line.startswith(("error:", "preempted by")):
+                return line
+        return None
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -76,16 +128,17 @@ def tf_configs(addresses: list[str]) -> list[str]:
     ]
 
 
-def _pump(stream, index: int, result: WorkerResult, echo: Echo) -> None:
-    for raw in stream:
-        line = raw.rstrip("\n")
-        if line.startswith("run folder: "):
-            result.run_folder = line[len("run folder: ") :].strip()
-        elif line.startswith("weights: sha256 "):
-            result.weights = line.split()[-1]
-        result.log_tail = (result.log_tail + [line])[-20:]
-        if index == 0:
-            echo(line)
+def exit_code(results: list[WorkerResult]) -> int:
+    """The launcher's exit code: 0 when every worker finished, 75 when they
+    stopped on a signal after checkpointing, else the first failure's code
+    (1 for a worker killed by a signal)."""
+    codes = [r.exit_code for r in results]
+    if all(c == 0 for c in codes):
+        return 0
+    if all(c in (0, PREEMPTED_EXIT_CODE) for c in codes):
+        return PREEMPTED_EXIT_CODE
+    failed = [c for c in codes if c not in (0, PREEMPTED_EXIT_CODE)]
+    return failed[0] if failed[0] > 0 else 1
 
 
 def launch(
@@ -97,15 +150,23 @@ def launch(
     echo: Echo = print,
     python: str = sys.executable,
     timeout: Optional[float] = None,
+    max_restarts: int = 0,
+    debug: bool = False,
 ) -> list[WorkerResult]:
     """Runs `recipe` on `workers` local processes; returns their results.
 
     The recipe is validated and the run folder chosen here, once, so every
     worker agrees on it; each worker then runs `advtrain run RECIPE --set
     runtime.strategy=multi_worker --output DIR` with its TF_CONFIG. The
-    chief's output is echoed; another worker's last lines are echoed only
-    when it fails. When one worker fails the others are stopped after a
-    grace period (they would block in a collective).
+    chief's output is echoed; each worker's full output (TensorFlow's
+    messages included) goes to a log file, kept when something failed
+    (in DIR/launch-logs once DIR holds the run) or with `debug`, which also
+    echoes it.
+
+    When a worker dies, one line names it and the others are stopped;
+    with `max_restarts` > 0 all workers are then started again, resuming
+    from the last checkpoint, up to that many times. SIGTERM or SIGINT to
+    the launcher stops the workers after a checkpoint (exit code 75).
 
     Raises:
         RecipeError: bad recipe or override, fewer than 2 workers, or an
@@ -114,7 +175,7 @@ def launch(
     Example:
 
     ```python
-    results = launch("recipe.yaml", 2, output=Path("runs/two"))
+    results = launch("recipe.yaml", 2, output=Path("runs/two"), max_restarts=1)
     [r.exit_code for r in results]  # [0, 0]
     ```
     """
@@ -122,66 +183,261 @@ def launch(
         raise RecipeError(
             f"--workers: launch needs at least 2 workers. Received: {workers}"
         )
+    if max_restarts < 0:
+        raise RecipeError(
+            f"--max-restarts: expected 0 or more. Received: {max_restarts}"
+        )
     overrides = list(overrides or []) + ["runtime.strategy=multi_worker"]
     resolved = load_recipe(recipe, overrides)
     out = _run_folder(resolved, output)
-    addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
-    configs = tf_configs(addresses)
-    echo(
-        f"launch: {workers} workers at {', '.join(addresses)}; worker 0 is "
-        f"the chief and writes {out}"
-    )
-    command = [python, "-m", "advtrain.cli", "run", str(recipe)]
+    command = [python, "-m", "advtrain.cli"] + (["--debug"] if debug else [])
+    command += ["run", str(recipe)]
     for item in overrides:
         command += ["--set", item]
     command += ["--output", str(out)]
+    resume = f"advtrain launch --workers {workers} {out}/recipe.yaml --output {out}"
+    if max_restarts:
+        resume += f" --max-restarts {max_restarts}"
+    logs = Path(tempfile.mkdtemp(prefix="advtrain-launch-logs-"))
+    stop = _Stop()
+    attempt = 0
+    with stop.installed():
+        while True:
+            tag = f"attempt-{attempt + 1}-" if max_restarts else ""
+            results, lost, leftovers = _attempt(
+                command, workers, out, resume, logs, tag, stop, echo, debug, timeout
+            )
+            if exit_code(results) == 0 or stop.signum or lost is None:
+                break
+            if attempt == max_restarts:
+                echo(f"launch: {lost}; resume with `{resume}`")
+                break
+            attempt += 1
+            echo(
+                f"launch: {lost}; restart {attempt}/{max_restarts}: "
+                f"relaunching {workers} workers from {_last_checkpoint(out)}"
+            )
+    logs = _keep_logs(logs, out, keep=debug or exit_code(results) != 0)
+    for result in results:
+        role = "chief" if result.index == 0 else "worker"
+        echo(f"worker {result.index} ({role}): {result.ending}")
+        line = result.error_line
+        if result.exit_code not in (0, PREEMPTED_EXIT_CODE) and line:
+            echo(f"  [worker {result.index}] {line}")
+    if logs is not None:
+        echo(f"launch: full worker logs in {logs}")
+    if exit_code(results) == PREEMPTED_EXIT_CODE:
+        echo(
+            f"launch: preempted; the workers checkpointed ({_last_checkpoint(out)}) "
+            f"and exited; resume with `{resume}`"
+        )
+    elif exit_code(results) == 0 and attempt:
+        echo(f"launch: finished after {attempt} restart(s)")
+    _report(results, leftovers, echo)
+    return results
+
+
+class _Stop:
+    """SIGTERM/SIGINT received by the launcher (forwarded to the workers)."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self.count = 0
+
+    def _handle(self, signum, frame):
+        self.signum = self.signum or signum
+        self.count += 1
+
+    def installed(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def scope():
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            saved = {
+                s: signal.signal(s, self._handle)
+                for s in (signal.SIGTERM, signal.SIGINT)
+            }
+            try:
+                yield
+            finally:
+                for s, handler in saved.items():
+                    signal.signal(s, handler)
+
+        return scope()
+
+
+def _attempt(command, workers, out, resume, logs, tag, stop, echo, debug, timeout):
+    """Starts the workers once and waits for them; returns their results,
+    the lost worker (as words) or None, and leftover temporary folders."""
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
+    configs = tf_configs(addresses)
     scratch = Path(tempfile.mkdtemp(prefix="advtrain-launch-"))
-    procs, threads, results = [], [], []
+    procs, threads, results, handles = [], [], [], []
+    lost = None
     try:
         for index, config in enumerate(configs):
             env = dict(os.environ)
             env["TF_CONFIG"] = config
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            env["PYTHONUNBUFFERED"] = "1"
+            env[LAUNCHER_PID_ENV] = str(os.getpid())
+            env[RESUME_COMMAND_ENV] = resume
             # Non-chief workers' temporary run folders land here, so the
             # launcher can check they were removed.
             env["TMPDIR"] = str(scratch)
+            log_path = logs / f"{tag}worker-{index}.log"
+            handle = open(log_path, "a", encoding="utf-8", buffering=1)
+            handles.append(handle)
             proc = subprocess.Popen(
                 command,
                 env=env,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.PIPE,
                 text=True,
                 bufsize=1,
+                start_new_session=True,
             )
-            result = WorkerResult(index, -1)
-            thread = threading.Thread(
-                target=_pump,
-                args=(proc.stdout, index, result, echo),
-                daemon=True,
-            )
-            thread.start()
+            result = WorkerResult(index, -1, pid=proc.pid, log=log_path)
+            lock = threading.Lock()
+            for stream, shown in ((proc.stdout, index == 0), (proc.stderr, False)):
+                thread = threading.Thread(
+                    target=_pump,
+                    args=(stream, result, handle, lock, echo, shown or debug),
+                    daemon=True,
+                )
+                thread.start()
+                threads.append(thread)
             procs.append(proc)
-            threads.append(thread)
             results.append(result)
-        _wait(procs, timeout)
-        for proc, thread, result in zip(procs, threads, results, strict=True):
+        echo(
+            f"launch: {workers} workers at {', '.join(addresses)} (pids "
+            f"{', '.join(str(p.pid) for p in procs)}); worker 0 is the chief "
+            f"and writes {out}"
+        )
+        lost = _wait(procs, results, stop, timeout, echo)
+        for thread in threads:
             thread.join(timeout=10)
+        for proc, result in zip(procs, results, strict=True):
             result.exit_code = proc.returncode
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+        for handle in handles:
+            handle.close()
         leftovers = list(scratch.glob("advtrain-worker-*"))
-        _remove(scratch)
-    for result in results:
-        role = "chief" if result.index == 0 else "worker"
-        echo(f"worker {result.index} ({role}): exit code {result.exit_code}")
-        if result.exit_code != 0 and result.index != 0:
-            for line in result.log_tail[-8:]:
-                echo(f"  [worker {result.index}] {line}")
-    _report(results, leftovers, echo)
-    return results
+        shutil.rmtree(scratch, ignore_errors=True)
+    return results, lost, leftovers
+
+
+def _pump(stream, result: WorkerResult, log: IO, lock, echo: Echo, shown: bool):
+    prefix = "" if result.index == 0 else f"[worker {result.index}] "
+    for raw in stream:
+        line = raw.rstrip("\n")
+        if line.startswith("run folder: "):
+            result.run_folder = line[len("run folder: ") :].strip()
+        elif line.startswith("weights: sha256 "):
+            result.weights = line.split()[-1]
+        with lock:
+            log.write(raw if raw.endswith("\n") else raw + "\n")
+            result.log_tail = (result.log_tail + [line])[-20:]
+        if shown:
+            echo(prefix + line)
+
+
+def _kill_group(proc: subprocess.Popen, signum: int) -> None:
+    """Signals the worker's process group (the worker and its children)."""
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait(procs, results, stop: _Stop, timeout: Optional[float], echo: Echo):
+    """Waits for the workers; forwards the launcher's signals, stops the
+    survivors of a lost worker; returns the lost worker in words or None."""
+    start = time.monotonic()
+    deadline = None  # when the workers still running are killed
+    forwarded = 0
+    lost = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        expired = timeout is not None and now - start > timeout
+        if (stop.signum or expired) and forwarded == 0:
+            signum = stop.signum or signal.SIGTERM
+            for proc in procs:
+                if proc.poll() is None:
+                    _kill_group(proc, signum)
+            forwarded = 1
+            deadline = now + _SHUTDOWN_GRACE
+        if stop.count > 1 and deadline != float("inf"):  # a second signal
+            deadline = now
+        if lost is None and deadline is None:
+            dead = _first_dead(procs, results)
+            if dead is not None:
+                lost = f"worker {dead.index} (pid {dead.pid}) {dead.ending}"
+                echo(f"launch: {lost}; stopping the other workers")
+                deadline = now + _LOST_WORKER_GRACE
+        if deadline is not None and now > deadline:
+            running = [
+                r.index for p, r in zip(procs, results, strict=True) if p.poll() is None
+            ]
+            if running:
+                echo(
+                    "launch: killing worker(s) "
+                    f"{', '.join(map(str, running))} (did not exit in time)"
+                )
+            for proc in procs:
+                _kill_group(proc, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.1)
+    if lost is None and stop.signum is None:
+        dead = _first_dead(procs, results)
+        if dead is not None:
+            lost = f"worker {dead.index} (pid {dead.pid}) {dead.ending}"
+    return lost
+
+
+def _first_dead(procs, results) -> Optional[WorkerResult]:
+    """A worker that ended with a failure (not 0, not a checkpointed stop);
+    a death by signal comes before the exit code 1 of a survivor."""
+    dead = [
+        (p.returncode, r)
+        for p, r in zip(procs, results, strict=True)
+        if p.returncode not in (None, 0, PREEMPTED_EXIT_CODE)
+    ]
+    if not dead:
+        return None
+    dead.sort(key=lambda item: (item[0] >= 0, item[1].index))
+    code, result = dead[0]
+    result.exit_code = code
+    return result
+
+
+def _last_checkpoint(out: Path) -> str:
+    from advtrain.checkpointing import CheckpointStore
+
+    latest = CheckpointStore(out / "checkpoints").latest()
+    return f"checkpoint {latest.name}" if latest else "the start (no checkpoint yet)"
+
+
+def _keep_logs(logs: Path, out: Path, keep: bool) -> Optional[Path]:
+    """Moves the logs into the run folder (once it holds a run) or leaves
+    them in their temporary folder; deletes them when not `keep`."""
+    if not keep:
+        shutil.rmtree(logs, ignore_errors=True)
+        return None
+    if not (out / "recipe.yaml").is_file():
+        return logs
+    target = out / "launch-logs"
+    target.mkdir(exist_ok=True)
+    for path in logs.iterdir():
+        shutil.move(str(path), target / path.name)
+    shutil.rmtree(logs, ignore_errors=True)
+    return target
 
 
 def _run_folder(recipe, output: Optional[Path]) -> Path:
@@ -199,29 +455,6 @@ def _run_folder(recipe, output: Optional[Path]) -> Path:
     output = Path(output).resolve()
     check_run_dir(output, recipe)
     return output
-
-
-def _wait(procs: list[subprocess.Popen], timeout: Optional[float]) -> None:
-    start = time.monotonic()
-    failed_at = None
-    while any(p.poll() is None for p in procs):
-        now = time.monotonic()
-        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
-            failed_at = now
-        expired = timeout is not None and now - start > timeout
-        grace_over = failed_at is not None and now - failed_at > _GRACE_SECONDS
-        if expired or grace_over:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-            return
-        time.sleep(0.2)
 
 
 def _report(results: list[WorkerResult], leftovers: list[Path], echo: Echo):
@@ -246,9 +479,3 @@ def _report(results: list[WorkerResult], leftovers: list[Path], echo: Echo):
         echo(
             f"workers 1-{len(results) - 1} wrote only to temporary folders, now removed"
         )
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

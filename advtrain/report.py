@@ -23,6 +23,14 @@ CURVES = (
     ("co_guard_pgd_accuracy", "PGD (guard batch)"),
 )
 
+# Report label of each attack evaluation can run, in report order.
+ATTACK_LABELS = {
+    "fgsm": "FGSM accuracy",
+    "pgd": "PGD accuracy",
+    "apgd_ce": "APGD-CE accuracy",
+    "apgd_dlr": "APGD-DLR accuracy (targeted)",
+}
+
 
 def plot_training_curves(
     history: Mapping[str, Sequence[float]],
@@ -64,14 +72,25 @@ def _pct(value: Optional[float]) -> str:
 
 def _headline(metrics: Mapping[str, Any]) -> list[str]:
     rows = [("clean accuracy", _pct(metrics.get("clean_accuracy")))]
-    for key, label in (("fgsm", "FGSM accuracy"), ("pgd", "PGD accuracy")):
+    for key, label in ATTACK_LABELS.items():
         if f"{key}_accuracy" not in metrics:
             continue
         attack = metrics.get(f"{key}_attack", {})
         detail = f"eps={attack.get('eps', 0):g} norm={attack.get('norm', '?')}"
-        if attack.get("method") == "pgd":
+        if attack.get("method") in ("pgd", "apgd_ce", "apgd_dlr"):
             detail += f", {attack['steps']} steps x {attack['restarts']} restart(s)"
+        if "targets" in attack:
+            detail += f" x {attack['targets']} targets"
         rows.append((f"{label} ({detail})", _pct(metrics[f"{key}_accuracy"])))
+    if "robust_accuracy_worst" in metrics:
+        over = metrics.get("robust_accuracy_worst_over") or ["clean"]
+        names = ", ".join(ATTACK_LABELS.get(n, n).split()[0] for n in over)
+        rows.append(
+            (
+                f"**worst case per example** (over {names})",
+                f"**{_pct(metrics['robust_accuracy_worst'])}**",
+            )
+        )
     if "macro_f1" in metrics:
         rows.append(("macro F1 (clean)", f"{metrics['macro_f1']:.4f}"))
     if "pgd_macro_f1" in metrics:

@@ -49,3 +49,16 @@ def _no_leaked_op_determinism():
 
     if tf_config.is_op_determinism_enabled():
         tf_config.disable_op_determinism()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_debug_flag():
+    """`advtrain --debug` sets ADVTRAIN_DEBUG=1 for the process (and the
+    workers it starts); an in-process CLI test must not pass it on to the
+    fresh interpreters of later tests."""
+    before = os.environ.get("ADVTRAIN_DEBUG")
+    yield
+    if before is None:
+        os.environ.pop("ADVTRAIN_DEBUG", None)
+    else:
+        os.environ["ADVTRAIN_DEBUG"] = before

@@ -27,3 +27,57 @@ def bn_classifier(input_shape=(8, 8, 1), classes=10, seed=0):
 
 def accuracy(model, x, y) -> float:
     return float(np.mean(np.argmax(model(x, training=False), axis=-1) == y))
+
+
+# ------------------------------------------------- one vs two CPU replicas
+
+# Logical CPU devices must be configured before TensorFlow starts, so each
+# replica count trains in its own process. A script starts with this
+# prelude (`runtime` is ready, `out` is where it saves its arrays) and
+# ends with `np.savez(out, **arrays)`.
+REPLICA_PRELUDE = """\
+import os, sys
+import numpy as np
+from advtrain.config import RuntimeConfig
+from advtrain.runtime import make_runtime
+
+replicas, out = int(sys.argv[1]), sys.argv[2]
+runtime = make_runtime(RuntimeConfig(
+    strategy="mirrored" if replicas > 1 else "default",
+    cpu_replicas=replicas if replicas > 1 else None,
+    steps_per_execution=1,
+))
+assert runtime.replicas == replicas, runtime.describe()
+sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+"""
+
+
+def run_on_replicas(tmp_path, body: str, replicas=(1, 2)) -> dict:
+    """Runs REPLICA_PRELUDE + `body` once per replica count, concurrently;
+    returns {replicas: the arrays it saved}."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "replicas.py"
+    script.write_text(REPLICA_PRELUDE + textwrap.dedent(body))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(root))
+    env.pop("TF_CONFIG", None)
+    procs = {
+        r: subprocess.Popen(
+            [sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in replicas
+    }
+    for proc in procs.values():
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, output[-3000:]
+    return {r: np.load(tmp_path / f"r{r}.npz") for r in replicas}

@@ -90,12 +90,18 @@ def test_resolved_recipe_is_saved_with_overrides(tmp_path):
 
 def test_saved_model_round_trip_serves_raw_pixels(finished_run, digits):
     out, _ = finished_run
+    import tensorflow as tf
+
     from advtrain.experiment import load_classifier
 
+    # The run's own SavedModel, served uint8 pixels, against model.keras.
     model = load_classifier(out / "model.keras")
-    x = digits[0][:8]
-    again = load_classifier(out / "model.keras")
-    np.testing.assert_allclose(model.predict(x, verbose=0), again.predict(x, verbose=0))
+    x = np.round(digits[0][:8] * 255).astype("uint8")
+    served = tf.saved_model.load(str(out / "export" / "saved_model"))
+    logits = served.signatures["serving_default"](images=tf.constant(x))["logits"]
+    np.testing.assert_allclose(
+        logits, model.predict(x.astype("float32") / 255, verbose=0), atol=1e-4
+    )
     assert model.input_shape == (None, 8, 8, 1)
     assert model.output_shape == (None, 10)
 
@@ -114,6 +120,41 @@ def test_eval_of_model_file_needs_recipe(finished_run):
     result = runner.invoke(app, ["eval", str(out / "model.keras")])
     assert result.exit_code == 2
     assert "needs --recipe" in result.output
+
+
+def test_eval_of_missing_path_says_not_found(tmp_path):
+    result = runner.invoke(app, ["eval", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert "nope: not found" in result.output
+    assert "--recipe" not in result.output
+
+
+def test_version_debug_and_completion_are_global_options():
+    from advtrain import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"advtrain {__version__}"
+    top = runner.invoke(app, ["--help"]).output
+    assert "--debug" in top and "--install-completion" in top
+    assert "--debug" not in runner.invoke(app, ["run", "--help"]).output
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["run", "quickstart", "--bogus"], "No such option: --bogus"),
+        (["trian"], "No such command 'trian'"),
+        (["profile", "quickstart", "--steps", "0"], "--steps"),
+    ],
+)
+def test_usage_errors_are_one_line(args, fragment):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: ") and fragment in lines[0]
+    assert "--help" in lines[0]
 
 
 def test_recipes_lists_shipped_recipes():
@@ -143,13 +184,13 @@ def test_unexpected_errors_are_one_line_without_traceback(tmp_path, monkeypatch)
     recipe = write_recipe(tmp_path, TINY)
     result = runner.invoke(app, ["run", str(recipe), "-o", str(tmp_path / "o")])
     assert result.exit_code == 1
-    assert "RuntimeError: disk on fire (rerun with --debug" in result.output
+    assert "RuntimeError: disk on fire (rerun as `advtrain --debug" in result.output
     assert "Traceback" not in result.output
     assert "second line" not in result.output
     with pytest.raises(RuntimeError):
         runner.invoke(
             app,
-            ["run", str(recipe), "-o", str(tmp_path / "o"), "--debug"],
+            ["--debug", "run", str(recipe), "-o", str(tmp_path / "o")],
             catch_exceptions=False,
         )
 

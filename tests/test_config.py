@@ -95,7 +95,7 @@ BAD = [
     (
         "data: {source: mnist, path: /nonexistent/mnist}",
         [],
-        "MNIST directory not found",
+        "bad.yaml: data.path /nonexistent/mnist: not found.",
     ),
     ("{}", ["--set", "output.keep_checkpoints=-1"], "'output.keep_checkpoints'"),
 ]
@@ -168,7 +168,7 @@ BAD_CLI = [
     (_not_a_run, "resume", "not a run folder (no recipe.yaml)"),
     (_bad_saved_recipe, "resume", "recipe.yaml: unknown key 'attack.epss'"),
     (_finished, "resume", "the run is finished"),
-    (None, "eval", "model file not found"),
+    (None, "eval", "not found (expected a run folder or a .keras file)"),
 ]
 
 
@@ -261,4 +261,45 @@ def test_shipped_recipes_validate():
     paths = sorted(RECIPES_DIR.glob("*.yaml"))
     assert any(p.stem == "quickstart" for p in paths)
     for path in paths:
+        load_recipe(path)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("attack: {eps: yes}", "'attack.eps': Input should be a valid number"),
+        ("train: {batch_size: true}", "booleans, not numbers"),
+        ("runtime: {steps_per_execution: true}", "'runtime.steps_per_execution'"),
+        ("attack: {norm: 2.5}", "Received: attack.norm=2.5"),
+        ("eval: {norm: true}", "'eval.norm'"),
+        ("train: {warmup_epochs: .inf}", "finite number"),
+        ("attack: {eps: .nan}", "finite number"),
+        ("train: {seed: 4294967296}", "'train.seed'"),
+        ("name: ../../x", "no '/' or '..'"),
+        ('name: "a\\0b"', "NUL"),
+        ("? [a, b]\n: 1", "a key must be a plain name"),
+        ("data: " + "[" * 3000 + "]" * 3000, "nested too deeply"),
+        ("data: " + "[" * 20 + "]" * 20, "nested deeper than 16 levels"),
+    ],
+)
+def test_strict_values_are_refused_by_name(tmp_path, text, fragment):
+    with pytest.raises(RecipeError, match="r.yaml") as info:
+        load_recipe(_write(tmp_path, "r.yaml", text))
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_exact_norms_still_accept_yaml_numbers(tmp_path):
+    text = "attack: {norm: 2}\neval: {norm: .inf}"
+    recipe = load_recipe(_write(tmp_path, "r.yaml", text))
+    assert (recipe.attack.norm, recipe.eval.norm) == ("2", "inf")
+
+
+def test_a_huge_recipe_fails_without_being_read_whole(tmp_path):
+    path = tmp_path / "big.yaml"
+    with open(path, "w") as handle:
+        handle.write("name: t\n")
+        handle.seek(60_000_000)
+        handle.write("\n")
+    with pytest.raises(RecipeError, match="larger than 1000000 bytes"):
         load_recipe(path)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import run_on_replicas
 from typer.testing import CliRunner
 
 from advtrain.cli import app
@@ -24,24 +25,11 @@ runner = CliRunner()
 # training steps (FGSM, fused FGSM, PGD without random start: random starts
 # are drawn per replica, so they differ with the replica count) and saves
 # weights and epoch metrics.
-TRAIN = textwrap.dedent("""
-    import os, sys
-    import numpy as np
-    from advtrain.config import RuntimeConfig
-    from advtrain.runtime import make_runtime
-
-    replicas, out = int(sys.argv[1]), sys.argv[2]
-    runtime = make_runtime(RuntimeConfig(
-        strategy="mirrored" if replicas > 1 else "default",
-        cpu_replicas=replicas if replicas > 1 else None,
-        steps_per_execution=1,
-    ))
-    assert runtime.replicas == replicas, runtime.describe()
+TRAIN = """
     import keras
     import tensorflow as tf
     from advtrain.attacks import Attack
     from advtrain.models.adversarial import AdversarialModel
-    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
     from helpers import dense_classifier
 
     rng = np.random.default_rng(0)
@@ -71,7 +59,7 @@ TRAIN = textwrap.dedent("""
         for key, values in history.items():
             arrays[f"{name}/metric/{key}"] = np.array(values[-1])
     np.savez(out, **arrays)
-""")
+"""
 
 
 def _env():
@@ -81,24 +69,8 @@ def _env():
 
 
 def test_two_cpu_replicas_match_one_replica(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    procs = {
-        r: subprocess.Popen(
-            [sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")],
-            cwd=ROOT,
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in (1, 2)
-    }
-    for proc in procs.values():
-        output, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, output[-3000:]
-    one = np.load(tmp_path / "r1.npz")
-    two = np.load(tmp_path / "r2.npz")
+    arrays = run_on_replicas(tmp_path, TRAIN)
+    one, two = arrays[1], arrays[2]
     assert sorted(one.files) == sorted(two.files)
     weights = [k for k in one.files if "/w" in k]
     metrics = [k for k in one.files if "/metric/" in k]

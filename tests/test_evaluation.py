@@ -1,4 +1,10 @@
-"""Robust evaluation numbers and the eps-sweep plot."""
+"""Robust evaluation numbers, the eps-sweep plot, and the MNIST seeds
+benchmark (scripts/bench_mnist_robust) that reports them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,3 +97,146 @@ def test_max_examples_is_a_seeded_random_subset(trained_dense, digits):
     assert sum(result["class_support"]) == 50
     assert np.bincount(ya, minlength=10).tolist() == result["class_support"]
     assert len(result["pgd_per_class_accuracy"]) == 10
+
+
+def test_default_attacks_are_fgsm_and_pgd_with_their_worst_case(trained_dense, digits):
+    x, y = digits[0][1500:1600], digits[1][1500:1600]
+    cfg = EvalConfig(pgd_steps=3)
+    result = evaluate_robustness(
+        trained_dense, _batches(x, y), cfg, default_eps=0.1, num_classes=10
+    )
+    assert not [key for key in result if key.startswith("apgd")]
+    assert result["robust_accuracy_worst_over"] == ["clean", "fgsm", "pgd"]
+    assert result["robust_accuracy_worst"] <= result["pgd_accuracy"]
+
+
+def test_apgd_attacks_are_selectable_and_no_weaker_than_pgd(trained_dense, digits):
+    x, y = digits[0][1500:1700], digits[1][1500:1700]
+    cfg = EvalConfig(
+        attacks=["pgd", "apgd_ce", "apgd_dlr"], pgd_steps=10, apgd_steps=10
+    )
+    result = evaluate_robustness(
+        trained_dense, _batches(x, y), cfg, default_eps=0.1, num_classes=10
+    )
+    assert "fgsm_accuracy" not in result  # the list alone decides
+    assert result["apgd_ce_attack"]["steps"] == 10
+    assert result["apgd_dlr_attack"]["targets"] == 9
+    assert result["apgd_ce_accuracy"] <= result["pgd_accuracy"]
+    assert result["apgd_dlr_accuracy"] < result["clean_accuracy"] - 0.2
+    worst = result["robust_accuracy_worst"]
+    names = ("pgd", "apgd_ce", "apgd_dlr")
+    assert worst <= min(result[f"{n}_accuracy"] for n in names)
+    assert result["robust_accuracy_worst_over"] == ["clean", *names]
+
+
+def test_worst_case_is_taken_per_example(trained_dense, digits, monkeypatch):
+    """Two attacks that each fool a different half leave nothing robust,
+    though each alone reports 50%."""
+    from advtrain import evaluation
+
+    x = digits[0][1500:1600]
+    y = np.argmax(trained_dense(x, training=False), axis=-1)  # clean: 100%
+    fooled_by = {"pgd": slice(0, 50), "apgd_ce": slice(50, 100)}
+
+    def fake_runner(self, attack, xb, yb):
+        predictions = np.array(yb)
+        predictions[fooled_by[attack.method]] += 1
+        return tf.constant(predictions)
+
+    monkeypatch.setattr(evaluation.AttackRunner, "__call__", fake_runner)
+    cfg = EvalConfig(attacks=["pgd", "apgd_ce"])
+    result = evaluate_robustness(
+        trained_dense, _batches(x, y), cfg, default_eps=0.1, num_classes=10
+    )
+    assert result["clean_accuracy"] == 1.0
+    assert result["pgd_accuracy"] == result["apgd_ce_accuracy"] == 0.5
+    assert result["robust_accuracy_worst"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(attacks=["pgd", "pgd"]), "each attack once"),
+        (dict(attacks=["pgd"], pgd_steps=0), "needs eval.pgd_steps >= 1"),
+        (dict(attacks=["deepfool"]), "apgd_dlr"),
+    ],
+)
+def test_eval_attacks_are_checked(settings, message):
+    with pytest.raises(ValueError, match=message):
+        EvalConfig(**settings)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "scripts" / "bench_mnist_robust"
+
+
+def _bench_module():
+    import importlib.util
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader("bench_mnist_robust", str(BENCH))
+    module = importlib.util.module_from_spec(
+        importlib.util.spec_from_loader(loader.name, loader)
+    )
+    loader.exec_module(module)
+    return module
+
+
+def test_bench_table_has_mean_worst_and_time_ratio():
+    bench = _bench_module()
+    metrics = [
+        {"train_seconds": 10.0, "clean_accuracy": 0.9, "pgd_accuracy": 0.8,
+         "co_guard": {"triggers": []}},
+        {"train_seconds": 14.0, "clean_accuracy": 0.7, "pgd_accuracy": 0.2,
+         "co_guard": {"triggers": [{}, {}]}},
+    ]  # fmt: skip
+    fast = [bench.row_of("fgsm_rs", s, m) for s, m in enumerate(metrics)]
+    slow = [dict(r, method="pgd", train_seconds=3 * r["train_seconds"]) for r in fast]
+    table = fast + bench.summarise(fast, "fgsm_rs") + slow
+    table += bench.summarise(slow, "pgd")
+    assert bench.add_time_ratios(table)
+    mean, worst = table[2], table[3]
+    assert mean["clean_accuracy"] == pytest.approx(0.8)
+    assert worst["pgd_accuracy"] == 0.2 and worst["train_seconds"] == 14.0
+    assert worst["guard_events"] == 2 and mean["guard_events"] == 1.0
+    assert [r["time_ratio"] for r in table[4:]] == pytest.approx([3, 3, 3, 3])
+    text = bench.format_table(table)
+    assert text.splitlines()[0].split()[:4] == ["method", "seed", "train", "s"]
+    assert "  worst  " in text and "n/a" in text  # no FGSM/APGD numbers here
+    assert bench.parse_method("pgd") == ("pgd", ["attack.method=pgd"])
+    spec = "pgd_at:attack.method=pgd; attack.steps=10"
+    assert bench.parse_method(spec) == (
+        "pgd_at",
+        ["attack.method=pgd", "attack.steps=10"],
+    )
+    assert bench.parse_seeds("0,1,2") == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_bench_quick_mode_runs_on_real_mnist(tmp_path):
+    """The benchmark's --quick mode end to end (about a minute on 2 CPU
+    cores). The real MNIST must be there: a missing dataset is a failure."""
+    data = ROOT.parent / "shared" / "data" / "mnist"
+    found = sorted(p.name for p in data.glob("*-ubyte*"))
+    assert len(found) == 4, f"MNIST IDX files expected in {data}. Received: {found}"
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--seeds", "0", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["rows"]
+    assert row["method"] == "fgsm_rs" and row["seed"] == 0
+    for key in ("clean_accuracy", "pgd_accuracy", "robust_accuracy_worst"):
+        assert 0.0 <= row[key] <= 1.0
+    assert row["robust_accuracy_worst"] <= min(
+        row[k] for k in ("fgsm_accuracy", "pgd_accuracy", "apgd_dlr_accuracy")
+    )
+    assert "200 test images" in summary["title"]
+    metrics = json.loads((out / "fgsm_rs-seed0" / "metrics.json").read_text())
+    assert metrics["examples"] == 200 and "apgd_ce_accuracy" in metrics
+    assert "| method | seed |" in (out / "table.md").read_text()
+    assert "guard events" in proc.stdout

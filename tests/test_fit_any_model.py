@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 import yaml
+from helpers import run_on_replicas
 from typer.testing import CliRunner
 
 import advtrain
@@ -64,6 +65,7 @@ def test_tiny_model_auto_steps_per_execution(tiny_data):
     assert int(result.model.optimizer.iterations.numpy()) == 60
     assert result.history["loss"][-1] < result.history["loss"][0]
     assert lines[0].startswith("runtime: default strategy on cpu")
+    assert result.bn_gap is None  # no BatchNorm, not a classifier
     assert "global 20 = 1 replica(s) x 20; 20 steps/epoch x 3" in lines[1]
 
 
@@ -244,6 +246,120 @@ def test_lstm_regressor_under_two_cpu_replicas(tmp_path):
     assert summary["steps"] == 1
     assert summary["units"] == [180, 180, 180]
     assert np.isfinite(summary["loss"])
+
+
+# ---------------------------------------------------------------- shuffle
+
+SHUFFLE_SCRIPT = """
+    import keras
+    import tensorflow as tf
+    import advtrain
+
+    def build():  # BatchNorm-free: the order alone decides the weights
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((8,)),
+                                 keras.layers.Dense(16, activation="relu"),
+                                 keras.layers.Dense(3)])
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 8)).astype("float32")
+    y = rng.integers(0, 3, 128)
+    sources = {"arrays": (x, y),
+               "dataset": tf.data.Dataset.from_tensor_slices((x, y))}
+    arrays = {}
+    for name, data in sources.items():
+        result = advtrain.fit(
+            build, data, runtime=runtime, batch_size=32, epochs=2,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            optimizer="sgd", learning_rate=0.5, shuffle=True, echo=None)
+        for i, w in enumerate(result.model.get_weights()):
+            arrays[f"{name}/w{i}"] = w
+    np.savez(out, **arrays)
+"""
+
+
+def test_shuffled_fit_trains_alike_on_one_and_two_replicas(tmp_path):
+    # Keras opens an extra iterator under a strategy (to build the model);
+    # a stream that reshuffled per iterator trained on another order.
+    arrays = run_on_replicas(tmp_path, SHUFFLE_SCRIPT)
+    one, two = arrays[1], arrays[2]
+    assert sorted(one.files) == sorted(two.files) and len(one.files) == 8
+    for key in one.files:
+        np.testing.assert_allclose(two[key], one[key], atol=1e-5, err_msg=key)
+
+
+def test_repeated_array_stream_replays_from_every_iterator(tmp_path):
+    y = np.arange(40)
+    np.save(tmp_path / "x.npy", np.arange(40 * 2, dtype=np.float32).reshape(40, 2))
+    mm = np.load(tmp_path / "x.npy", mmap_mode="r")
+    for x in (mm, np.asarray(mm)):  # streamed and in-memory
+        ds = array_batches(x, y, 10, seed=3, repeat=True)
+        first, second = (
+            np.concatenate([b.numpy() for _, b in ds.take(8)]) for _ in range(2)
+        )
+        np.testing.assert_array_equal(first, second)
+        epochs = first.reshape(2, 40)
+        assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(40))
+        assert not np.array_equal(epochs[0], epochs[1])  # reshuffled per epoch
+        assert not np.array_equal(epochs[0], y)
+
+
+# ---------------------------------------------------------------- BatchNorm
+
+
+def _bn_cnn():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(16, 3, padding="same")(inputs)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.ReLU()(h)
+    h = keras.layers.Conv2D(32, 3, strides=2, padding="same")(h)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.ReLU()(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inputs, keras.layers.Dense(10)(h))
+
+
+def test_fit_rejects_a_bad_batchnorm_policy_in_one_line(tiny_data):
+    for bad, message in (
+        ({"momentum": 2.0}, "batchnorm: momentum: expected auto"),
+        ({"recalibrate": "sometimes"}, "Received: recalibrate='sometimes'"),
+        ({"momentun": 0.9}, "batchnorm.momentun: Extra inputs"),
+    ):
+        with pytest.raises(ValueError, match=message) as info:
+            advtrain.fit(
+                tiny_regressor, tiny_data, loss="mse", batch_size=20, batchnorm=bad
+            )
+        assert "\n" not in str(info.value)
+
+
+def test_fit_applies_the_batchnorm_policy_and_reports_the_gap(digits):
+    x, y = digits
+    common = dict(
+        attack=advtrain.Attack("fgsm", eps=0.1),
+        batch_size=64,
+        epochs=3,
+        learning_rate=3e-3,
+        validation_data=(x[1400:], y[1400:]),
+        runtime={"strategy": "default"},
+    )
+    lines = []
+    result = advtrain.fit(_bn_cnn, (x[:1400], y[:1400]), echo=lines.append, **common)
+    gap = result.bn_gap
+    print(f"\nadvtrain.fit bn_gap: {gap}")
+    assert any("0.99 (Keras's default) -> 0.9 on 2 layer(s)" in line for line in lines)
+    assert type(result.model.classifier.layers[2]).__name__ == "FusedBatchNormalization"
+    assert gap["recalibrated"] == 0 and abs(gap["gap"]) <= 0.02
+    assert gap["inference_mode_accuracy"] > 0.6
+    assert lines[-1].startswith("bn_gap: ")
+
+    # Momentum kept at 0.99: the gap is measured, then recalibrated away.
+    stale = advtrain.fit(
+        _bn_cnn, (x[:1400], y[:1400]), batchnorm={"momentum": None}, echo=None, **common
+    )
+    print(f"advtrain.fit bn_gap at momentum 0.99: {stale.bn_gap}")
+    assert stale.bn_gap["before"]["gap"] > 0.05
+    assert stale.bn_gap["recalibrated"] > 0 and abs(stale.bn_gap["gap"]) <= 0.02
 
 
 # ---------------------------------------------------------------- builder

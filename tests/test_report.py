@@ -24,7 +24,13 @@ TINY = {
         "co_guard_examples": 64,
         "co_guard_pgd_steps": 2,
     },
-    "eval": {"pgd_steps": 2, "eps_sweep": [0.0, 0.1], "max_examples": 48},
+    "eval": {
+        "pgd_steps": 2,
+        "eps_sweep": [0.0, 0.1],
+        "max_examples": 48,
+        "attacks": ["fgsm", "pgd", "apgd_ce", "apgd_dlr"],
+        "apgd_steps": 2,
+    },
     "output": {"tensorboard": False},
 }
 
@@ -59,6 +65,41 @@ METRICS = {
     ],
 }
 HISTORY = {"accuracy": [0.5, 0.8], "adv_accuracy": [0.2, 0.4], "loss": [2, 1]}
+
+
+def test_report_lists_each_attack_and_the_worst_case(tmp_path):
+    apgd = {"eps": 0.1, "norm": "inf", "steps": 100, "restarts": 1}
+    metrics = {
+        **METRICS,
+        "apgd_ce_accuracy": 0.35,
+        "apgd_ce_attack": {"method": "apgd_ce", **apgd},
+        "apgd_dlr_accuracy": 0.3,
+        "apgd_dlr_attack": {"method": "apgd_dlr", "targets": 9, **apgd},
+        "robust_accuracy_worst": 0.25,
+        "robust_accuracy_worst_over": ["clean", "fgsm", "pgd", "apgd_ce", "apgd_dlr"],
+    }
+    text = write_report(
+        tmp_path, recipe_from_dict(TINY), metrics, HISTORY, plots=False
+    ).read_text()
+    assert (
+        "| APGD-CE accuracy (eps=0.1 norm=inf, 100 steps x 1 restart(s)) | 35.00% |"
+        in text
+    )
+    assert (
+        "| APGD-DLR accuracy (targeted) (eps=0.1 norm=inf, 100 steps x 1 "
+        "restart(s) x 9 targets) | 30.00% |"
+    ) in text
+    assert (
+        "| **worst case per example** (over clean, FGSM, PGD, APGD-CE, APGD-DLR)"
+        " | **25.00%** |"
+    ) in text
+    rows = [line.split(" (")[0] for line in text.splitlines() if "accuracy (" in line]
+    assert rows == [
+        "| FGSM accuracy",
+        "| PGD accuracy",
+        "| APGD-CE accuracy",
+        "| APGD-DLR accuracy",
+    ]
 
 
 def test_report_holds_every_section(tmp_path):
@@ -108,6 +149,10 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     assert [c["name"] for c in metrics["sanity_checks"]][0] == "pgd_not_above_fgsm"
     assert all(set(c) == {"name", "passed", "detail"} for c in metrics["sanity_checks"])
     assert metrics["examples"] == 48 and metrics["subset_of"] == 64
+    attacked = [
+        metrics[f"{n}_accuracy"] for n in ("fgsm", "pgd", "apgd_ce", "apgd_dlr")
+    ]
+    assert 0 <= metrics["robust_accuracy_worst"] <= min(attacked)
     guard = metrics["co_guard"]
     assert [p["epoch"] for p in guard["pgd_accuracy"]] == [1, 2]
     assert len(result.history["co_guard_pgd_accuracy"]) == 2
@@ -117,6 +162,8 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     assert "sanity checks: " in output
     report = (out / "report.md").read_text()
     assert "![training curves](training_curves.png)" in report
+    assert "APGD-DLR accuracy (targeted)" in report
+    assert "**worst case per example**" in report
     assert "![accuracy against eps](eps_sweep.png)" in report
     assert (out / "training_curves.png").is_file()
 
@@ -150,7 +197,12 @@ def test_cli_export_and_eval_print_what_they_did(guarded_run, tmp_path):
 def test_resumed_run_keeps_the_guards_record(tmp_path):
     from advtrain.experiment import run
 
-    recipe = recipe_from_dict({**TINY, "eval": {**TINY["eval"], "sanity_examples": 0}})
+    # Keras's momentum, so that epoch 1 stays the guard's best on this seed
+    # and its record is resumable from the epoch-1 checkpoint.
+    model = {**TINY["model"], "batchnorm": {"momentum": None}}
+    recipe = recipe_from_dict(
+        {**TINY, "model": model, "eval": {**TINY["eval"], "sanity_examples": 0}}
+    )
     out = tmp_path / "run"
     run(recipe, out, echo=lambda _: None)
     # As if killed after epoch 1: the epoch-2 checkpoint and the final

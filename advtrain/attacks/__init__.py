@@ -1,5 +1,6 @@
 """Attacks: pure functions over a `model_fn`, and the `Attack` spec."""
 
+from advtrain.attacks.apgd import apgd_ce, apgd_dlr
 from advtrain.attacks.attack import Attack, attacks, register_attack
 from advtrain.attacks.cleverhans_backend import cleverhans_fgsm, cleverhans_pgd
 from advtrain.attacks.common import canonical_norm, per_example_cross_entropy
@@ -7,6 +8,8 @@ from advtrain.attacks.fgsm import fgsm, fgsm_random_start
 from advtrain.attacks.pgd import pgd
 
 __all__ = [
+    "apgd_ce",
+    "apgd_dlr",
     "Attack",
     "attacks",
     "canonical_norm",

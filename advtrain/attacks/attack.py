@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from advtrain.attacks import cleverhans_backend, fgsm, pgd
+from advtrain.attacks import apgd, cleverhans_backend, fgsm, pgd
 from advtrain.attacks.common import LossFn, ModelFn, canonical_norm, check_eps
 from advtrain.registry import Registry
 
@@ -50,6 +50,8 @@ class Attack:
     def __post_init__(self):
         object.__setattr__(self, "norm", canonical_norm(self.norm))
         check_eps("eps", self.eps)
+        pgd.check_count("steps", self.steps)
+        pgd.check_count("restarts", self.restarts)
         if self.backend not in BACKENDS:
             raise ValueError(
                 f"backend must be one of {', '.join(BACKENDS)}. "
@@ -59,6 +61,12 @@ class Attack:
             raise ValueError(
                 "The cleverhans backend provides fgsm and pgd. "
                 f"Received: method={self.method!r}"
+            )
+        one_start = isinstance(self.restarts, int) and self.restarts == 1
+        if self.backend == "cleverhans" and not one_start:
+            raise ValueError(
+                "The cleverhans backend runs one start per example; restarts "
+                f"need backend='advtrain'. Received: restarts={self.restarts!r}"
             )
         attacks.get(self.method)
 
@@ -171,18 +179,35 @@ def _pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
     )  # fmt: skip
 
 
+@register_attack("apgd_ce")
+def _apgd_ce(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
+    return apgd.apgd_ce(
+        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, seed=seed,
+        **_fields(a, "steps", "restarts"), **extra,
+    )  # fmt: skip
+
+
+@register_attack("apgd_dlr")
+def _apgd_dlr(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
+    del loss_fn  # DLR is the attack's own loss; `targets=` comes in `extra`
+    return apgd.apgd_dlr(
+        model_fn, x, y, loss_scale=loss_scale, seed=seed,
+        **_fields(a, "steps", "restarts"), **extra,
+    )  # fmt: skip
+
+
 @register_attack("cleverhans_fgsm")
 def _ch_fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
-    del loss_scale, seed  # cleverhans has neither
+    del seed  # cleverhans has no random start for FGSM
     return cleverhans_backend.cleverhans_fgsm(
-        model_fn, x, y, loss_fn=loss_fn, **_fields(a)
+        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, **_fields(a)
     )
 
 
 @register_attack("cleverhans_pgd")
 def _ch_pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
-    del loss_scale, seed
+    del seed  # cleverhans draws its random start unseeded
     return cleverhans_backend.cleverhans_pgd(
-        model_fn, x, y, loss_fn=loss_fn,
+        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale,
         **_fields(a, "steps", "step_size", "random_start"),
     )  # fmt: skip

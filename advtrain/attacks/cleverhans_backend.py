@@ -17,13 +17,26 @@ from advtrain.attacks.common import (
 )
 
 
-def _cleverhans_loss(loss_fn: Optional[LossFn]):
+def _cleverhans_loss(loss_fn: Optional[LossFn], loss_scale: Optional[Any]):
+    """Our per-example loss, times the mixed-precision loss scale: cleverhans
+    only uses the gradient's direction, so the scale cancels, and it keeps
+    a float16 backward pass from underflowing to a zero gradient."""
     loss_fn = loss_fn or per_example_cross_entropy
 
     def wrapped(labels, logits):
-        return loss_fn(labels, logits)
+        loss = tf.cast(loss_fn(labels, logits), tf.float32)
+        if loss_scale is not None:
+            loss = loss * tf.cast(loss_scale, tf.float32)
+        return loss
 
     return wrapped
+
+
+def _finite_or_clean(x_adv: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
+    # An overflowing scaled loss gives a NaN gradient; no step beats a NaN
+    # image (advtrain's own attacks zero such gradients the same way).
+    x_adv = tf.cast(x_adv, x.dtype)
+    return tf.where(tf.math.is_finite(x_adv), x_adv, x)
 
 
 def _np_norm(norm: str):
@@ -40,10 +53,13 @@ def cleverhans_fgsm(
     loss_fn: Optional[LossFn] = None,
     clip_min: Optional[float] = 0.0,
     clip_max: Optional[float] = 1.0,
+    loss_scale: Optional[Any] = None,
 ) -> tf.Tensor:
     """`cleverhans.tf2.attacks.fast_gradient_method` with our arguments.
 
     cleverhans computes in float32; the result is cast back to `x.dtype`.
+    `loss_scale` multiplies the loss before differentiating (mixed
+    precision), as in advtrain's own attacks.
     """
     from cleverhans.tf2.attacks.fast_gradient_method import (
         fast_gradient_method,
@@ -56,12 +72,12 @@ def cleverhans_fgsm(
         x,
         eps,
         _np_norm(norm),
-        loss_fn=_cleverhans_loss(loss_fn),
+        loss_fn=_cleverhans_loss(loss_fn, loss_scale),
         clip_min=clip_min,
         clip_max=clip_max,
         y=y,
     )
-    return tf.cast(x_adv, x.dtype)
+    return _finite_or_clean(x_adv, x)
 
 
 def cleverhans_pgd(
@@ -77,8 +93,13 @@ def cleverhans_pgd(
     loss_fn: Optional[LossFn] = None,
     clip_min: Optional[float] = 0.0,
     clip_max: Optional[float] = 1.0,
+    loss_scale: Optional[Any] = None,
 ) -> tf.Tensor:
-    """`cleverhans.tf2.attacks.projected_gradient_descent` with our arguments."""
+    """`cleverhans.tf2.attacks.projected_gradient_descent` with our arguments.
+
+    One start per example: cleverhans has no restarts. `loss_scale` as in
+    `cleverhans_fgsm`.
+    """
     from cleverhans.tf2.attacks.projected_gradient_descent import (
         projected_gradient_descent,
     )
@@ -99,11 +120,11 @@ def cleverhans_pgd(
         step_size,
         steps,
         _np_norm(norm),
-        loss_fn=_cleverhans_loss(loss_fn),
+        loss_fn=_cleverhans_loss(loss_fn, loss_scale),
         clip_min=clip_min,
         clip_max=clip_max,
         y=y,
         rand_init=random_start,
         sanity_checks=False,
     )
-    return tf.cast(x_adv, x.dtype)
+    return _finite_or_clean(x_adv, x)

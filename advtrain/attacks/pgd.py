@@ -28,11 +28,11 @@ def pgd(
     y: Optional[Any] = None,
     *,
     eps: float,
-    steps: int = 10,
+    steps: Any = 10,
     step_size: Optional[float] = None,
     norm: Norm = "inf",
     random_start: bool = True,
-    restarts: int = 1,
+    restarts: Any = 1,
     loss_fn: Optional[LossFn] = None,
     clip_min: Optional[float] = 0.0,
     clip_max: Optional[float] = 1.0,
@@ -51,11 +51,13 @@ def pgd(
         x: float pixels.
         y: integer labels (or probability rows); None uses predictions.
         eps: radius of the ball in pixel units.
-        steps: iterations per restart.
+        steps: iterations per restart: an int, or a scalar integer tensor
+            (one traced graph then serves every step count).
         step_size: per-iteration step; defaults to `2.5 * eps / steps`.
         norm: "inf" or 2.
         random_start: start uniformly inside the ball (else at `x`).
         restarts: independent runs; the worst case per example is kept.
+            An int, or a scalar integer tensor (as `steps`).
         loss_fn: `(labels, logits) -> per-example loss`.
         clip_min, clip_max: valid pixel range.
         loss_scale: multiplies the loss before differentiating.
@@ -68,13 +70,10 @@ def pgd(
     ```
     """
     norm = checked_norm(norm, eps)
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1. Received: steps={steps!r}")
-    if not isinstance(restarts, int) or restarts < 1:
-        raise ValueError(
-            f"restarts must be an int >= 1. Received: restarts={restarts!r}"
-        )
-    step_size = 2.5 * eps / steps if step_size is None else step_size
+    check_count("steps", steps)
+    check_count("restarts", restarts)
+    if step_size is None:
+        step_size = default_step_size(eps, steps)
     check_eps("step_size", step_size)
     x, y = attack_inputs(model_fn, x, y)
     loss_fn = loss_fn or per_example_cross_entropy
@@ -105,10 +104,10 @@ def pgd(
         return tf.stop_gradient(x_adv)
 
     best = one_run()
-    if restarts == 1:
+    if isinstance(restarts, int) and restarts == 1:
         return best
-    best_wrong, best_loss = _outcome(model_fn, best, y, loss_fn)
-    for _ in range(restarts - 1):
+
+    def restart(i, best, best_wrong, best_loss):
         candidate = one_run()
         wrong, loss = _outcome(model_fn, candidate, y, loss_fn)
         # Misclassified beats correct; among equals the higher loss wins.
@@ -116,10 +115,38 @@ def pgd(
             tf.equal(wrong, best_wrong) & (loss > best_loss)
         )
         mask = tf.reshape(better, [-1] + [1] * (x.shape.rank - 1))
-        best = tf.where(mask, candidate, best)
-        best_wrong = best_wrong | wrong
-        best_loss = tf.where(better, loss, best_loss)
+        return (
+            i + 1,
+            tf.where(mask, candidate, best),
+            best_wrong | wrong,
+            tf.where(better, loss, best_loss),
+        )
+
+    # A loop, not unrolled: `restarts` may be a tensor (AttackRunner).
+    _, best, _, _ = tf.while_loop(
+        lambda i, *_: i < restarts,
+        restart,
+        (tf.constant(1), best, *_outcome(model_fn, best, y, loss_fn)),
+    )
     return best
+
+
+def default_step_size(eps: Any, steps: Any) -> Any:
+    """PGD's step when none is given: `2.5 * eps / steps` (Madry et al.)."""
+    if not isinstance(steps, int):
+        steps = tf.cast(steps, getattr(eps, "dtype", tf.float32))
+    return 2.5 * eps / steps
+
+
+def check_count(name: str, value: Any) -> None:
+    """Validates `steps` / `restarts`: an int >= 1 or an integer tensor."""
+    if tf.is_tensor(value) and value.dtype.is_integer and value.shape.rank == 0:
+        return  # a value only known when the graph runs
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"{name} must be an int >= 1 or a scalar integer tensor. "
+            f"Received: {name}={value!r}"
+        )
 
 
 def _outcome(model_fn, x_adv, y, loss_fn) -> tuple[tf.Tensor, tf.Tensor]:

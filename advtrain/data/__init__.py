@@ -10,8 +10,12 @@ Sources: `digits` (ships with scikit-learn), `mnist` (IDX files or TFDS),
 `gtsrb` (TFDS builder over the official archives), `arrays` (`.npy` files
 streamed from disk), `folder` (one folder per class), `tfds` (any TFDS
 image classification dataset).
+
+Importing this package registers the `gtsrb` TFDS builder, so
+`tfds.builder("gtsrb")` finds advtrain's.
 """
 
+from advtrain.data import gtsrb  # noqa: F401  (registers the TFDS builder)
 from advtrain.data.pipeline import (
     DataSplits,
     load_splits,

@@ -1,9 +1,12 @@
 """GTSRB, the German Traffic Sign Recognition Benchmark, as a TFDS dataset.
 
-Importing this module registers the TFDS builder `gtsrb` and the advtrain
-source `gtsrb`. The builder downloads the three official archives when
-online; otherwise it reads them, or the folders they extract to, from the
-TFDS manual directory (the recipe's `data.path`):
+Importing this module (or `advtrain`) registers the TFDS builder `gtsrb`
+and the advtrain source `gtsrb`. The builder downloads the three official
+archives when online (from a mirror with the same file names if
+`$ADVTRAIN_GTSRB_URL` names one); otherwise it reads them, or the folders
+they extract to, from the TFDS manual directory (the recipe's `data.path`).
+With no manual directory and no network it stops within seconds, naming
+these files:
 
 ```
 GTSRB_Final_Training_Images.zip  or  GTSRB/Final_Training/Images/000NN/
@@ -15,7 +18,7 @@ Training images are `000NN/XXXXX_YYYYY.ppm` (class NN, track XXXXX, frame
 YYYYY) listed in `000NN/GT-000NN.csv`; test labels are in
 `GT-final_test.csv`. The CSVs are `;`-separated with the header
 `Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId`. The PPM images
-are decoded with numpy at preparation time (TensorFlow cannot read PPM) and
+are decoded with Pillow at preparation time (TensorFlow cannot read PPM) and
 stored as PNG records, optionally cropped to the ROI and resized; each
 config (`full`, `roi`, `roi_32x32`, ...) is prepared once into its own
 folder. Each training record keeps its track id, so a validation split can
@@ -26,7 +29,7 @@ Example:
 
 ```python
 import tensorflow_datasets as tfds
-import advtrain.data.gtsrb  # registers "gtsrb"
+import advtrain  # registers "gtsrb"
 
 ds = tfds.load(
     "gtsrb/roi_32x32",
@@ -42,8 +45,9 @@ ds = tfds.load(
 from __future__ import annotations
 
 import dataclasses
-import functools
+import io
 import logging
+import os
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -54,15 +58,19 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from etils import epath
+from PIL import Image
 
 from advtrain.config import DataConfig, RecipeError
 from advtrain.data.pipeline import DataSplits
-from advtrain.data.ppm import decode_ppm
+from advtrain.data.ppm import open_ppm
 from advtrain.data.sources import register_source
+from advtrain.downloads import check_reachable
 
 logger = logging.getLogger(__name__)
 
 URL = "https://sid.erda.dk/public/archives/daaeac0d7ce1152aea9b61d9f1e19370/"
+# Names a mirror of the three archives (same file names) to download from.
+URL_ENV = "ADVTRAIN_GTSRB_URL"
 ARCHIVES = {
     "train": "GTSRB_Final_Training_Images.zip",
     "test": "GTSRB_Final_Test_Images.zip",
@@ -140,6 +148,12 @@ _CITATION = """\
   pages   = {323--332},
   year    = {2012},
 }"""
+
+
+def archives_url() -> str:
+    """Where the archives download from: $ADVTRAIN_GTSRB_URL, else `URL`."""
+    url = os.environ.get(URL_ENV) or URL
+    return url if url.endswith("/") else url + "/"
 
 
 # ----------------------------------------------------------------- configs
@@ -390,64 +404,30 @@ def _parse_row(csv_name: str, n: int, line: str):
     return fields[0], values
 
 
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    crc = zlib.crc32(kind + data).to_bytes(4, "big")
-    return len(data).to_bytes(4, "big") + kind + data + crc
+# Stored without zlib compression: Pillow's PNG encoder is slower than the
+# numpy one it replaced when it compresses, and preparation should not be
+# slower than before (scripts/bench_gtsrb_prepare). The records are read
+# once per run, then cached decoded; they take about 1.4x the disk of
+# compressed ones (zlib's run-length strategy, the fastest that compresses:
+# 0.8x the old preparation speed at native size, 0.9x the old size).
+_PNG_OPTIONS = {"compress_level": 0}
 
 
-def encode_png(image: np.ndarray) -> bytes:
-    """Encodes `(H, W, 3)` uint8 as PNG with numpy and zlib.
-
-    TFDS would encode each image with a TensorFlow call, whose dispatch
-    costs more than the compression of a small sign; this writes the same
-    lossless format directly (8-bit RGB, "Sub" filter on every row).
-    """
-    height, width, _ = image.shape
-    rows = np.ascontiguousarray(image).reshape(height, width * 3)
-    filtered = rows.copy()
-    filtered[:, 3:] -= rows[:, :-3]  # uint8 arithmetic wraps mod 256
-    raw = np.concatenate([np.ones((height, 1), np.uint8), filtered], axis=1)
-    header = width.to_bytes(4, "big") + height.to_bytes(4, "big")
-    return b"".join(
-        (
-            b"\x89PNG\r\n\x1a\n",
-            _png_chunk(b"IHDR", header + bytes([8, 2, 0, 0, 0])),
-            _png_chunk(b"IDAT", zlib.compress(raw.tobytes(), 6)),
-            _png_chunk(b"IEND", b""),
-        )
-    )
+def _encode_png(image: Image.Image) -> bytes:
+    # Pillow, in C: TFDS would encode each image with a TensorFlow call,
+    # whose dispatch costs more than compressing a small sign.
+    out = io.BytesIO()
+    image.save(out, format="PNG", **_PNG_OPTIONS)
+    return out.getvalue()
 
 
-@functools.lru_cache(maxsize=1024)
-def _resize_taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
-    """Input indices and weights, (n_out, taps) each, of a bilinear filter
-    widened by the shrink factor (antialias), as tf.image.resize does."""
-    scale = n_in / n_out
-    radius = max(scale, 1.0)
-    centers = (np.arange(n_out) + 0.5) * scale - 0.5
-    first = np.floor(centers - radius).astype(np.int64) + 1
-    taps = first[:, None] + np.arange(int(np.ceil(2 * radius)) + 1)
-    weights = np.maximum(0.0, 1.0 - np.abs(taps - centers[:, None]) / radius)
-    weights[(taps < 0) | (taps >= n_in)] = 0.0
-    weights /= weights.sum(axis=1, keepdims=True)
-    return np.clip(taps, 0, n_in - 1), weights.astype(np.float32)
-
-
-def _resize(image: np.ndarray, size) -> np.ndarray:
-    """Antialiased bilinear resize, rows then columns, in plain numpy.
-
-    Per-image TensorFlow calls cost milliseconds of dispatch each, and
-    small BLAS products stall on busy cores; gathers and sums do not.
-    """
-    height, width = image.shape[:2]
-    if (height, width) == tuple(size):
+def _resize(image: Image.Image, size) -> Image.Image:
+    # Pillow widens its bilinear filter by the shrink factor (antialias), as
+    # tf.image.resize(antialias=True) does; results agree to +-1 of 255.
+    height, width = int(size[0]), int(size[1])
+    if image.size == (width, height):
         return image
-    row_taps, row_w = _resize_taps(height, int(size[0]))
-    col_taps, col_w = _resize_taps(width, int(size[1]))
-    out = image.astype(np.float32)
-    out = (out[row_taps] * row_w[:, :, None, None]).sum(axis=1)
-    out = (out[:, col_taps] * col_w[None, :, :, None]).sum(axis=2)
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    return image.resize((width, height), Image.Resampling.BILINEAR)
 
 
 def _examples(
@@ -494,10 +474,10 @@ def _examples(
                 raise RecipeError(
                     f"{tree.name(rel)}: cannot read ({_one_line(exc)})."
                 ) from None
-            image = decode_ppm(data, tree.name(rel))
-            if image.shape[:2] != (height, width):
+            image = open_ppm(data, tree.name(rel))
+            if image.size != (width, height):
                 raise RecipeError(
-                    f"{where}: {filename} is {image.shape[1]}x{image.shape[0]}"
+                    f"{where}: {filename} is {image.size[0]}x{image.size[1]}"
                     f" (width x height), the CSV says {width}x{height}."
                 )
             if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
@@ -511,13 +491,13 @@ def _examples(
         if cfg.roi_crop:
             # x2 / y2 are exclusive: this leaves the sign's documented
             # border of at least 5 px outside the crop on every side.
-            image = image[y1:y2, x1:x2]
+            image = image.crop((x1, y1, x2, y2))
         if cfg.image_size is not None:
             image = _resize(image, cfg.image_size)
         yield (
             rel,
             {
-                "image": encode_png(image),
+                "image": _encode_png(image),
                 "label": label,
                 "track": track,
                 "roi": np.array([x1, y1, x2, y2], np.int32),
@@ -655,14 +635,17 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
             manual = None
         if manual is not None:
             return locate_manual_dir(Path(manual))
-        urls = {key: URL + name for key, name in ARCHIVES.items()}
+        base = archives_url()
+        urls = {key: base + name for key, name in ARCHIVES.items()}
         try:
+            # TFDS would retry an unreachable host for minutes.
+            check_reachable(base)
             return _locate_downloaded(dl_manager.download(urls))
         except RecipeError:
             raise
         except Exception as exc:  # noqa: BLE001 (any network failure)
             raise RecipeError(
-                f"gtsrb: could not download {URL} ({_one_line(exc)}). Offline,"
+                f"gtsrb: could not download {base} ({_one_line(exc)}). Offline,"
                 f" put {', '.join(ARCHIVES.values())} or their extracted "
                 "folders in a directory and name it in data.path "
                 "(TFDS manual_dir)."

@@ -1,6 +1,14 @@
-"""Models: the classifier, AdversarialModel and research subclasses."""
+"""Models: the classifier, AdversarialModel and research subclasses.
 
-from advtrain.models import layers  # noqa: F401  (registers serializable layers)
+Importing this package registers every advtrain Keras object that a saved
+model can hold (the layers in `layers`, `FusedBatchNormalization`,
+`AdversarialModel`, `TRADES`).
+"""
+
+from advtrain.models import (  # noqa: F401  (register serializable layers)
+    fused_batchnorm,
+    layers,
+)
 from advtrain.models.adversarial import AdversarialModel
 from advtrain.models.trades import TRADES
 

@@ -2,15 +2,53 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from typing import Any, Optional, Union
 
 import keras
 import tensorflow as tf
-from keras.src.losses import loss as keras_loss
 
 from advtrain.attacks import Attack
 
 ATTACK_MODES = ("inference", "train")
+HOOKS = ("generate_adversarial", "adversarial_loss")
+PROBABILITY_ACTIVATIONS = ("softmax", "sigmoid")
+
+
+def replicas_in_sync() -> int:
+    """Replicas that each compute a share of the step (1 without tf.distribute)."""
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def probability_activation(model: keras.Model) -> Optional[str]:
+    """The activation ("softmax" or "sigmoid") `model` ends in, else None."""
+    layer = model
+    while isinstance(layer, keras.Model) and layer.layers:
+        layer = layer.layers[-1]
+    if isinstance(layer, keras.layers.Softmax):
+        return "softmax"
+    name = getattr(getattr(layer, "activation", None), "__name__", None)
+    return name if name in PROBABILITY_ACTIVATIONS else None
+
+
+class _Measured:
+    """Notes, while a step is traced, whether the step updated the metric,
+    so that the step logs only what it measured."""
+
+    measured = False
+
+    def update_state(self, *args, **kwargs):
+        self.measured = True
+        return super().update_state(*args, **kwargs)
+
+
+class _MeasuredMean(_Measured, keras.metrics.Mean):
+    pass
+
+
+class _MeasuredAccuracy(_Measured, keras.metrics.SparseCategoricalAccuracy):
+    pass
 
 
 @keras.saving.register_keras_serializable(package="advtrain")
@@ -27,14 +65,20 @@ class AdversarialModel(keras.Model):
     weights, compiled metrics (on the clean batch), `tf.distribute`
     reductions, `steps_per_execution`, and `.keras` saving.
 
-    Metrics added to the compiled ones: `clean_loss`, `adv_loss` and
-    `adv_accuracy` (accuracy on the adversarial batch).
+    Metrics added to the compiled ones, each logged only when the step
+    measured it: `clean_loss`, `adv_loss`, `adv_accuracy` (accuracy on the
+    adversarial batch) and `zero_grad_fraction` (single-step attacks: the
+    share of input-gradient entries that are exactly zero).
 
     Research code overrides two small hooks:
     - `generate_adversarial(x, y)` returns the adversarial batch;
     - `adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)`
-      returns the scalar training loss.
-    `TRADES` in `advtrain.models.trades` is built that way.
+      returns the scalar training loss, built from `compute_loss` and
+      `reduce_per_example` so that it is right under any number of
+      replicas (see `adversarial_loss`).
+    `TRADES` in `advtrain.models.trades` is built that way. `fused=True`
+    does not call the hooks, so it is refused for subclasses that
+    override them.
 
     Args:
         classifier: a Keras model mapping [0, 1] pixels to logits.
@@ -52,6 +96,20 @@ class AdversarialModel(keras.Model):
             minimum for a clean + adversarial loss. Trade-off: the attack
             then sees training-mode BatchNorm (batch statistics) and, with
             a random start, uses the clean-point gradient.
+        fused_batchnorm: switch the classifier's plain Keras
+            BatchNormalization layers to
+            `advtrain.models.fused_batchnorm.FusedBatchNormalization`, in
+            place (same variables and results, TensorFlow's faster fused
+            kernel); False leaves the model as it is.
+        batchnorm_momentum: "auto" (default): on the first `fit`, BN layers
+            still at Keras's default 0.99 get a momentum that suits the
+            run's length (see `fit`); a number sets every BN layer; None
+            keeps them.
+        eps_ramp_steps: 0 (default) or the number of optimizer steps over
+            which the training attack's eps and step sizes grow linearly
+            from ~0 to their values (`advtrain.models.eps_ramp.EpsRamp`,
+            from `optimizer.iterations`, so resuming continues the ramp).
+            `test_step` and evaluation always use the full eps.
 
     Example:
 
@@ -77,9 +135,21 @@ class AdversarialModel(keras.Model):
         attack_mode: str = "inference",
         seed: Optional[int] = None,
         fused: bool = False,
+        fused_batchnorm: bool = True,
+        batchnorm_momentum: Union[str, float, None] = "auto",
+        eps_ramp_steps: int = 0,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        if not (
+            batchnorm_momentum in ("auto", None)
+            or isinstance(batchnorm_momentum, float)
+            and 0.0 < batchnorm_momentum < 1.0
+        ):
+            raise ValueError(
+                "batchnorm_momentum must be 'auto', a number in (0, 1) or None. "
+                f"Received: batchnorm_momentum={batchnorm_momentum!r}"
+            )
         if isinstance(attack, dict):
             attack = Attack.from_config(attack)
         if attack is not None and not isinstance(attack, Attack):
@@ -94,10 +164,35 @@ class AdversarialModel(keras.Model):
             )
         if adv_weight > 0 and attack is None:
             raise ValueError("adv_weight > 0 needs an attack. Received: attack=None")
+        if (
+            isinstance(eps_ramp_steps, bool)
+            or not isinstance(eps_ramp_steps, int)
+            or eps_ramp_steps < 0
+        ):
+            raise ValueError(
+                "eps_ramp_steps must be an integer >= 0. "
+                f"Received: eps_ramp_steps={eps_ramp_steps!r}"
+            )
+        if eps_ramp_steps and attack is None:
+            raise ValueError(
+                "eps_ramp_steps > 0 needs an attack. Received: attack=None"
+            )
         if attack_mode not in ATTACK_MODES:
             raise ValueError(
                 f"attack_mode must be one of {', '.join(ATTACK_MODES)}. "
                 f"Received: attack_mode={attack_mode!r}"
+            )
+        overridden = [
+            h
+            for h in HOOKS
+            if getattr(type(self), h) is not getattr(AdversarialModel, h)
+        ]
+        if fused and overridden:
+            raise ValueError(
+                "fused=True needs the default generate_adversarial and "
+                f"adversarial_loss hooks (the fused step calls neither); "
+                f"{type(self).__name__} overrides {', '.join(overridden)}. "
+                "Received: fused=True"
             )
         if fused and (attack is None or not attack.single_step):
             raise ValueError(
@@ -105,22 +200,75 @@ class AdversarialModel(keras.Model):
                 f"fgsm_rs, backend advtrain). Received: attack={attack!r}"
             )
         self.classifier = classifier
+        self.fused_batchnorm = bool(fused_batchnorm)
+        if self.fused_batchnorm:
+            from advtrain.models.fused_batchnorm import fuse_batchnorm
+
+            # In place: the layers keep their variables and weights.
+            fuse_batchnorm(classifier)
+        self.batchnorm_momentum = batchnorm_momentum
+        self._batchnorm_momentum_set = batchnorm_momentum is None
         self.attack = attack
+        self.eps_ramp_steps = eps_ramp_steps
         self.fused = bool(fused)
         self.adv_weight = float(adv_weight)
         self.attack_mode = attack_mode
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
-        self.clean_loss_tracker = keras.metrics.Mean(name="clean_loss")
-        self.adv_loss_tracker = keras.metrics.Mean(name="adv_loss")
-        self.adv_accuracy = keras.metrics.SparseCategoricalAccuracy(name="adv_accuracy")
+        # The step's own loss tracker (replaces Keras's, see `metrics`).
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.clean_loss_tracker = _MeasuredMean(name="clean_loss")
+        self.adv_loss_tracker = _MeasuredMean(name="adv_loss")
+        self.adv_accuracy = _MeasuredAccuracy(name="adv_accuracy")
         # Share of input-gradient entries that are exactly zero: under
         # float16 an unscaled loss underflows and FGSM silently stops.
-        self.zero_grad_tracker = keras.metrics.Mean(name="zero_grad_fraction")
+        self.zero_grad_tracker = _MeasuredMean(name="zero_grad_fraction")
         self._zero_grad = None
 
     def call(self, inputs, training=False):
         return self.classifier(inputs, training=training)
+
+    def fit(self, *args, **kwargs):
+        """`keras.Model.fit`, with BatchNorm momentum set for the run first.
+
+        On the first call, `batchnorm_momentum="auto"` gives the
+        classifier's BN layers still at Keras's default 0.99 the momentum
+        that suits this call's length (epochs x steps per epoch, from
+        `steps_per_epoch`, the dataset's cardinality or the arrays'
+        length; `advtrain.models.batchnorm.auto_momentum`) and warns once
+        saying so; layers set to another momentum are kept. A number sets
+        every BN layer; None keeps them all.
+        """
+        if not self._batchnorm_momentum_set:
+            self._batchnorm_momentum_set = True
+            self._set_batchnorm_momentum(*args, **kwargs)
+        return super().fit(*args, **kwargs)
+
+    def _set_batchnorm_momentum(self, *args, **kwargs) -> None:
+        import inspect
+        import warnings
+
+        from advtrain.models import batchnorm
+
+        if self.batchnorm_momentum != "auto":
+            batchnorm.set_batchnorm_momentum(self.classifier, self.batchnorm_momentum)
+            note = None
+        else:
+            try:
+                bound = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs)
+            except TypeError:
+                return  # Keras's own fit reports the bad arguments
+            names = inspect.signature(batchnorm.fit_total_steps).parameters
+            steps = batchnorm.fit_total_steps(
+                **{k: v for k, v in bound.arguments.items() if k in names}
+            )
+            note = batchnorm.adapt_momentum(self.classifier, steps)
+        if getattr(self, "train_function", None) is not None:
+            self.train_function = None  # traced with the old momentum
+        if note:
+            warnings.warn(
+                f"{note} Pass batchnorm_momentum=None to keep them.", stacklevel=3
+            )
 
     # ------------------------------------------------------------ hooks
 
@@ -168,28 +316,101 @@ class AdversarialModel(keras.Model):
         """The training loss; default `(1 - w) * clean + w * adversarial`.
 
         `y_pred` is None when `adv_weight == 1` (and the subclass does not
-        set `needs_clean_logits`); `y_pred_adv` is None when it is 0. Each
-        part uses the compiled loss, so regularisation losses count once.
+        set `needs_clean_logits`); `y_pred_adv` is None when it is 0.
+
+        Under `tf.distribute` each replica returns its share of the global
+        batch's loss and the shares' gradients are summed. So build the loss
+        from shares: `compute_loss(...)` (the compiled loss plus
+        regularisation losses) and `reduce_per_example(values,
+        sample_weight)` for a per-example term of your own. A plain
+        `tf.reduce_mean` is the mean over one replica's examples and counts
+        N times under N replicas. Log parts with `track_losses`.
+
+        Example:
+
+        ```python
+        class LogitPairing(AdversarialModel):
+            def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv,
+                                 sample_weight):
+                loss = super().adversarial_loss(
+                    x, y, y_pred, x_adv, y_pred_adv, sample_weight)
+                gap = tf.reduce_sum(tf.square(y_pred - y_pred_adv), axis=-1)
+                return loss + 0.5 * self.reduce_per_example(gap, sample_weight)
+        ```
         """
         w = self.adv_weight
         parts = []
+        clean = adv = None
+        # Each part holds the regularisation losses; the weights sum to 1.
         if y_pred is not None:
-            clean = self._compute_loss(
+            clean = self.compute_loss(
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight
-            )
-            self.clean_loss_tracker.update_state(
-                keras_loss.unscale_loss_for_distribution(clean)
             )
             parts.append((1.0 - w) * clean if y_pred_adv is not None else clean)
         if y_pred_adv is not None:
-            adv = self._compute_loss(
+            adv = self.compute_loss(
                 x=x_adv, y=y, y_pred=y_pred_adv, sample_weight=sample_weight
             )
-            self.adv_loss_tracker.update_state(
-                keras_loss.unscale_loss_for_distribution(adv)
-            )
             parts.append(w * adv if y_pred is not None else adv)
+        self.track_losses(clean=clean, adv=adv)
         return tf.add_n(parts)
+
+    def reduce_per_example(self, values, sample_weight=None):
+        """This replica's share of the batch mean of a per-example term.
+
+        Returns `sum(values * sample_weight) / global_batch`, where the
+        global batch is this replica's batch times
+        `num_replicas_in_sync`. Summed over replicas, as the step's
+        gradients are, it is the mean over the whole batch: the same loss
+        on 1 or N replicas. Keras's losses (`sum_over_batch_size`) reduce
+        the same way, so it adds to `compute_loss` like for like.
+
+        Args:
+            values: one value per example, shape `[batch]`; further axes
+                are averaged first.
+            sample_weight: None, or one weight per example.
+
+        Example:
+
+        ```python
+        gap = tf.reduce_sum(tf.square(y_pred - y_pred_adv), axis=-1)
+        term = self.reduce_per_example(gap, sample_weight)
+        ```
+        """
+        values = tf.cast(values, tf.float32)
+        if values.shape.rank is None or values.shape.rank == 0:
+            raise ValueError(
+                "reduce_per_example needs one value per example, shape "
+                f"[batch]. Received: shape={values.shape}"
+            )
+        if values.shape.rank > 1:
+            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+        if sample_weight is not None:
+            values = values * tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
+        count = tf.cast(tf.shape(values)[0] * replicas_in_sync(), tf.float32)
+        return tf.math.divide_no_nan(tf.reduce_sum(values), count)
+
+    def track_losses(self, clean=None, adv=None) -> None:
+        """Logs `clean_loss` / `adv_loss` from loss shares.
+
+        Pass the values as they enter the loss (from `compute_loss` or
+        `reduce_per_example`, i.e. this replica's share); the logs show the
+        per-example mean, the same on 1 or N replicas. A metric no step
+        feeds is not logged.
+        """
+        replicas = replicas_in_sync()
+        if clean is not None:
+            self.clean_loss_tracker.update_state(tf.cast(clean, tf.float32) * replicas)
+        if adv is not None:
+            self.adv_loss_tracker.update_state(tf.cast(adv, tf.float32) * replicas)
+
+    @property
+    def metrics(self):
+        # `loss_tracker` stands in for Keras's own "loss" tracker, which
+        # this model's steps do not feed.
+        own = getattr(self, "loss_tracker", None)
+        others = [m for m in super().metrics if m.name != "loss"]
+        return others if own is None else [own, *others]
 
     # ------------------------------------------------------------ step
 
@@ -213,22 +434,80 @@ class AdversarialModel(keras.Model):
             zero = tf.cast(tf.equal(grad, 0), tf.float32)
             self.zero_grad_tracker.update_state(tf.reduce_mean(zero))
 
+    def _track_loss(self, loss, x) -> None:
+        # Per example over the global batch, as Keras's own tracker does.
+        self.loss_tracker.update_state(
+            tf.cast(loss, tf.float32) * replicas_in_sync(),
+            sample_weight=tf.shape(x)[0],
+        )
+
+    def _begin_measuring(self) -> None:
+        self._measuring = True  # get_metrics_result: the step filters
+        for metric in self.metrics:
+            if isinstance(metric, _Measured):
+                metric.measured = False
+
+    def _measured(self, logs, mode: str):
+        """`logs` without the metrics this step did not update."""
+        skip = {
+            m.name for m in self.metrics if isinstance(m, _Measured) and not m.measured
+        }
+        self._unmeasured = {**getattr(self, "_unmeasured", {}), mode: skip}
+        self._measuring = False
+        return {k: v for k, v in logs.items() if k not in skip}
+
+    def get_metrics_result(self):
+        """The metrics' results, without those the step does not measure.
+
+        Keras reads these at the end of an epoch (aggregated over replicas)
+        when their names match the step's logs; so they must match.
+        """
+        mode = getattr(self, "_metrics_mode", "train")
+        skip = getattr(self, "_unmeasured", {}).get(mode, ())
+        if getattr(self, "_measuring", False):
+            skip = ()
+        logs = super().get_metrics_result()
+        return {k: v for k, v in logs.items() if k not in skip}
+
+    def evaluate(self, *args, **kwargs):
+        # Validation inside `fit` calls this too: test_step's metrics.
+        self._metrics_mode = "test"
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self._metrics_mode = "train"
+
+    def _warn_if_probability_output(self) -> None:
+        activation = probability_activation(self.classifier)
+        config = getattr(getattr(self, "loss", None), "get_config", dict)()
+        if activation and config.get("from_logits"):
+            warnings.warn(
+                f"The classifier's last layer applies {activation}, but the "
+                "loss has from_logits=True (and the attacks take logits too): "
+                "remove the final activation so the classifier returns "
+                f"logits. Received: activation={activation}, "
+                f"loss={type(self.loss).__name__}",
+                stacklevel=2,
+            )
+
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        self._warn_if_probability_output()
+        self._begin_measuring()
         if self.fused and self.adv_weight > 0:
-            return self._fused_train_step(x, y, sample_weight)
+            with self._ramped_attack():
+                logs = self._fused_train_step(x, y, sample_weight)
+            return self._measured(logs, "train")
         x_adv = None
         if self.adv_weight > 0 or self.needs_clean_logits:
-            x_adv = self.generate_adversarial(x, y)
+            with self._ramped_attack():
+                x_adv = self.generate_adversarial(x, y)
             self._track_zero_gradients()
         with tf.GradientTape() as tape:
             y_pred, y_pred_adv = self._forward(x, x_adv)
             loss = self.adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)
-            self._loss_tracker.update_state(
-                keras_loss.unscale_loss_for_distribution(loss),
-                sample_weight=tf.shape(x)[0],
-            )
             scaled = self.optimizer.scale_loss(loss)
+        self._track_loss(loss, x)
         variables = self.trainable_variables
         gradients = tape.gradient(scaled, variables)
         self.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905 (traced: autograph)
@@ -238,45 +517,60 @@ class AdversarialModel(keras.Model):
             # adv_weight == 1: clean metrics (and clean_loss, for the log)
             # from an inference pass; it takes no part in the gradient.
             y_pred = self(x, training=False)
-            self.clean_loss_tracker.update_state(
-                keras_loss.unscale_loss_for_distribution(
-                    self._compute_loss(
-                        x=x,
-                        y=y,
-                        y_pred=y_pred,
-                        sample_weight=sample_weight,
-                        training=False,
-                    )
+            if not self.clean_loss_tracker.measured:
+                clean = self.compute_loss(
+                    x=x,
+                    y=y,
+                    y_pred=y_pred,
+                    sample_weight=sample_weight,
+                    training=False,
                 )
-            )
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+                self.track_losses(clean=clean)
+        logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return self._measured(logs, "train")
 
     def test_step(self, data):
         """Clean loss and metrics as Keras computes them, plus the attack's
         `adv_loss` / `adv_accuracy` on the same batch, so validation
         reports robust accuracy (`val_adv_accuracy`)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        unscale = keras_loss.unscale_loss_for_distribution
+        self._begin_measuring()
         y_pred = self(x, training=False)
-        loss = self._compute_loss(
+        loss = self.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
         )
-        self._loss_tracker.update_state(unscale(loss), sample_weight=tf.shape(x)[0])
-        self.clean_loss_tracker.update_state(unscale(loss))
+        self._track_loss(loss, x)
+        self.track_losses(clean=loss)
         if self.attack is not None:
             x_adv = self.generate_adversarial(x, y)
             self._track_zero_gradients()
             y_pred_adv = self(x_adv, training=False)
-            adv = self._compute_loss(
+            adv = self.compute_loss(
                 x=x_adv,
                 y=y,
                 y_pred=y_pred_adv,
                 sample_weight=sample_weight,
                 training=False,
             )
-            self.adv_loss_tracker.update_state(unscale(adv))
+            self.track_losses(adv=adv)
             self.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return self._measured(logs, "test")
+
+    @contextlib.contextmanager
+    def _ramped_attack(self):
+        """`self.attack` scaled by the eps ramp at this step, inside."""
+        if not self.eps_ramp_steps:
+            yield
+            return
+        from advtrain.models.eps_ramp import EpsRamp
+
+        ramp, full = EpsRamp(self.eps_ramp_steps), self.attack
+        self.attack = ramp.scaled(full, ramp.scale(self.optimizer.iterations))
+        try:
+            yield
+        finally:
+            self.attack = full
 
     def _fused_train_step(self, x, y, sample_weight):
         """Clean pass gives weight and input gradients; then the adversarial
@@ -287,7 +581,7 @@ class AdversarialModel(keras.Model):
         with tf.GradientTape() as tape:
             tape.watch(x)
             y_pred = self(x, training=True)
-            clean = self._compute_loss(
+            clean = self.compute_loss(
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight
             )
             scaled_clean = self.optimizer.scale_loss(clean)
@@ -300,7 +594,7 @@ class AdversarialModel(keras.Model):
         )
         with tf.GradientTape() as tape:
             y_pred_adv = self(x_adv, training=True)
-            adv = self._compute_loss(
+            adv = self.compute_loss(
                 x=x_adv, y=y, y_pred=y_pred_adv, sample_weight=sample_weight
             )
             scaled_adv = self.optimizer.scale_loss(adv)
@@ -313,11 +607,8 @@ class AdversarialModel(keras.Model):
             for gc, ga in zip(clean_grads, adv_grads)  # noqa: B905
         ]
         self.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905
-        loss = (1.0 - w) * clean + w * adv
-        unscale = keras_loss.unscale_loss_for_distribution
-        self._loss_tracker.update_state(unscale(loss), sample_weight=tf.shape(x)[0])
-        self.clean_loss_tracker.update_state(unscale(clean))
-        self.adv_loss_tracker.update_state(unscale(adv))
+        self._track_loss((1.0 - w) * clean + w * adv, x)
+        self.track_losses(clean=clean, adv=adv)
         self.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -332,6 +623,9 @@ class AdversarialModel(keras.Model):
             "attack_mode": self.attack_mode,
             "seed": self.seed,
             "fused": self.fused,
+            "fused_batchnorm": self.fused_batchnorm,
+            "batchnorm_momentum": self.batchnorm_momentum,
+            "eps_ramp_steps": self.eps_ramp_steps,
         }
 
     @classmethod

@@ -1,21 +1,24 @@
-"""BatchNorm policy: momentum override, recalibration and the train/inference
-accuracy gap.
+"""BatchNorm policy: momentum from the run's length, recalibration and the
+train/inference accuracy gap.
 
 Keras BatchNormalization keeps exponential moving averages of the batch
 mean and variance (`moving = momentum * moving + (1 - momentum) * batch`).
 With the default momentum 0.99 the averages need a few hundred steps to
-forget their initial values, so a short fine-tune ends with moving
-statistics that lag the weights: the model is accurate in training mode
-(batch statistics) and poor in inference mode (moving statistics). The
-runner therefore:
+forget their initial values, so a short run ends with moving statistics
+that lag the weights: the model is accurate in training mode (batch
+statistics) and poor in inference mode (moving statistics). The policy,
+the same for recipes, `advtrain.fit` and `AdversarialModel`:
 
-1. `apply_batchnorm_policy(model, cfg.batchnorm)` before compiling
-   (momentum override on every BN layer, nested ones included);
-2. trains;
-3. `recalibrate_batchnorm(model, clean_train_ds, cfg.batchnorm.
-   recalibrate_batches)` when `cfg.batchnorm.recalibrate` is set;
-4. `bn_gap(model, x_val, y_val, batch_size)` and prints
-   `bn_gap_warning(gap, cfg.batchnorm.gap_threshold)` when it is not None.
+1. momentum from the run's length (`auto_momentum`): the moving average
+   spans about 5% of the training steps, clamped to [0.9, 0.99]. Recipes
+   set it on every BN layer (`apply_batchnorm_policy`); the Python API
+   only on layers still at Keras's default 0.99 (`adapt_momentum`).
+2. train;
+3. `settle_batchnorm`: measure `bn_gap` on held-out data; recalibrate the
+   moving statistics on clean training data (`recalibrate_batchnorm`)
+   when the gap exceeds the threshold (or always / never), measure again,
+   and return both measurements; `bn_gap_warning` advises from the actual
+   setting when a gap remains.
 
 Which BN layers train at all is the freezing policy's business
 (`advtrain.models.freezing`): a BN layer with `trainable=False` runs in
@@ -25,12 +28,22 @@ inference mode even when the model is called with `training=True`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import keras
 import numpy as np
 
 from advtrain.config import BatchNormConfig
+
+# Keras's own BatchNormalization momentum: the Python API treats a layer
+# still at this value as not chosen by the user.
+KERAS_DEFAULT_MOMENTUM = 0.99
+# Share of the run's steps the moving average spans, and the clamp.
+HORIZON_FRACTION = 0.05
+MOMENTUM_RANGE = (0.9, 0.99)
+# A run too short for the clamp still lets its initial statistics (mean 0,
+# variance 1) fade to this weight by the end, down to momentum 0.5.
+INITIAL_WEIGHT = 0.01
 
 
 def walk_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
@@ -79,19 +92,64 @@ def set_batchnorm_momentum(model: keras.layers.Layer, momentum: float) -> int:
     return len(layers)
 
 
-def apply_batchnorm_policy(model: keras.layers.Layer, cfg: BatchNormConfig) -> int:
-    """Applies the recipe's BN momentum override and, with `cfg.fused`,
-    switches plain Keras BN layers to the fused kernel; returns the BN
-    layer count.
+def auto_momentum(total_steps: Optional[int]) -> float:
+    """BN momentum for a run of `total_steps` training steps.
 
-    `cfg.trainable` is applied by `advtrain.models.freezing.apply_phase`,
-    which decides what trains; recalibration and the gap report run after
-    training.
+    The moving average's horizon `1 / (1 - momentum)` is 5% of the run,
+    clamped to momentum [0.9, 0.99] (0.99 is Keras's default, right for
+    runs of 2,000 steps and more). Runs under ~45 steps go below 0.9 (not
+    below 0.5) so the initial statistics weigh at most 1% at the end.
+    Unknown length (None): 0.9.
 
     Example:
 
     ```python
-    apply_batchnorm_policy(classifier, BatchNormConfig(momentum=0.9))
+    auto_momentum(66)      # 0.9: 3 epochs of 22 steps
+    auto_momentum(1_000)   # 0.98
+    auto_momentum(100_000) # 0.99
+    ```
+    """
+    if total_steps is None:
+        return MOMENTUM_RANGE[0]
+    if total_steps < 1:
+        raise ValueError(
+            f"total_steps must be >= 1. Received: total_steps={total_steps}"
+        )
+    horizon = HORIZON_FRACTION * total_steps
+    low, high = MOMENTUM_RANGE
+    momentum = min(max(1.0 - 1.0 / max(horizon, 1.0), low), high)
+    fade = INITIAL_WEIGHT ** (1.0 / total_steps)
+    return round(max(min(momentum, fade), 0.5), 4)
+
+
+def resolve_momentum(
+    momentum: Union[str, float, None], total_steps: Optional[int]
+) -> Optional[float]:
+    """The recipe's `model.batchnorm.momentum` as a number (None: keep)."""
+    if momentum == "auto":
+        return auto_momentum(total_steps)
+    return momentum
+
+
+def apply_batchnorm_policy(
+    model: keras.layers.Layer,
+    cfg: BatchNormConfig,
+    total_steps: Optional[int] = None,
+) -> int:
+    """Applies the recipe's BN momentum to every BN layer and, with
+    `cfg.fused`, switches plain Keras BN layers to the fused kernel;
+    returns the BN layer count.
+
+    `cfg.momentum: auto` is `auto_momentum(total_steps)` (the run's
+    epochs x steps per epoch). `cfg.trainable` is applied by
+    `advtrain.models.freezing.apply_phase`, which decides what trains;
+    recalibration and the gap report run after training
+    (`settle_batchnorm`).
+
+    Example:
+
+    ```python
+    apply_batchnorm_policy(classifier, BatchNormConfig(), total_steps=660)
     classifier.compile(...)
     ```
     """
@@ -99,9 +157,81 @@ def apply_batchnorm_policy(model: keras.layers.Layer, cfg: BatchNormConfig) -> i
         from advtrain.models.fused_batchnorm import fuse_batchnorm
 
         fuse_batchnorm(model)
-    if cfg.momentum is None:
+    momentum = resolve_momentum(cfg.momentum, total_steps)
+    if momentum is None:
         return len(batchnorm_layers(model))
-    return set_batchnorm_momentum(model, cfg.momentum)
+    return set_batchnorm_momentum(model, momentum)
+
+
+def adapt_momentum(
+    model: keras.layers.Layer, total_steps: Optional[int]
+) -> Optional[str]:
+    """The Python API's momentum policy: layers still at Keras's default
+    0.99 get `auto_momentum(total_steps)`; layers set to anything else are
+    the user's choice and stay. Returns a one-line note saying what
+    changed, or None when nothing did.
+
+    Example:
+
+    ```python
+    note = adapt_momentum(model, total_steps=3 * 22)  # 0.99 -> 0.9
+    ```
+    """
+    momentum = auto_momentum(total_steps)
+    layers = [
+        layer
+        for layer in batchnorm_layers(model)
+        if layer.momentum == KERAS_DEFAULT_MOMENTUM
+    ]
+    if not layers or momentum == KERAS_DEFAULT_MOMENTUM:
+        return None
+    for layer in layers:
+        layer.momentum = momentum
+    length = "of unknown length" if total_steps is None else f"of {total_steps} steps"
+    return (
+        f"BatchNorm: momentum {KERAS_DEFAULT_MOMENTUM} (Keras's default) -> "
+        f"{momentum:g} on {len(layers)} layer(s) for a run {length}, so the "
+        "moving statistics keep up with the weights (layers set to another "
+        "momentum are kept)."
+    )
+
+
+def fit_total_steps(
+    x: Any = None,
+    batch_size: Optional[int] = None,
+    epochs: int = 1,
+    steps_per_epoch: Optional[int] = None,
+    initial_epoch: int = 0,
+    validation_split: float = 0.0,
+) -> Optional[int]:
+    """The training steps a `keras.Model.fit` call with these arguments
+    runs, or None when its data has no known length (a generator, a
+    repeated dataset without `steps_per_epoch`)."""
+    import tensorflow as tf
+
+    steps = steps_per_epoch
+    if steps is None:
+        if isinstance(x, tf.data.Dataset):
+            cardinality = int(x.cardinality())
+            steps = cardinality if cardinality >= 0 else None
+        elif isinstance(x, keras.utils.PyDataset) or hasattr(x, "__getitem__"):
+            first = x
+            if isinstance(x, dict):
+                first = next(iter(x.values()), None)
+            elif isinstance(x, (list, tuple)) and x:
+                first = x[0]
+            try:
+                n = len(first)
+            except TypeError:
+                return None
+            if isinstance(x, keras.utils.PyDataset):
+                steps = n
+            else:
+                n = int(n * (1.0 - validation_split))
+                steps = -(-n // (batch_size or 32))
+    if not steps:
+        return None
+    return int(steps) * max(1, int(epochs) - int(initial_epoch))
 
 
 def _batch_inputs(batch: Any) -> Any:
@@ -276,13 +406,23 @@ def bn_gap(
     }
 
 
-def bn_gap_warning(gap: float, threshold: float = 0.05) -> Optional[str]:
+def bn_gap_warning(
+    gap: float,
+    threshold: float = 0.05,
+    momentum: Optional[float] = None,
+    recalibrated: bool = False,
+) -> Optional[str]:
     """A one-line warning when the BN gap exceeds `threshold`, else None.
+
+    The advice follows the actual setting: a lower momentum than the one
+    in use (`momentum`: the layers' momentum, None when unknown),
+    recalibration unless it already ran, and a larger batch when batch
+    statistics are the noisy side or recalibration did not close the gap.
 
     Example:
 
     ```python
-    bn_gap_warning(0.31)  # "BatchNorm gap: ... momentum: 0.9 ..."
+    bn_gap_warning(0.31, momentum=0.99)  # "... momentum: 0.9 ..."
     ```
     """
     if abs(gap) <= threshold:
@@ -291,16 +431,97 @@ def bn_gap_warning(gap: float, threshold: float = 0.05) -> Optional[str]:
         cause = (
             "training-mode accuracy exceeds inference-mode accuracy by "
             f"{gap:.3f} (threshold {threshold:.3f}): the BN moving "
-            "statistics lag the weights."
+            "statistics do not match the batch statistics"
         )
+        fixes = []
+        if not recalibrated:
+            lower = (
+                0.9
+                if momentum is None or momentum > 0.9
+                else round(max(0.5, 1 - 2 * (1 - momentum)), 4)
+            )
+            now = "" if momentum is None else f" (now {momentum:g})"
+            fixes.append(f"model.batchnorm.momentum: {lower:g}{now}")
+            fixes.append(
+                "model.batchnorm.recalibrate: true to re-estimate the "
+                "statistics on clean training data after training"
+            )
+        else:
+            cause += " even after recalibration on clean training data"
+            fixes.append(
+                "a larger train.batch_size (per-batch statistics vary "
+                "between batches) or held-out data closer to the training "
+                "data"
+            )
     else:
         cause = (
             "inference-mode accuracy exceeds training-mode accuracy by "
             f"{-gap:.3f} (threshold {threshold:.3f}): batch statistics are "
-            "noisy (small batches?)."
+            "noisy"
         )
-    return (
-        f"BatchNorm gap: {cause} Fix: set model.batchnorm.momentum: 0.9 "
-        "for short runs, or model.batchnorm.recalibrate: true to "
-        "re-estimate the statistics on clean training data after training."
+        fixes = ["a larger train.batch_size"]
+    return f"BatchNorm gap: {cause}. Fix: {'; or '.join(fixes)}."
+
+
+def layer_momentum(model: keras.layers.Layer) -> Optional[float]:
+    """The largest momentum among `model`'s trainable BN layers (None: no
+    such layer), the one a gap warning talks about."""
+    momenta = [layer.momentum for layer in batchnorm_layers(model) if layer.trainable]
+    return max(momenta) if momenta else None
+
+
+def settle_batchnorm(
+    model: keras.Model,
+    x: Any,
+    y: Any,
+    batch_size: int,
+    train_batches: Iterable,
+    recalibrate: Union[bool, str] = "auto",
+    threshold: float = 0.05,
+    num_batches: int = 50,
+) -> dict[str, Any]:
+    """After training: measure the BN gap, recalibrate when the policy
+    says so, measure again.
+
+    `recalibrate`: "auto" recalibrates when |gap| > `threshold`, True
+    always, False never. Only a model with trainable BN layers is
+    recalibrated (nothing else would change).
+
+    Args:
+        model: the classifier.
+        x, y: held-out images and labels for `bn_gap`.
+        batch_size: training-mode batch size for `bn_gap`.
+        train_batches: clean training batches for `recalibrate_batchnorm`.
+        recalibrate, threshold, num_batches: the policy
+            (`model.batchnorm.recalibrate`, `gap_threshold`,
+            `recalibrate_batches`).
+
+    Returns:
+        `bn_gap`'s dict for the final weights, plus `recalibrated` (the
+        number of batches averaged, 0 when not recalibrated), `before`
+        (`bn_gap` right after training) and `warning` (None or the line
+        from `bn_gap_warning`).
+
+    Example:
+
+    ```python
+    report = settle_batchnorm(classifier, x_val, y_val, 64, train_ds)
+    report["before"]["gap"], report["gap"]
+    ```
+    """
+    before = bn_gap(model, x, y, batch_size=batch_size)
+    trains_bn = any(layer.trainable for layer in batchnorm_layers(model))
+    wanted = recalibrate is True or (
+        recalibrate == "auto" and abs(before["gap"]) > threshold
     )
+    after, batches = before, 0
+    if wanted and trains_bn:
+        batches = recalibrate_batchnorm(model, train_batches, num_batches=num_batches)
+        after = bn_gap(model, x, y, batch_size=batch_size)
+    warning = bn_gap_warning(
+        after["gap"],
+        threshold,
+        momentum=layer_momentum(model),
+        recalibrated=batches > 0,
+    )
+    return {**after, "recalibrated": batches, "before": before, "warning": warning}

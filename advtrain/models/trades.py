@@ -26,6 +26,11 @@ class TRADES(AdversarialModel):
     loss = CE(y, f(x)) + beta * KL(f(x) || f(x_adv)), where x_adv maximises
     the same KL with PGD (`attack.steps`, `attack.step_size`, `attack.eps`).
     Only the two hooks change; the step, metrics and saving are inherited.
+    The KL term goes through `reduce_per_example`, so the loss is the same
+    on 1 or N replicas; `clean_loss` logs the cross-entropy and `adv_loss`
+    the KL. With `random_start=False` PGD starts at the KL's minimum,
+    where the input gradient is rounding noise: keep the random start
+    (the default) unless the run must be reproducible bit for bit.
 
     Example:
 
@@ -45,7 +50,6 @@ class TRADES(AdversarialModel):
         if not isinstance(beta, (int, float)) or beta < 0:
             raise ValueError(f"beta must be >= 0. Received: beta={beta!r}")
         self.beta = float(beta)
-        self._kl = keras.losses.KLDivergence(reduction="sum_over_batch_size")
 
     def generate_adversarial(self, x, y):
         p_clean = tf.stop_gradient(
@@ -70,14 +74,14 @@ class TRADES(AdversarialModel):
         return tf.stop_gradient(x_adv)
 
     def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
-        natural = self._compute_loss(
+        natural = self.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight
         )
         p_clean = tf.nn.softmax(tf.cast(y_pred, tf.float32))
-        p_adv = tf.nn.softmax(tf.cast(y_pred_adv, tf.float32))
-        robust = self._kl(p_clean, p_adv, sample_weight=sample_weight)
-        self.clean_loss_tracker.update_state(natural)
-        self.adv_loss_tracker.update_state(robust)
+        robust = self.reduce_per_example(
+            per_example_kl(p_clean, y_pred_adv), sample_weight
+        )
+        self.track_losses(clean=natural, adv=robust)
         return natural + self.beta * robust
 
     def get_config(self):

@@ -2,9 +2,10 @@
 
 - `imagenet`: Keras downloads the file once into `$KERAS_HOME/models/`
   (default `~/.keras/models/`) and reads it from there afterwards. Without
-  network the download fails fast (socket timeout) and the run stops with
-  one `RecipeError` line naming the file, the folder to place it in, and
-  the alternatives.
+  network the download fails within seconds (a quick connection check
+  before it, when the file is not cached) and the run stops with one
+  `RecipeError` line naming the file, the folder to place it in, and the
+  alternatives.
 - a path: built without weights, then loaded. `.weights.h5` or `.keras`
   files saved by Keras 3 from the whole classifier (same backbone, input
   and class count) or from the backbone alone; legacy `.h5` files, such as
@@ -26,8 +27,11 @@ import keras
 
 from advtrain.backbones.registry import BackboneSpec
 from advtrain.config import ModelConfig, RecipeError
+from advtrain.downloads import check_reachable
 
 PRETRAINED = ("imagenet",)
+# Where keras.applications downloads its ImageNet weights from.
+WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/"
 # Per socket operation, not for the whole download.
 DOWNLOAD_TIMEOUT_S = 30.0
 # Sides Keras has MobileNetV2 ImageNet files for; others get the 224 file.
@@ -102,6 +106,19 @@ def offline_message(
     )
 
 
+def _check_download(name: str, spec: BackboneSpec, side: int) -> None:
+    """Fails in seconds, before Keras tries, if its download cannot start."""
+    if spec.weights_file is None:
+        return  # the cached file's name is unknown: leave it to Keras
+    file = _weights_file(spec, "", side)
+    if os.path.isfile(os.path.join(keras_models_dir(), file)):
+        return
+    try:
+        check_reachable(WEIGHTS_URL)
+    except OSError as exc:
+        raise RecipeError(offline_message(name, spec, exc, side)) from None
+
+
 def is_pretrained_name(weights: Optional[str]) -> bool:
     return weights in PRETRAINED
 
@@ -131,6 +148,7 @@ def build_backbone(
             f"(pretrained: {offered}); use a weights file path or null. "
             f"Received: weights={weights}"
         )
+    _check_download(name, spec, input_shape[0])
     with _socket_timeout(DOWNLOAD_TIMEOUT_S):
         try:
             return spec.builder(input_shape, cfg, weights)
@@ -150,6 +168,43 @@ def build_backbone(
 
 
 def _strict_load(model: keras.Model, path: str) -> None:
+    """Loads `path` whether it was saved with fused or Keras BatchNorm.
+
+    Keras keys a layer's weights in a `.keras` file by its class name, so
+    a file written with `FusedBatchNormalization` (advtrain's default)
+    does not match a model built with Keras's BatchNormalization, and the
+    other way round. The two classes hold the same variables: on a
+    mismatch the BatchNorm layers take the other class for the load and
+    get their own back afterwards.
+    """
+    try:
+        _load_exactly(model, path)
+    except (ValueError, KeyError):
+        if not _swap_batchnorm_classes(model):
+            raise
+        try:
+            _load_exactly(model, path)
+        finally:
+            _swap_batchnorm_classes(model)
+
+
+def _swap_batchnorm_classes(model: keras.Model) -> int:
+    from advtrain.models.batchnorm import batchnorm_layers
+    from advtrain.models.fused_batchnorm import FusedBatchNormalization
+
+    other = {
+        keras.layers.BatchNormalization: FusedBatchNormalization,
+        FusedBatchNormalization: keras.layers.BatchNormalization,
+    }
+    swapped = 0
+    for layer in batchnorm_layers(model):
+        if type(layer) in other:
+            layer.__class__ = other[type(layer)]
+            swapped += 1
+    return swapped
+
+
+def _load_exactly(model: keras.Model, path: str) -> None:
     # Keras only warns when a nested container finds nothing to load and
     # leaves those layers freshly initialised; here that is a mismatch.
     with warnings.catch_warnings(record=True) as caught:

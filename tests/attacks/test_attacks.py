@@ -110,12 +110,35 @@ def test_pgd_agrees_with_cleverhans(trained_dense, batch, norm, eps):
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5)
 
 
-def test_attack_spec_selects_cleverhans_backend(trained_dense, batch):
+@pytest.mark.parametrize(
+    "method,module,name",
+    [
+        ("fgsm", "fast_gradient_method", "fast_gradient_method"),
+        ("pgd", "projected_gradient_descent", "projected_gradient_descent"),
+    ],
+)
+def test_attack_spec_selects_cleverhans_backend(
+    trained_dense, batch, monkeypatch, method, module, name
+):
+    import importlib
+
     x, y = batch
     f = _model_fn(trained_dense)
-    ours = Attack("fgsm", eps=EPS)(f, x, y)
-    theirs = Attack("fgsm", eps=EPS, backend="cleverhans")(f, x, y)
-    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-6)
+    target = importlib.import_module(f"cleverhans.tf2.attacks.{module}")
+    calls = []
+    original = getattr(target, name)
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["loss_fn"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, spy)
+    settings = dict(eps=EPS, steps=3, step_size=EPS / 2, random_start=False)
+    ours = Attack(method, **settings)(f, x, y)
+    assert calls == []
+    theirs = Attack(method, backend="cleverhans", **settings)(f, x, y)
+    assert len(calls) == 1
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5)
 
 
 def test_attacks_run_in_graph_and_follow_dtype(trained_dense, batch):
@@ -168,6 +191,10 @@ def test_labels_default_to_predictions(trained_dense, batch):
             "step_size <= eps",
         ),
         (lambda f, x: Attack("fgsm_rs", backend="cleverhans"), "cleverhans backend"),
+        (
+            lambda f, x: Attack("pgd", backend="cleverhans", restarts=3),
+            "one start per example",
+        ),
         (lambda f, x: Attack("pgdd"), "Did you mean 'pgd'"),
     ],
 )

@@ -1,8 +1,11 @@
 import logging
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from advtrain.config import DataConfig, RecipeError
@@ -51,6 +54,33 @@ def test_tfds_load_reads_pixels_labels_tracks_exactly(
         assert tuple(ex["roi"]) == item.roi
 
 
+def test_tfds_load_after_import_advtrain_in_a_fresh_interpreter(
+    gtsrb_written, tmp_path
+):
+    # The README's promise: `import advtrain` is all tfds.load("gtsrb") needs.
+    script = (
+        "import advtrain, tensorflow_datasets as tfds\n"
+        "cfg = tfds.download.DownloadConfig(manual_dir=sys.argv[1])\n"
+        "ds = tfds.load('gtsrb/roi_32x32', split='test', data_dir=sys.argv[2],\n"
+        "    download_and_prepare_kwargs={'download_config': cfg})\n"
+        "print('examples', sum(1 for _ in ds))\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n" + script,
+            str(gtsrb_written[0]),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "examples 6" in result.stdout
+
+
 def test_roi_crop_uses_the_csv_coordinates(gtsrb_written, tfds_dir):
     extracted, _, written = gtsrb_written
     builder = tfds.builder("gtsrb/roi", data_dir=tfds_dir)
@@ -63,6 +93,24 @@ def test_roi_crop_uses_the_csv_coordinates(gtsrb_written, tfds_dir):
         image = examples[item.path]["image"]
         assert image.shape == (y2 - y1, x2 - x1, 3)
         np.testing.assert_array_equal(image, item.image[y1:y2, x1:x2])
+
+
+def test_resized_records_match_tf_image_resize(gtsrb_written, tfds_dir):
+    # Pillow's bilinear filter widens with the shrink factor (antialias),
+    # as tf.image.resize(antialias=True) does; rounding may differ by one.
+    extracted, _, written = gtsrb_written
+    config = gtsrb_config(roi_crop=True, image_size=(16, 12))  # h x w
+    builder = tfds.builder("gtsrb", config=config, data_dir=tfds_dir)
+    builder.download_and_prepare(**_manual(extracted))
+    stored = _by_filename(builder.as_dataset(split="train"))
+    for item in written[:8]:
+        x1, y1, x2, y2 = item.roi
+        expected = tf.image.resize(
+            item.image[y1:y2, x1:x2], (16, 12), antialias=True
+        ).numpy()
+        image = stored[item.path]["image"]
+        assert image.shape == (16, 12, 3)
+        assert np.abs(image - expected).max() <= 1.0
 
 
 def test_source_resizes_and_describes_the_splits(gtsrb_written, tfds_dir):
@@ -178,7 +226,7 @@ def test_truncated_image(gtsrb_copy, tmp_path):
     path.write_bytes(path.read_bytes()[:-7])
     message = _error(_cfg(gtsrb_copy, tmp_path / "tfds"))
     assert message.startswith(
-        f"{TRAIN}/00000/00002_00001.ppm: truncated PPM: expected "
+        f"{TRAIN}/00000/00002_00001.ppm: truncated or bad PPM: expected "
     )
 
 

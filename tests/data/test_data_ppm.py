@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from advtrain.config import RecipeError
-from advtrain.data.ppm import decode_ppm
+from advtrain.data.ppm import decode_ppm, open_ppm
 from advtrain.data.synthetic import encode_ppm
 
 
@@ -27,14 +27,27 @@ def test_round_trip_of_odd_size(rng):
     np.testing.assert_array_equal(decode_ppm(encode_ppm(image, "c")), image)
 
 
+def test_other_maxvals_are_scaled_to_8_bits():
+    # 16-bit samples, big-endian: 0xFFFF is white, 0x8080 is mid-grey.
+    image = decode_ppm(b"P6 2 1 65535\n" + b"\xff\xff" * 3 + b"\x80\x80" * 3)
+    np.testing.assert_array_equal(image.ravel(), [255] * 3 + [128] * 3)
+
+
+def test_open_ppm_gives_a_loaded_rgb_image(rng):
+    pixels = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    image = open_ppm(encode_ppm(pixels))
+    assert image.mode == "RGB" and image.size == (7, 5)  # width, height
+    np.testing.assert_array_equal(np.asarray(image), pixels)
+
+
 @pytest.mark.parametrize(
     "data, message",
     [
         (b"P5 2 1 255\n\x00\x00", "expected magic 'P6'"),
-        (b"P6 2 1", "truncated PPM header"),
-        (b"P6 2 1 65535\n" + b"\x00" * 12, "expected 255"),
-        (b"P6 2 x 255\n" + b"\x00" * 6, "expected integers"),
-        (b"P6 2 1 255\n" + b"\x00" * 5, "expected 6 pixel bytes"),
+        (b"P6 2 1", "truncated or bad PPM"),
+        (b"P6 0 1 255\n", "bad PPM header"),
+        (b"P6 2 x 255\n" + b"\x00" * 6, "truncated or bad PPM"),
+        (b"P6 2 1 255\n" + b"\x00" * 5, "image file is truncated"),
     ],
 )
 def test_bad_files_raise_one_line_naming_the_file(data, message):

@@ -134,18 +134,44 @@ def test_constructor_validates(kwargs, message):
         AdversarialModel(dense_classifier(), **args)
 
 
-def test_generate_adversarial_hook_is_used(digits):
-    x, y = digits[0][:64], digits[1][:64]
-    calls = []
+def test_generate_adversarial_output_is_what_the_step_trains_on(digits):
+    x, y = tf.constant(digits[0][:64]), tf.constant(digits[1][:64])
 
-    class Recording(AdversarialModel):
+    class Brightened(AdversarialModel):
         def generate_adversarial(self, x, y):
-            calls.append(1)
-            return tf.clip_by_value(x + 0.05, 0.0, 1.0)
+            return tf.clip_by_value(x + 0.3, 0.0, 1.0)
 
-    model = _compile(Recording(dense_classifier(), Attack("fgsm", eps=0.1), 0.5))
-    model.train_on_batch(x, y)
-    assert calls
+    clf = dense_classifier(seed=4)
+    model = _compile(Brightened(clf, Attack("fgsm", eps=0.1), 0.5))
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    hooked = float(ce(y, clf(tf.clip_by_value(x + 0.3, 0.0, 1.0))))
+    attacked = float(ce(y, clf(fgsm(lambda z: clf(z), x, y, eps=0.1))))
+    assert abs(hooked - attacked) > 0.1  # the two are told apart
+    clean = float(ce(y, clf(x)))
+    logs = model.train_on_batch(x, y, return_dict=True)
+    assert logs["adv_loss"] == pytest.approx(hooked, rel=1e-5)
+    assert logs["loss"] == pytest.approx(0.5 * clean + 0.5 * hooked, rel=1e-5)
+
+
+def test_adversarial_loss_output_is_the_loss_differentiated(digits):
+    x, y = digits[0][:64], digits[1][:64]
+
+    class Doubled(AdversarialModel):
+        def adversarial_loss(self, *args):
+            return 2.0 * super().adversarial_loss(*args)
+
+    steps = {}
+    for cls in (AdversarialModel, Doubled):
+        clf = dense_classifier(seed=4)
+        before = clf.get_weights()
+        model = _compile(cls(clf, Attack("fgsm", eps=0.1), 0.5), lr=0.01)
+        logs = model.train_on_batch(x, y, return_dict=True)
+        steps[cls] = [a - b for a, b in zip(clf.get_weights(), before, strict=True)]
+        steps[cls, "loss"] = logs["loss"]
+    # SGD: twice the loss, twice the step.
+    for single, double in zip(steps[AdversarialModel], steps[Doubled], strict=True):
+        np.testing.assert_allclose(double, 2 * single, rtol=1e-4, atol=1e-7)
+    assert steps[Doubled, "loss"] == pytest.approx(2 * steps[AdversarialModel, "loss"])
 
 
 def test_fused_step_matches_unfused_on_batchnorm_free_model(digits):
@@ -171,28 +197,113 @@ def test_fused_needs_a_single_step_attack():
         AdversarialModel(dense_classifier(), Attack("pgd", eps=0.1), 0.5, fused=True)
 
 
+def _confident_classifier():
+    """At pixels near 0.5 logit 0 is 22 and logit 1 is 3.2: class 1's
+    cross-entropy gradient (7e-9) underflows in float16 without a loss
+    scale, and it is the only one that reaches the pixels."""
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Flatten()(inputs)
+    kernel = np.zeros((64, 10), "float32")
+    kernel[:, 0] = 22.0 / 32.0
+    kernel[:, 1] = 0.1
+    outputs = keras.layers.Dense(
+        10, kernel_initializer=keras.initializers.Constant(kernel)
+    )(h)
+    return keras.Model(inputs, outputs)
+
+
+@pytest.fixture
+def float16_policy():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("backend", ["advtrain", "cleverhans"])
+def test_float16_attack_uses_the_loss_scale(float16_policy, backend):
+    rng = np.random.default_rng(0)
+    x = tf.constant(0.5 + rng.uniform(-0.05, 0.05, (32, 8, 8, 1)), tf.float32)
+    y = tf.zeros((32,), tf.int32)
+    model = _compile(
+        AdversarialModel(
+            _confident_classifier(), Attack("fgsm", eps=0.1, backend=backend), 0.5
+        )
+    )
+    assert float(model.attack_loss_scale()) > 1000
+    x_adv = model.generate_adversarial(x, y)
+    # Every pixel moves by eps (none sits at a clip bound): the float16
+    # gradient did not underflow to zero.
+    moved = np.isclose(np.abs(x_adv.numpy() - x.numpy()), 0.1, atol=1e-3)
+    assert moved.mean() > 0.99
+    if backend == "advtrain":
+        logs = model.train_on_batch(x, y, return_dict=True)
+        assert logs["zero_grad_fraction"] < 0.01
+
+
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_mixed_precision_attack_gradient_does_not_underflow(digits, policy):
+@pytest.mark.parametrize("kind", ["pgd", "trades"])
+def test_mixed_precision_pgd_and_trades_train(digits, policy, kind):
+    from advtrain.models import TRADES
+
     x, y = digits[0][:256], digits[1][:256]
     keras.mixed_precision.set_global_policy(policy)
     try:
+        attack = Attack("pgd", eps=0.1, steps=3)
         clf = dense_classifier(seed=2)
-        model = AdversarialModel(clf, Attack("fgsm", eps=0.1), 0.5)
+        if kind == "pgd":
+            model = AdversarialModel(clf, attack, 0.5, seed=0)
+        else:
+            model = TRADES(clf, attack, beta=1.0, seed=0)
         model.compile(
             optimizer=keras.optimizers.Adam(3e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
-        history = model.fit(x, y, batch_size=64, epochs=4, verbose=0)
-        # Trained to a confident model, where the float16 gradient is tiny.
-        assert history.history["loss"][-1] < history.history["loss"][0]
-        assert history.history["zero_grad_fraction"][-1] < 0.01
-        x_adv = model.generate_adversarial(tf.constant(x[:64]), tf.constant(y[:64]))
-        moved = np.abs(x_adv.numpy() - x[:64]) > 0
-        # Pixels at 0 pushed further down stay clipped at 0: count only
-        # those free to move in the gradient's direction.
-        assert moved.mean() > 0.3
+        history = model.fit(x, y, batch_size=64, epochs=2, verbose=0).history
+        for key in ("loss", "clean_loss", "adv_loss"):
+            assert np.isfinite(history[key]).all(), key
+        assert history["loss"][-1] < history["loss"][0]
+        xb = tf.constant(x[:64])
+        delta = (model.generate_adversarial(xb, tf.constant(y[:64])) - xb).numpy()
+        # Three sign steps of 2.5 * eps / 3 from a random start reach the
+        # eps bound (or a pixel bound) only where the input gradient is
+        # non-zero; zero gradients leave the start, strictly inside.
+        at_bound = (
+            np.isclose(np.abs(delta), 0.1, atol=2e-3)
+            | np.isclose(xb.numpy() + delta, 0.0)
+            | np.isclose(xb.numpy() + delta, 1.0)
+        )
+        assert at_bound.mean() > 0.8
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_cleverhans_backend_in_the_training_step(digits, monkeypatch):
+    import cleverhans.tf2.attacks.projected_gradient_descent as ch_pgd
+
+    calls = []
+    original = ch_pgd.projected_gradient_descent
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("rand_init"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ch_pgd, "projected_gradient_descent", spy)
+    x, y = digits[0][:128], digits[1][:128]
+    weights = {}
+    for backend in ("advtrain", "cleverhans"):
+        attack = Attack(
+            "pgd", eps=0.1, steps=3, step_size=0.05, random_start=False, backend=backend
+        )
+        clf = dense_classifier(seed=6)
+        model = _compile(AdversarialModel(clf, attack, 0.5))
+        traced = len(calls)
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+        weights[backend] = clf.get_weights()
+        # cleverhans runs (when the step is traced) for its backend only.
+        assert (len(calls) > traced) == (backend == "cleverhans")
+    assert set(calls) == {False}
+    for a, b in zip(weights["advtrain"], weights["cleverhans"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_validation_reports_robust_accuracy(digits):

@@ -61,8 +61,10 @@ def test_momentum_override_reaches_nested_batchnorm():
     np.testing.assert_allclose(
         outer.moving_mean.numpy(), 0.5 * x.mean(axis=0), rtol=1e-5
     )
-    assert apply_batchnorm_policy(model, BatchNormConfig()) == 3
+    assert apply_batchnorm_policy(model, BatchNormConfig(momentum=None)) == 3
     assert all(layer.momentum == 0.5 for layer in bns)  # None keeps it
+    apply_batchnorm_policy(model, BatchNormConfig(), total_steps=1_000)
+    assert all(layer.momentum == 0.98 for layer in bns)  # auto: the run's length
 
 
 def test_momentum_override_on_classifier():

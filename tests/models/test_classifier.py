@@ -123,6 +123,10 @@ def test_offline_imagenet_is_one_line_error(monkeypatch, tmp_path):
     # Empty cache, and the download Keras would attempt fails at once.
     monkeypatch.setattr(keras_config, "_KERAS_DIR", str(tmp_path))
     monkeypatch.setattr(file_utils, "urlretrieve", offline)
+    # The reachability probe must not contact a real host either.
+    from advtrain.models import weights
+
+    monkeypatch.setattr(weights, "WEIGHTS_URL", "https://advtrain-offline.invalid/")
     cfg = ModelConfig(backbone="resnet50", weights="imagenet")
     with pytest.raises(RecipeError) as info:
         build_classifier(cfg, (32, 32, 3), 4)
@@ -171,6 +175,35 @@ def test_weights_from_path_round_trip(tmp_path):
     target = build_classifier(cfg, (8, 8, 1), 3)
     assert load_weights_file(target, get_backbone(target), str(part)) == ("backbone")
     assert load_weights_file(target, get_backbone(target), str(whole)) == ("classifier")
+
+
+@pytest.mark.parametrize("saved_fused", [True, False])
+def test_weights_load_across_batchnorm_kernels(tmp_path, saved_fused):
+    # A .keras file keys weights by layer class: a run saved with fused
+    # BatchNorm (the default) must load into a freshly built classifier
+    # (plain Keras BatchNorm), and a plain one into a fused classifier.
+    from advtrain.models.fused_batchnorm import FusedBatchNormalization, fuse_batchnorm
+
+    cfg = ModelConfig(backbone="small_cnn", width=4)
+    source = build_classifier(cfg, (8, 8, 1), 3)
+    for layer in batchnorm_layers(source):
+        layer.moving_mean.assign(np.full(layer.moving_mean.shape, 0.25, "float32"))
+    if saved_fused:
+        fuse_batchnorm(source)
+    path = tmp_path / "source.keras"
+    source.save(path)
+    target = build_classifier(cfg, (8, 8, 1), 3)
+    if not saved_fused:
+        fuse_batchnorm(target)
+    kinds = [type(layer) for layer in batchnorm_layers(target)]
+    assert load_weights_file(target, get_backbone(target), str(path)) == "classifier"
+    # Weights came over, and each layer kept its own class.
+    assert [type(layer) for layer in batchnorm_layers(target)] == kinds
+    assert (FusedBatchNormalization in kinds) != saved_fused
+    x = np.random.default_rng(0).random((4, 8, 8, 1)).astype("float32")
+    np.testing.assert_allclose(
+        target(x, training=False), source(x, training=False), atol=1e-6
+    )
 
 
 def test_weights_from_legacy_h5(tmp_path):

@@ -1,0 +1,431 @@
+"""Auto-PGD (Croce and Hein 2020): APGD-CE and targeted APGD-DLR.
+
+"Reliable evaluation of adversarial robustness with an ensemble of diverse
+parameter-free attacks" (ICML 2020), the two gradient attacks of
+AutoAttack. Compared with PGD the step size needs no tuning: it starts at
+`2 * eps` and is halved at checkpoints where the loss stopped rising, and
+the search then restarts from the best point found so far; a momentum
+term (0.75) smooths the steps. APGD-DLR maximises the Difference of Logits
+Ratio, which is invariant to shifting and rescaling the logits, so it is
+not fooled by the logit scaling that can hide gradients from
+cross-entropy; the targeted version attacks the most likely wrong
+classes in turn.
+
+Everything runs in-graph (under `tf.function`, and XLA: no data-dependent
+shapes), on the whole batch at once; every example keeps its own step
+size. Facts follow the paper and the authors' code (fra31/auto-attack);
+where they differ, the docstrings of `checkpoints` and `_apgd_run` say which is
+taken.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from advtrain.attacks.common import (
+    LossFn,
+    ModelFn,
+    Norm,
+    attack_inputs,
+    checked_norm,
+    clip_pixels,
+    per_example_cross_entropy,
+    project,
+    random_in_ball,
+    steepest_step,
+)
+
+# Paper, section 3.2: checkpoints p_0 = 0, p_1 = 0.22, then intervals that
+# shrink by 0.03 down to a minimum of 0.06 of the iterations.
+_P1, _SHRINK, _MIN_INTERVAL = 0.22, 0.03, 0.06
+_DLR_TINY = 1e-12
+# AutoAttack's APGD-T attacks the 9 most likely wrong classes.
+DEFAULT_TARGETS = 9
+
+Objective = Callable[[tf.Tensor], tf.Tensor]
+
+
+def apgd_ce(
+    model_fn: ModelFn,
+    x: Any,
+    y: Optional[Any] = None,
+    *,
+    eps: float,
+    steps: int = 100,
+    norm: Norm = "inf",
+    restarts: int = 1,
+    loss_fn: Optional[LossFn] = None,
+    rho: float = 0.75,
+    momentum: float = 0.75,
+    clip_min: Optional[float] = 0.0,
+    clip_max: Optional[float] = 1.0,
+    loss_scale: Optional[Any] = None,
+    seed: Any = None,
+) -> tf.Tensor:
+    """APGD on the cross-entropy loss (AutoAttack's first attack).
+
+    Args:
+        model_fn: maps pixels to logits.
+        x: float pixels.
+        y: integer labels (or probability rows); None uses predictions.
+        eps: radius of the ball in pixel units.
+        steps: iterations per restart (AutoAttack: 100).
+        norm: "inf" or 2.
+        restarts: runs from fresh random starts; a misclassified result
+            beats a correct one, so more restarts never help the model.
+        loss_fn: `(labels, logits) -> per-example loss`; cross-entropy.
+        rho: halve the step at a checkpoint when the loss rose in at most
+            this fraction of the iterations since the last one.
+        momentum: weight of the new step against the previous move.
+        clip_min, clip_max: valid pixel range.
+        loss_scale: multiplies the loss before differentiating.
+        seed: None, an int or a `keras.random.SeedGenerator`.
+
+    Returns:
+        Per example, a misclassified point if one was found, else the
+        point of highest loss; the dtype of `x`.
+
+    Example:
+
+    ```python
+    x_adv = apgd_ce(lambda x: model(x, training=False), x, y, eps=0.3)
+    ```
+    """
+    norm = _validate(eps, norm, steps, restarts, rho, momentum)
+    x, y = attack_inputs(model_fn, x, y)
+    loss_fn = loss_fn or per_example_cross_entropy
+    labels = _int_labels(y)
+
+    def objective(run):
+        del run  # every run attacks the same loss
+        return lambda logits: loss_fn(y, logits)
+
+    return _best_over_runs(
+        model_fn, x, labels, objective, restarts,
+        dict(eps=eps, steps=steps, norm=norm, rho=rho, momentum=momentum,
+             clip_min=clip_min, clip_max=clip_max, loss_scale=loss_scale,
+             seed=seed),
+    )  # fmt: skip
+
+
+def apgd_dlr(
+    model_fn: ModelFn,
+    x: Any,
+    y: Optional[Any] = None,
+    *,
+    eps: float,
+    steps: int = 100,
+    norm: Norm = "inf",
+    targets: int = DEFAULT_TARGETS,
+    restarts: int = 1,
+    rho: float = 0.75,
+    momentum: float = 0.75,
+    clip_min: Optional[float] = 0.0,
+    clip_max: Optional[float] = 1.0,
+    loss_scale: Optional[Any] = None,
+    seed: Any = None,
+) -> tf.Tensor:
+    """APGD on the (targeted) Difference of Logits Ratio loss.
+
+    Targeted (AutoAttack's APGD-T), for each of the `targets` classes the
+    model ranks highest after the true one on the clean input, in turn:
+    maximise `-(z_y - z_t) / (z_1 - (z_3 + z_4) / 2)`, with `z_1 >= z_2
+    >= ...` the sorted logits. `targets=0` runs the untargeted DLR loss
+    `-(z_y - max_{i != y} z_i) / (z_1 - z_3)` instead. Stops early once
+    every example is misclassified.
+
+    Args:
+        model_fn: maps pixels to logits (at least 4 classes; 3 untargeted).
+        x: float pixels.
+        y: integer labels (or probability rows); None uses predictions.
+        eps: radius of the ball in pixel units.
+        steps: iterations per run (AutoAttack: 100).
+        norm: "inf" or 2.
+        targets: target classes tried (AutoAttack: 9); at most the number
+            of classes minus one are used. 0: untargeted DLR.
+        restarts: random starts per target.
+        rho, momentum, clip_min, clip_max, loss_scale, seed: as `apgd_ce`.
+
+    Returns:
+        Per example, a misclassified point if one was found, else the
+        point of highest loss of the runs; the dtype of `x`.
+
+    Example:
+
+    ```python
+    x_adv = apgd_dlr(lambda x: model(x, training=False), x, y, eps=0.3)
+    ```
+    """
+    norm = _validate(eps, norm, steps, restarts, rho, momentum)
+    if not isinstance(targets, int) or isinstance(targets, bool) or targets < 0:
+        raise ValueError(f"targets must be an int >= 0. Received: targets={targets!r}")
+    x, y = attack_inputs(model_fn, x, y)
+    labels = _int_labels(y)
+    clean_logits = model_fn(x)
+    classes = clean_logits.shape[-1]
+    needed = 4 if targets else 3
+    if classes is not None and classes < needed:
+        raise ValueError(
+            f"The {'targeted ' if targets else ''}DLR loss needs at least "
+            f"{needed} classes. Received: classes={classes}"
+        )
+    if targets and classes is not None:
+        targets = min(targets, classes - 1)
+    # Classes by decreasing clean logit; target k is the (k + 2)-th, as in
+    # AutoAttack (for a correctly classified input: the k-th wrong class).
+    ranked = tf.argsort(
+        tf.cast(clean_logits, tf.float32), axis=-1, direction="DESCENDING"
+    )
+
+    def objective(run):
+        if not targets:
+            return lambda logits: _dlr(logits, labels)
+        target = ranked[:, run // restarts + 1]
+        return lambda logits: _dlr_targeted(logits, labels, target)
+
+    runs = restarts * max(targets, 1)
+    return _best_over_runs(
+        model_fn, x, labels, objective, runs,
+        dict(eps=eps, steps=steps, norm=norm, rho=rho, momentum=momentum,
+             clip_min=clip_min, clip_max=clip_max, loss_scale=loss_scale,
+             seed=seed),
+    )  # fmt: skip
+
+
+def checkpoints(steps: int) -> list[int]:
+    """Iteration counts w_j after which the step size is reviewed.
+
+    `w_j = ceil(p_j * steps)` with `p_0 = 0`, `p_1 = 0.22` and
+    `p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)` (paper, eq. 4),
+    deduplicated, up to `steps`. The authors' code shrinks integer
+    intervals instead (22, 19, 16, ... for 100 steps); the two differ by
+    at most an iteration per checkpoint.
+    """
+    p = [0.0, _P1]
+    while True:
+        nxt = p[-1] + max(p[-1] - p[-2] - _SHRINK, _MIN_INTERVAL)
+        if nxt > 1:
+            break
+        p.append(nxt)
+    # Rounding first: 0.22 * 100 is 22.000000000000004, whose ceil is 23.
+    counts = sorted({math.ceil(round(v * steps, 6)) for v in p})
+    return [w for w in counts if w <= steps]
+
+
+def _validate(eps, norm, steps, restarts, rho, momentum) -> str:
+    norm = checked_norm(norm, eps)
+    for name, value in (("steps", steps), ("restarts", restarts)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1. Received: {name}={value!r}")
+    if not 0.0 < rho <= 1.0:
+        raise ValueError(f"rho must be in (0, 1]. Received: rho={rho!r}")
+    if not 0.0 <= momentum <= 1.0:
+        raise ValueError(f"momentum must be in [0, 1]. Received: momentum={momentum!r}")
+    return norm
+
+
+def _int_labels(y: tf.Tensor) -> tf.Tensor:
+    if y.shape.rank is not None and y.shape.rank > 1:
+        return tf.argmax(y, axis=-1, output_type=tf.int32)
+    return tf.cast(tf.reshape(y, [-1]), tf.int32)
+
+
+def _dlr(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    logits = tf.cast(logits, tf.float32)
+    top = tf.math.top_k(logits, k=3).values
+    true = tf.gather(logits, labels, batch_dims=1)
+    # The largest other logit: the top one, or the second when y is on top.
+    other = tf.where(true >= top[:, 0], top[:, 1], top[:, 0])
+    return -(true - other) / (top[:, 0] - top[:, 2] + _DLR_TINY)
+
+
+def _dlr_targeted(logits: tf.Tensor, labels: tf.Tensor, target: tf.Tensor):
+    logits = tf.cast(logits, tf.float32)
+    top = tf.math.top_k(logits, k=4).values
+    true = tf.gather(logits, labels, batch_dims=1)
+    aim = tf.gather(logits, target, batch_dims=1)
+    scale = top[:, 0] - 0.5 * (top[:, 2] + top[:, 3]) + _DLR_TINY
+    return -(true - aim) / scale
+
+
+def _loss_gradient_wrong(model_fn, x, labels, objective, loss_scale):
+    """Per-example loss, its input gradient and whether the model is
+    wrong, from one forward pass (common.input_gradient returns only the
+    gradient, and APGD needs all three at every step)."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        logits = model_fn(x)
+        loss = tf.cast(objective(logits), tf.float32)
+        total = tf.reduce_sum(loss)
+        if loss_scale is not None:
+            total = total * tf.cast(loss_scale, tf.float32)
+    grad = tape.gradient(total, x)
+    grad = tf.where(tf.math.is_finite(grad), grad, tf.zeros_like(grad))
+    predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+    return loss, grad, tf.not_equal(predicted, labels)
+
+
+def _per_example(mask: tf.Tensor, rank: int) -> tf.Tensor:
+    return tf.reshape(mask, [-1] + [1] * (rank - 1))
+
+
+def _best_over_runs(model_fn, x, labels, objective, runs, options):
+    """Runs APGD `runs` times (run r attacks `objective(r)`) and keeps,
+    per example, a misclassified point over a correct one and otherwise
+    the highest loss. Stops once every example is misclassified."""
+    rank = x.shape.rank
+
+    def body(run, best, fooled, best_loss):
+        point, wrong, loss = _apgd_run(model_fn, x, labels, objective(run), **options)
+        better = (wrong & ~fooled) | (tf.equal(wrong, fooled) & (loss > best_loss))
+        best = tf.where(_per_example(better, rank), point, best)
+        return (
+            run + 1,
+            best,
+            fooled | wrong,
+            tf.where(better, loss, best_loss),
+        )
+
+    batch = tf.shape(x)[0]
+    _, best, _, _ = tf.while_loop(
+        lambda run, _, fooled, __: (run < runs) & ~tf.reduce_all(fooled),
+        body,
+        (
+            tf.constant(0),
+            x,
+            tf.zeros([batch], tf.bool),
+            tf.fill([batch], tf.constant(-math.inf, tf.float32)),
+        ),
+        maximum_iterations=runs,
+    )
+    return tf.stop_gradient(best)
+
+
+def _apgd_run(
+    model_fn, x, labels, objective, *, eps, steps, norm, rho, momentum,
+    clip_min, clip_max, loss_scale, seed,
+):  # fmt: skip
+    """One APGD run from a random start (paper, Algorithm 1).
+
+    Returns `(point, wrong, loss)` per example: the last misclassified
+    point if any (else the highest-loss one), whether one was found, and
+    the highest loss reached.
+
+    Where the paper leaves it open, the authors' code decides: the start
+    is a random point on the surface of the eps-ball; condition 1 halves
+    the step when the loss rose in at most `rho` of the interval's
+    iterations (the paper writes "fewer than"); after a halving the search
+    resumes at the best point with its gradient, and the momentum term
+    keeps the previous point.
+    """
+    rank = x.shape.rank
+    batch = tf.shape(x)[0]
+    eps_t = tf.cast(eps, x.dtype)
+
+    def to_ball(point):
+        delta = project(clip_pixels(point, clip_min, clip_max) - x, eps_t, norm)
+        return clip_pixels(x + delta, clip_min, clip_max)
+
+    def gradient_at(point):
+        return _loss_gradient_wrong(model_fn, point, labels, objective, loss_scale)
+
+    def where(mask, a, b):
+        return tf.where(_per_example(mask, rank), a, b)
+
+    start = to_ball(x + _on_sphere(x, eps_t, norm, seed))
+    loss, grad, wrong = gradient_at(start)
+    # interval[i]: w_j - w_{j-1} when iteration i (0-based) completes the
+    # w_j-th step, else 0.
+    marks = checkpoints(steps)
+    interval = [0.0] * steps
+    for before, after in zip(marks[:-1], marks[1:], strict=True):
+        interval[after - 1] = float(after - before)
+    interval = tf.constant(interval, tf.float32)
+    step_shape = tf.concat([[batch], tf.ones([rank - 1], tf.int32)], 0)
+    state = dict(
+        current=start,
+        previous=start,
+        grad=grad,
+        loss=loss,
+        best=start,
+        best_grad=grad,
+        best_loss=loss,
+        adversarial=start,
+        fooled=wrong,
+        eta=tf.fill(step_shape, 2.0 * eps_t),
+        rises=tf.zeros([batch], tf.float32),
+        best_at_check=loss,
+        halved_at_check=tf.zeros([batch], tf.bool),
+    )
+
+    def body(i, s):
+        # The first step has no momentum (the paper's x^(1)).
+        a = tf.where(i > 0, tf.cast(momentum, x.dtype), tf.cast(1.0, x.dtype))
+        z = to_ball(s["current"] + steepest_step(s["grad"], 1.0, norm) * s["eta"])
+        moved = to_ball(
+            s["current"]
+            + a * (z - s["current"])
+            + (1 - a) * (s["current"] - s["previous"])
+        )
+        loss, grad, wrong = gradient_at(moved)
+        improved = loss > s["best_loss"]
+        s = dict(
+            s,
+            previous=s["current"],
+            current=moved,
+            grad=grad,
+            loss=loss,
+            best=where(improved, moved, s["best"]),
+            best_grad=where(improved, grad, s["best_grad"]),
+            best_loss=tf.where(improved, loss, s["best_loss"]),
+            adversarial=where(wrong, moved, s["adversarial"]),
+            fooled=s["fooled"] | wrong,
+            rises=s["rises"] + tf.cast(loss > s["loss"], tf.float32),
+        )
+        length = interval[i]
+        return i + 1, tf.cond(length > 0, lambda: _review(s, length, rho), lambda: s)
+
+    _, s = tf.while_loop(
+        lambda i, _: i < steps, body, (tf.constant(0), state), maximum_iterations=steps
+    )
+    point = where(s["fooled"], s["adversarial"], s["best"])
+    return point, s["fooled"], s["best_loss"]
+
+
+def _review(s: dict, length: tf.Tensor, rho: float) -> dict:
+    """The checkpoint: halve the step where the loss rose too rarely
+    (condition 1) or where the step was not halved last time and the best
+    loss has not improved since (condition 2); those examples resume at
+    their best point."""
+    rank = s["current"].shape.rank
+    rarely = s["rises"] <= rho * length
+    stalled = ~s["halved_at_check"] & (s["best_at_check"] >= s["best_loss"])
+    halve = rarely | stalled
+    mask = _per_example(halve, rank)
+    return dict(
+        s,
+        eta=tf.where(mask, s["eta"] / 2, s["eta"]),
+        current=tf.where(mask, s["best"], s["current"]),
+        grad=tf.where(mask, s["best_grad"], s["grad"]),
+        loss=tf.where(halve, s["best_loss"], s["loss"]),
+        rises=tf.zeros_like(s["rises"]),
+        best_at_check=s["best_loss"],
+        halved_at_check=halve,
+    )
+
+
+def _on_sphere(x: tf.Tensor, eps: tf.Tensor, norm: str, seed: Any) -> tf.Tensor:
+    """A random perturbation of norm exactly eps (AutoAttack's start):
+    uniform noise scaled to max |.| = eps (L-inf), or a random direction of
+    length eps (L2)."""
+    noise = random_in_ball(x, 1.0, norm, seed)
+    axes = list(range(1, x.shape.rank))
+    if norm == "inf":
+        size = tf.reduce_max(tf.abs(noise), axis=axes, keepdims=True)
+    else:
+        size = tf.sqrt(tf.reduce_sum(tf.square(noise), axis=axes, keepdims=True))
+    return eps * noise / (size + tf.cast(1e-12, x.dtype))

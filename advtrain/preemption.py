@@ -1,0 +1,168 @@
+"""Preemption: on SIGTERM or SIGINT, finish the step, checkpoint, exit 75.
+
+Schedulers (SLURM, Kubernetes, cloud spot VMs) stop a job with SIGTERM and
+follow with SIGKILL after a grace period. During training, the callback
+`advtrain.callbacks.Preemption` turns the first SIGTERM or SIGINT into:
+finish the step running now, write a checkpoint at the step reached (the
+chief into the run folder, as any checkpoint), and raise `Preempted`,
+which the CLI turns into exit code `PREEMPTED_EXIT_CODE` (75, `EX_TEMPFAIL`
+of sysexits.h: "try again later") and one line saying how to resume.
+Outside the training loop (data loading, evaluation) the signal raises
+`Preempted` at once: the checkpoint on disk is all there is to keep.
+
+Under MultiWorkerMirroredStrategy the workers must checkpoint at the same
+step, or the collectives of the next step hang. TensorFlow's
+`tf.distribute.experimental.PreemptionCheckpointHandler` agrees on that
+step through the coordination service: the first worker to see a signal
+(ours reports it through `TerminationConfig.termination_watcher_fn`)
+publishes "checkpoint after step n+1" and waits for every worker to
+acknowledge; each worker calls `save_checkpoint_if_preempted` after every
+step (from `on_train_batch_end`: Keras 3's `fit` runs one step per host
+call under this strategy) and, at the agreed step, calls our `save_fn`.
+The checkpoint itself is advtrain's own (`AtomicCheckpoint`), not a
+`tf.train.Checkpoint`. So a signal reaching one worker stops them all.
+
+A step that ends an epoch is checkpointed at the end of the epoch instead
+(after validation and the epoch's log row), so a resumed run continues
+with the next epoch exactly as an uninterrupted one would.
+
+Example:
+
+```python
+preemption = Preemption(run_dir, workers=1)   # installs the handlers
+preemption.arm(checkpoint, strategy)           # training: stop after a step
+model.fit(ds, callbacks=[checkpoint, preemption])
+preemption.disarm()   # raises Preempted if a signal came in the last step
+preemption.close()    # restores the previous handlers
+```
+
+`advtrain.experiment.run` does this around its training loop; its
+decorator, `restores_signal_handlers`, puts the caller's handlers back.
+
+This module holds what the launcher and the CLI need too (exit code,
+environment, `Preempted`) and imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+PREEMPTED_EXIT_CODE = 75
+
+# Set by `advtrain launch` in each worker's environment.
+LAUNCHER_PID_ENV = "ADVTRAIN_LAUNCHER_PID"
+RESUME_COMMAND_ENV = "ADVTRAIN_RESUME_COMMAND"
+
+# How long a worker whose launcher vanished may take to checkpoint and exit
+# after the SIGTERM it sends itself, before it ends itself.
+_ORPHAN_GRACE_SECONDS = 30.0
+
+
+class Preempted(Exception):
+    """Training was stopped by a signal; the state is in `checkpoint`.
+
+    `scratch`, when set, is this process's private folder (a non-chief
+    worker's), removed by `exit_preempted`.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        checkpoint: Optional[Path] = None,
+        *,
+        multi_worker: bool = False,
+        scratch: Optional[Path] = None,
+    ):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.multi_worker = multi_worker
+        self.scratch = scratch
+
+
+def exit_preempted(exc: Preempted) -> None:
+    """Ends a multi-worker process at once after `Preempted` (exit 75).
+
+    After `fit` was left mid-epoch under MultiWorkerMirroredStrategy, the
+    interpreter's teardown blocks in TensorFlow's destructors (seen with TF
+    2.21: the main thread "Garbage-collecting" for 25 s and more, on the
+    chief and the other worker alike), so the process would outlive the
+    scheduler's grace period. Everything worth keeping is on disk (the
+    checkpoint is fsynced), so the process ends here without teardown,
+    removing its private folder first. Returns (does nothing) for a
+    single-process run.
+    """
+    import shutil
+    import sys
+
+    if not exc.multi_worker:
+        return
+    if exc.scratch is not None:
+        shutil.rmtree(exc.scratch, ignore_errors=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(PREEMPTED_EXIT_CODE)
+
+
+def resume_hint(run_dir: Path, workers: int = 1) -> str:
+    """How to continue the run in `run_dir`: "resume with `COMMAND`"."""
+    given = os.environ.get(RESUME_COMMAND_ENV)  # set by `advtrain launch`
+    if given:
+        return f"resume with `{given}`"
+    if workers > 1:
+        return (
+            f"resume with `advtrain run {run_dir}/recipe.yaml --output "
+            f"{run_dir}` on every worker of the cluster"
+        )
+    return f"resume with `advtrain resume {run_dir}`"
+
+
+def watch_launcher() -> None:
+    """Ends this worker when the `advtrain launch` that started it is gone.
+
+    Reads the launcher's pid from the environment (nothing to do without
+    it). A daemon thread polls the parent pid; when the launcher has
+    vanished (SIGKILL, crash) it sends this process SIGTERM, so training
+    checkpoints and exits, and after `_ORPHAN_GRACE_SECONDS` ends the
+    process outright, should it be stuck in a collective with a peer that
+    is gone. A polling thread works on every POSIX system, unlike Linux's
+    `PR_SET_PDEATHSIG`.
+    """
+    raw = os.environ.get(LAUNCHER_PID_ENV)
+    if not raw or not raw.isdigit():
+        return
+    launcher = int(raw)
+
+    def watch():
+        while os.getppid() == launcher:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(_ORPHAN_GRACE_SECONDS)
+        os._exit(PREEMPTED_EXIT_CODE)
+
+    threading.Thread(target=watch, name="advtrain-launcher-watch", daemon=True).start()
+
+
+def restores_signal_handlers(fn):
+    """Decorates a function that installs signal handlers (`Preemption`) so
+    the caller's SIGTERM and SIGINT handlers are back when it returns or
+    raises."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)
+        saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for signum, handler in saved.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
+
+    return wrapper

@@ -1,0 +1,233 @@
+"""Live progress for training epochs and evaluation attacks.
+
+On a terminal (stdout is a TTY) a task is one line redrawn in place: a bar,
+steps done, the latest metrics, elapsed time and an estimate of the time
+left. Elsewhere (CI, a log file, a pipe) the same facts come as plain
+lines, at most one every `PLAIN_INTERVAL_S` seconds, so logs stay short and
+carry no control characters. `set_quiet(True)` (the CLI's `--quiet`)
+silences both; the per-epoch lines and summaries are not progress and stay.
+
+Example:
+
+```python
+bar = Progress("evaluating", total=40, unit="batches")
+for i, batch in enumerate(batches):
+    ...
+    bar.update(i + 1, f"{(i + 1) * 256} examples")
+bar.close()
+```
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from typing import Optional, TextIO
+
+import keras
+
+# Plain (non-TTY) mode: seconds between two lines of one task.
+PLAIN_INTERVAL_S = 10.0
+# TTY mode: seconds between two redraws (the last one always draws).
+REDRAW_INTERVAL_S = 0.1
+BAR_WIDTH = 20
+
+_settings = {"quiet": False}
+
+
+def set_quiet(quiet: bool) -> None:
+    """Silences (or restores) every progress bar and progress line."""
+    _settings["quiet"] = bool(quiet)
+
+
+def is_quiet() -> bool:
+    return _settings["quiet"]
+
+
+def _interval_from_env() -> float:
+    # ADVTRAIN_PROGRESS_INTERVAL: seconds between plain lines (0: every
+    # update), for logs that want more or fewer lines.
+    raw = os.environ.get("ADVTRAIN_PROGRESS_INTERVAL", "")
+    try:
+        return max(0.0, float(raw)) if raw else PLAIN_INTERVAL_S
+    except ValueError:
+        return PLAIN_INTERVAL_S
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+class Progress:
+    """Progress of one task of `total` units (None: unknown).
+
+    Args:
+        label: what runs, e.g. "epoch 3/10" or "evaluating (fgsm, pgd)".
+        total: units in the task, or None when unknown.
+        unit: the units' name ("steps", "batches").
+        stream: where to write (default: sys.stdout at creation).
+        interactive: redraw one line in place; default: whether `stream`
+            is a TTY.
+        keep: on a terminal, leave the last state on screen at `close`
+            (else the line is cleared, e.g. for an epoch line to follow);
+            in plain mode, write a last line at `close`.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        total: Optional[int],
+        *,
+        unit: str = "steps",
+        stream: Optional[TextIO] = None,
+        interactive: Optional[bool] = None,
+        keep: bool = False,
+    ):
+        self.label = label
+        self.total = total if total and total > 0 else None
+        self.unit = unit
+        self.stream = stream if stream is not None else sys.stdout
+        if interactive is None:
+            isatty = getattr(self.stream, "isatty", None)
+            interactive = bool(isatty and isatty())
+        self.interactive = interactive
+        self.keep = keep
+        self.enabled = not is_quiet()
+        self.interval = REDRAW_INTERVAL_S if interactive else _interval_from_env()
+        self.start = time.perf_counter()
+        # A terminal shows the first update at once; plain lines wait.
+        self._last_write = self.start - (self.interval if interactive else 0.0)
+        self._done = 0
+        self._extra = ""
+        self._drawn = False
+
+    def update(self, done: int, extra: str = "") -> None:
+        """Records `done` units finished; `extra` is shown after them."""
+        self._done, self._extra = done, extra
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        last = self.total is not None and done >= self.total
+        if now - self._last_write < self.interval and not (last and self.interactive):
+            return
+        self._last_write = now
+        self._write(self.line(now))
+
+    def close(self) -> None:
+        """Ends the task: clears the live line or writes the last state."""
+        if not self.enabled:
+            return
+        if self.interactive:
+            if self._drawn and not self.keep:
+                self.stream.write("\r\x1b[K")
+            elif self._drawn:
+                self.stream.write("\n")
+            self.stream.flush()
+        elif self.keep:
+            self._write(self.line(time.perf_counter()))
+        self._drawn = False
+
+    def line(self, now: Optional[float] = None) -> str:
+        """The current state as one line of text."""
+        now = time.perf_counter() if now is None else now
+        elapsed = now - self.start
+        done = self._done
+        parts = [self.label]
+        if self.total is not None:
+            fraction = min(done / self.total, 1.0)
+            count = f"{done}/{self.total} {self.unit} ({100 * fraction:.0f}%)"
+            if self.interactive:
+                filled = int(round(BAR_WIDTH * fraction))
+                count = f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {count}"
+            parts.append(count)
+        else:
+            parts.append(f"{done} {self.unit}")
+        if self._extra:
+            parts.append(self._extra)
+        timing = f"{_duration(elapsed)} elapsed"
+        if self.total is not None and 0 < done < self.total:
+            timing += f", ~{_duration(elapsed * (self.total - done) / done)} left"
+        parts.append(timing)
+        return "  ".join(parts)
+
+    def _write(self, text: str) -> None:
+        if self.interactive:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            # A line longer than the terminal wraps and \r cannot redraw it.
+            self.stream.write("\r\x1b[K" + text[:width])
+            self._drawn = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+# Training metrics shown on the live line, in this order, when logged.
+_SHOWN = ("loss", "accuracy", "adv_accuracy")
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """A live step bar for each training epoch (see `Progress`).
+
+    The bar is cleared when the epoch ends, so put this callback before
+    the one that prints the epoch's line (`advtrain.callbacks.ProgressLine`).
+    With `steps_per_execution > 1` it moves once per host call.
+
+    Args:
+        epochs: the run's total epochs, for the "epoch 3/10" label.
+        stream: passed to `Progress` (default sys.stdout).
+        interactive: passed to `Progress` (default: whether it is a TTY).
+
+    Example:
+
+    ```python
+    model.fit(ds, epochs=10, callbacks=[EpochProgress(10), ProgressLine(...)])
+    ```
+    """
+
+    def __init__(
+        self,
+        epochs: int,
+        *,
+        stream: Optional[TextIO] = None,
+        interactive: Optional[bool] = None,
+    ):
+        super().__init__()
+        self.epochs = epochs
+        self.stream = stream
+        self.interactive = interactive
+        self._bar: Optional[Progress] = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._bar = Progress(
+            f"epoch {epoch + 1}/{self.epochs}",
+            self.params.get("steps"),
+            stream=self.stream,
+            interactive=self.interactive,
+        )
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._bar is None:
+            return
+        logs = logs or {}
+        shown = "  ".join(
+            f"{name} {float(logs[name]):.4f}" for name in _SHOWN if name in logs
+        )
+        total = self._bar.total
+        self._bar.update(min(batch + 1, total) if total else batch + 1, shown)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def on_train_end(self, logs=None):
+        self.on_epoch_end(0)  # an interrupted epoch leaves no half line

@@ -1,0 +1,205 @@
+"""`advtrain show`: what a recipe would run, without running it.
+
+Prints the resolved recipe, the data it reads, the runtime, the model's
+input adapter chain, the batch plan and the learning-rate schedule of each
+training phase, computed by the same functions `advtrain run` uses
+(`advtrain.runtime.plan_batches`, `advtrain.experiment.build_run_model`,
+`advtrain.runtime.make_optimizer`). It writes nothing: no run folder, no
+download (ImageNet weights are not fetched; the backbone is built at the
+size they would set), no TFDS preparation (a data set that is not prepared
+yet is named and the data-dependent sections are skipped).
+
+Example:
+
+```python
+from advtrain.config import load_recipe
+show(load_recipe("advtrain/recipes/quickstart.yaml", ["train.epochs=3"]))
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Optional
+
+import keras
+
+from advtrain.config import DataConfig, Recipe
+
+Echo = Callable[[str], None]
+
+# Fractions of a phase at which its learning rate is shown.
+_SCHEDULE_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def show(recipe: Recipe, *, echo: Echo = print) -> None:
+    """Prints what `advtrain run` would do with `recipe` (see module doc).
+
+    Raises:
+        RecipeError: the recipe cannot run here (unknown backbone, batch
+            larger than the data, missing data ...), as `run` would.
+    """
+    from advtrain.data import load_splits
+    from advtrain.experiment import build_run_model
+    from advtrain.runtime import make_runtime, plan_batches
+
+    echo("resolved recipe:")
+    echo(_indent(recipe.to_yaml().rstrip()))
+    pending = unprepared_data(recipe.data)
+    if pending:
+        echo(f"data: {pending}; model, batch plan and schedule need it.")
+        return
+    splits = load_splits(recipe.data)
+    shape = "x".join(map(str, splits.image_shape))
+    echo(
+        f"data: {recipe.data.source}, {splits.train_size} train / "
+        f"{splits.val_size} val / {splits.test_size} test, image {shape}, "
+        f"{splits.num_classes} classes"
+    )
+    runtime = make_runtime(recipe.runtime)
+    echo(runtime.describe())
+    plan = plan_batches(recipe.train, runtime, splits.train_size)
+    with runtime.strategy.scope():
+        classifier, _ = build_run_model(
+            _without_downloads(recipe, splits),
+            splits,
+            plan.epochs * plan.steps_per_epoch,
+        )
+    echo(f"model: {adapter_chain(classifier)}")
+    echo(f"  {_weights_line(recipe.model.weights)}")
+    trainable = sum(int(keras.ops.size(w)) for w in classifier.trainable_weights)
+    total = sum(int(keras.ops.size(w)) for w in classifier.weights)
+    echo(f"  parameters: {total:,} ({trainable:,} trainable before freezing)")
+    echo(plan.describe())
+    for line in schedule_lines(recipe, plan):
+        echo(line)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def adapter_chain(classifier: keras.Model) -> str:
+    """`pixels 28x28x1 -> gray->3ch -> resize ... -> backbone X -> head`."""
+    from advtrain.models.classifier import classifier_head, describe
+
+    shape = "x".join(str(d) for d in classifier.input_shape[1:])
+    parts = [f"pixels {shape}"]
+    body = describe(classifier)
+    if body:
+        parts.append(body)
+    head = [layer.name for layer in classifier_head(classifier)]
+    if head:
+        logits = classifier.output_shape[-1]
+        parts.append(f"head ({', '.join(head)}: {logits})")
+    return " -> ".join(parts)
+
+
+def _weights_line(weights: Optional[str]) -> str:
+    from pathlib import Path
+
+    from advtrain.models.weights import is_pretrained_name
+
+    if weights is None:
+        return "weights: none (random initialisation)"
+    if is_pretrained_name(weights):
+        return f"weights: {weights} (fetched by `advtrain run`, not by show)"
+    found = "present" if Path(weights).expanduser().is_file() else "MISSING"
+    return f"weights: {weights} (file {found}; loaded by `advtrain run`)"
+
+
+def _without_downloads(recipe: Recipe, splits) -> Recipe:
+    """The recipe with pretrained weights left out, at the input size they
+    would set, and no weights file loaded: the same architecture, built
+    without touching the network or the file."""
+    from advtrain.models.classifier import backbone_input_size, backbone_spec
+
+    cfg = recipe.model
+    if cfg.weights is None or cfg.builder:
+        return recipe
+    height, width, _ = splits.image_shape
+    size = backbone_input_size(cfg, backbone_spec(cfg.backbone), height, width)
+    model = cfg.model_copy(update={"weights": None, "input_size": size})
+    return recipe.model_copy(update={"model": model})
+
+
+def schedule_lines(recipe: Recipe, plan) -> list[str]:
+    """Each training phase and its learning rate at a few of its steps.
+
+    A phase compiles a fresh optimizer (`advtrain.experiment.run`), so its
+    schedule starts over at the phase's first step.
+    """
+    from advtrain.models.freezing import phases
+    from advtrain.runtime import make_optimizer
+
+    lines = []
+    spe = plan.steps_per_epoch
+    for phase in phases(recipe.model, plan.epochs):
+        if phase.epochs <= 0:
+            continue
+        phase_plan = dataclasses.replace(
+            plan, learning_rate=plan.learning_rate * phase.lr_factor
+        )
+        optimizer = make_optimizer(recipe.train, phase_plan)
+        rate = _schedule(optimizer)
+        steps = phase.epochs * spe
+        points = sorted({int(round(f * (steps - 1))) for f in _SCHEDULE_POINTS})
+        values = ", ".join(
+            f"{rate(step):.3g} @ {phase.start_epoch * spe + step}" for step in points
+        )
+        lines.append(
+            f"phase {phase.name}: epochs {phase.start_epoch + 1}-"
+            f"{phase.end_epoch} ({steps} steps), freeze={phase.freeze}, "
+            f"BatchNorm {'trained' if phase.bn_trainable else 'frozen'}, "
+            f"{recipe.train.optimizer} lr x{phase.lr_factor:g}"
+        )
+        lines.append(f"  learning rate ({recipe.train.lr_schedule}): {values}")
+    return lines
+
+
+def _schedule(optimizer: keras.optimizers.Optimizer) -> Callable[[int], float]:
+    config = optimizer.get_config()["learning_rate"]
+    if isinstance(config, (int, float)):
+        return lambda step: float(config)
+    schedule = keras.optimizers.schedules.deserialize(config)
+    return lambda step: float(schedule(step))
+
+
+def unprepared_data(cfg: DataConfig) -> Optional[str]:
+    """Why the recipe's data cannot be read without writing, or None.
+
+    TFDS-backed sources (gtsrb, tfds, mnist without data.path) prepare the
+    data set on first use, which downloads and writes; show only reads a
+    prepared one.
+    """
+    if cfg.source == "gtsrb" and cfg.image_size is not None:
+        name = "gtsrb"
+    elif cfg.source == "tfds" and cfg.tfds_name:
+        name = cfg.tfds_name
+    elif cfg.source == "mnist" and cfg.path is None:
+        name = "mnist"
+    else:
+        return None
+    import tensorflow_datasets as tfds
+
+    import advtrain.data  # noqa: F401  (registers the gtsrb builder)
+
+    kwargs = {}
+    if name == "gtsrb":
+        from advtrain.data.gtsrb import gtsrb_config
+
+        kwargs = {
+            "config": gtsrb_config(cfg.roi_crop, cfg.image_size),
+            "on_corrupt": cfg.on_corrupt,
+        }
+    try:
+        builder = tfds.builder(name, data_dir=cfg.tfds_data_dir, **kwargs)
+    except tfds.core.registered.DatasetNotFoundError:
+        return None  # load_splits names the problem
+    if builder.is_prepared():
+        return None
+    return (
+        f"{name} is not prepared in {builder.data_dir} yet (`advtrain run` "
+        "prepares it; show writes nothing)"
+    )

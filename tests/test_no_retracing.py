@@ -1,0 +1,78 @@
+"""Evaluation traces each attack kind once: no tf.function retracing for a
+smaller last batch or for other eps / steps / restarts (AttackRunner)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+from helpers import bn_classifier
+
+from advtrain.attacks import Attack
+from advtrain.evaluation import AttackRunner
+
+
+def test_one_trace_per_attack_kind():
+    model = bn_classifier()
+    runner = AttackRunner(model, seed=0)
+    x = np.random.default_rng(0).random((40, 8, 8, 1)).astype("float32")
+    y = np.arange(40) % 10
+    attacks = [
+        Attack("fgsm", eps=0.1),
+        Attack("fgsm", eps=0.3),
+        Attack("pgd", eps=0.1, steps=2, restarts=1),
+        Attack("pgd", eps=0.2, steps=3, step_size=0.05, restarts=2),
+    ]
+    for batch in (32, 8):  # a full and a smaller last batch
+        for attack in attacks:
+            predictions = runner(attack, x[:batch], y[:batch])
+            assert predictions.shape == (batch,)
+    assert runner.tracing_count == 2  # fgsm, pgd
+
+
+def test_pgd_hyperparameters_as_tensors_match_python_values():
+    model = bn_classifier()
+    x = tf.constant(np.random.default_rng(1).random((6, 8, 8, 1)), tf.float32)
+    y = tf.constant(np.arange(6) % 10)
+    attack = Attack("pgd", eps=0.1, steps=3, restarts=2)
+    eager = attack(lambda z: model(z, training=False), x, y, seed=7)
+    traced = tf.function(
+        lambda steps, restarts: attack.replace(steps=steps, restarts=restarts)(
+            lambda z: model(z, training=False), x, y, seed=7
+        )
+    )(tf.constant(3), tf.constant(2))
+    np.testing.assert_allclose(eager.numpy(), traced.numpy(), atol=1e-6)
+
+
+_EVALUATE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import numpy as np, tensorflow as tf
+from helpers import bn_classifier
+from advtrain.config import EvalConfig
+from advtrain.evaluation import evaluate_robustness
+from advtrain.sanity import run_sanity_checks
+model = bn_classifier()
+x = np.random.default_rng(0).random((70, 8, 8, 1)).astype("float32")
+ds = tf.data.Dataset.from_tensor_slices((x, np.arange(70) % 10)).batch(32)
+cfg = EvalConfig(
+    eps=0.1, pgd_steps=2, pgd_restarts=2, eps_sweep=[0.0, 0.05, 0.1], batch_size=32
+)
+evaluate_robustness(model, ds, cfg, default_eps=0.1, num_classes=10)
+run_sanity_checks(model, ds, cfg, default_eps=0.1, max_examples=40)
+print("done")
+"""
+
+
+def test_evaluation_and_sanity_checks_log_no_retracing():
+    # A fresh interpreter, as `advtrain eval` runs: TensorFlow counts the
+    # traces of one Python function over the whole process, so evaluations
+    # earlier in a test session would count against this one.
+    script = _EVALUATE.format(tests=os.path.dirname(__file__))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("done")
+    assert "retracing" not in result.stderr
