@@ -176,6 +176,21 @@ def test_profile_shipped_recipe():
     assert "verdict: " in result.stdout
 
 
+def test_version():
+    from advtrain import __version__
+
+    result = ok(advtrain("--version"))
+    assert result.stdout.strip() == f"advtrain {__version__}"
+    assert result.stderr == ""
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    # The README's `advtrain --debug run ...`, on a run that fails at once.
+    result = advtrain("--debug", "run", tmp_path / "missing.yaml")
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "recipe file not found" in result.stderr
+
+
 def test_bad_recipe_name_is_one_line():
     result = advtrain("run", "missing.yaml")
     one_error_line(result, 2, "missing.yaml: recipe file not found")
