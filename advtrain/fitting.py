@@ -249,20 +249,7 @@ def _batchnorm_config(batchnorm: Any) -> BatchNormConfig:
     if isinstance(batchnorm, BatchNormConfig):
         return batchnorm
     if isinstance(batchnorm, dict):
-        try:
-            return BatchNormConfig(**batchnorm)
-        except ValueError as exc:  # pydantic's ValidationError, several lines
-            errors = getattr(exc, "errors", lambda: [])()
-            if not errors:
-                raise
-            first = errors[0]
-            where = ".".join(str(part) for part in first["loc"])
-            message = first["msg"].removeprefix("Value error, ")
-            if "Received:" not in message:
-                message += f". Received: {where}={first.get('input')!r}"
-            raise ValueError(
-                f"batchnorm{'.' + where if where else ''}: {message}"
-            ) from None
+        return _section(BatchNormConfig, batchnorm, "batchnorm")
     raise TypeError(
         "batchnorm must be a BatchNormConfig, its dict or None. "
         f"Received: batchnorm={batchnorm!r}"
@@ -359,17 +346,25 @@ def _is_classification(model: keras.Model, x: np.ndarray, y: np.ndarray) -> bool
 
 
 def _train_config(**values: Any) -> TrainConfig:
+    return _section(TrainConfig, values)
+
+
+def _section(cls, values: dict, name: str = ""):
+    """`cls(**values)`, with pydantic's several-line error as one line:
+    `name.key: message. Received: key=value`."""
     try:
-        return TrainConfig(**values)
-    except ValueError as exc:  # pydantic's ValidationError, several lines
+        return cls(**values)
+    except ValueError as exc:  # pydantic's ValidationError
         errors = getattr(exc, "errors", lambda: [])()
         if not errors:
             raise
         first = errors[0]
         key = ".".join(str(part) for part in first["loc"])
-        raise ValueError(
-            f"{key}: {first['msg']}. Received: {key}={first.get('input')!r}"
-        ) from None
+        message = first["msg"].removeprefix("Value error, ")
+        if "Received:" not in message:
+            message += f". Received: {key}={first.get('input')!r}"
+        where = ".".join(part for part in (name, key) if part)
+        raise ValueError(f"{where}: {message}") from None
 
 
 def _as_runtime(runtime: Any) -> Runtime:
