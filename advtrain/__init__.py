@@ -30,7 +30,7 @@ from advtrain.experiment import run  # noqa: E402
 from advtrain.fitting import fit  # noqa: E402
 from advtrain.models import TRADES, AdversarialModel  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AdversarialModel",

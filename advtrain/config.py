@@ -165,7 +165,7 @@ class BatchNormConfig(_Section):
         always, false never. metrics.json reports the gap before and after.
     gap_threshold: warn when train-mode and inference-mode accuracy differ
         by more than this.
-    fused: compute the plain Keras BatchNormalization layers with
+    fused_kernel: compute the plain Keras BatchNormalization layers with
         TensorFlow's fused kernel (advtrain.models.fused_batchnorm): the
         same results to float rounding, faster training (scripts/bench_step
         measures it). false keeps Keras's own computation.
@@ -176,7 +176,7 @@ class BatchNormConfig(_Section):
     recalibrate: Union[bool, str] = "auto"
     recalibrate_batches: int = Field(50, ge=1)
     gap_threshold: float = Field(0.05, ge=0.0, le=1.0)
-    fused: bool = True
+    fused_kernel: bool = True
 
     @model_validator(mode="after")
     def _auto_or_value(self) -> BatchNormConfig:
@@ -218,7 +218,8 @@ class ModelConfig(_Section):
     top_k: int = Field(0, ge=0)
     # Head-only epochs before the freeze policy applies, then the learning
     # rate is multiplied by finetune_lr_factor (advtrain.models.freezing).
-    warmup_epochs: int = Field(0, ge=0)
+    # Not train.warmup_epochs, the learning-rate warm-up.
+    head_only_epochs: int = Field(0, ge=0)
     finetune_lr_factor: float = Field(0.1, gt=0.0, le=1.0)
     width: int = Field(32, ge=1, le=1024)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
@@ -248,7 +249,9 @@ class AttackConfig(_Section):
     backend: Literal["advtrain", "cleverhans"] = "advtrain"
     adv_weight: float = Field(0.5, ge=0.0, le=1.0)
     mode: Literal["inference", "train"] = "inference"
-    fused: bool = False
+    # fgsm/fgsm_rs: one training-mode forward pass gives both the clean loss
+    # and the attack's gradient (AdversarialModel(fused=True)).
+    fused_step: bool = False
     beta: float = Field(6.0, ge=0.0)
     # Training only: eps, alpha and step_size grow linearly from ~0 to their
     # values over this many epochs, step by step (advtrain.models.eps_ramp);
@@ -279,9 +282,9 @@ class AttackConfig(_Section):
                 "eps_ramp_epochs > 0 needs a training attack on the advtrain "
                 f"backend. Received: method={self.method}, backend={self.backend}"
             )
-        if self.fused and self.method not in ("fgsm", "fgsm_rs"):
+        if self.fused_step and self.method not in ("fgsm", "fgsm_rs"):
             raise ValueError(
-                "fused: true needs method fgsm or fgsm_rs. "
+                "fused_step: true needs method fgsm or fgsm_rs. "
                 f"Received: method={self.method}"
             )
         return self
@@ -584,6 +587,20 @@ def _submodel(annotation: Any) -> Optional[type[BaseModel]]:
     return None
 
 
+# Keys renamed in 0.2 because their names clashed with others; a recipe
+# still using one gets this line instead of "unknown key".
+RENAMED_KEYS = {
+    "model.warmup_epochs": (
+        "'model.head_only_epochs' (head-only epochs before fine-tuning; "
+        "train.warmup_epochs is the learning-rate warm-up)"
+    ),
+    "attack.fused": "'attack.fused_step' (one forward pass for clean and attack)",
+    "model.batchnorm.fused": (
+        "'model.batchnorm.fused_kernel' (TensorFlow's fused BatchNorm kernel)"
+    ),
+}
+
+
 # Union members pydantic names in an error's location ("float",
 # "literal['auto']", "function-after[...]"): not recipe keys.
 _TYPE_TAG = re.compile(r"(float|int|str|bool|none|[a-z-]+\[.*\])")
@@ -593,6 +610,8 @@ def _format_error(error: dict[str, Any], source: str) -> str:
     loc = tuple(str(p) for p in error["loc"] if not _TYPE_TAG.fullmatch(str(p)))
     path = ".".join(loc)
     kind = error["type"]
+    if kind == "extra_forbidden" and path in RENAMED_KEYS:
+        return f"{source}: '{path}' was renamed {RENAMED_KEYS[path]}."
     if kind == "extra_forbidden":
         known = _known_keys(Recipe, loc[:-1])
         close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)

@@ -87,7 +87,7 @@ def build_training_model(
         adv_weight=cfg.adv_weight if attack is not None else 0.0,
         attack_mode=cfg.mode,
         seed=recipe.train.seed,
-        fused=cfg.fused and attack is not None,
+        fused=cfg.fused_step and attack is not None,
         eps_ramp_steps=ramp,
         **_RECIPE_OWNS_BATCHNORM,
     )

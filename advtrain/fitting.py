@@ -262,7 +262,7 @@ def _apply_batchnorm(
     """Fused kernel and momentum before training; a note on what changed."""
     from advtrain.models import batchnorm as bn
 
-    if cfg.fused:
+    if cfg.fused_kernel:
         from advtrain.models.fused_batchnorm import fuse_batchnorm
 
         fuse_batchnorm(model)

@@ -146,7 +146,7 @@ class ProfileReport:
                 )
             if self.attack in ("fgsm", "fgsm_rs") and not self.fused:
                 tips.append(
-                    "attack.fused: true: 2 forward + 2 backward passes per "
+                    "attack.fused_step: true: 2 forward + 2 backward passes per "
                     "step instead of 3 + 3 (scripts/bench_step, same model: "
                     "0.47-0.50 vs 0.37-0.41 of a clean step on CPU); see "
                     "AdversarialModel(fused=) for its trade-off."
@@ -318,7 +318,7 @@ def profile(
         attack=recipe.attack.method
         + (" (cleverhans)" if recipe.attack.backend == "cleverhans" else ""),
         attack_steps=recipe.attack.steps,
-        fused=recipe.attack.fused,
+        fused=recipe.attack.fused_step,
         cpu_bf16=cpu_has_bfloat16(),
     )
     for line in report.lines():

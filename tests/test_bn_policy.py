@@ -82,7 +82,7 @@ def test_empty_recipe_is_the_safe_defaults(tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     bn = load_recipe(empty).model.batchnorm
-    assert (bn.momentum, bn.recalibrate, bn.fused) == ("auto", "auto", True)
+    assert (bn.momentum, bn.recalibrate, bn.fused_kernel) == ("auto", "auto", True)
 
 
 def test_python_api_keeps_momenta_the_user_chose():

@@ -50,7 +50,7 @@ BAD = [
         [],
         "clip_start: false applies to method fgsm_rs only",
     ),
-    ("model: {batchnorm: {fused: maybe}}", [], "'model.batchnorm.fused'"),
+    ("model: {batchnorm: {fused_kernel: maybe}}", [], "'model.batchnorm.fused_kernel'"),
     ("data: {source: imagenet}", [], "'data.source'"),
     ("runtime: {precision: float8}", [], "'runtime.precision'"),
     (

@@ -53,7 +53,7 @@ def test_show_bad_recipe_exits_2_with_one_line(tmp_path):
 def test_show_phases_restart_their_schedule():
     recipe = load_recipe(
         os.path.join(RECIPES, "quickstart.yaml"),
-        ["model.warmup_epochs=1", "train.epochs=3", "train.lr_schedule=constant"],
+        ["model.head_only_epochs=1", "train.epochs=3", "train.lr_schedule=constant"],
     )
 
     plan = BatchPlan(

@@ -36,7 +36,7 @@ def test_shipped_recipes_hand_the_backbone_over():
         transfer.model.backbone,
         transfer.model.width,
     )
-    assert transfer.model.warmup_epochs >= 1
+    assert transfer.model.head_only_epochs >= 1
     assert transfer.model.batchnorm.trainable is None  # frozen in the warm-up
 
 

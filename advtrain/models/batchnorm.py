@@ -137,7 +137,7 @@ def apply_batchnorm_policy(
     total_steps: Optional[int] = None,
 ) -> int:
     """Applies the recipe's BN momentum to every BN layer and, with
-    `cfg.fused`, switches plain Keras BN layers to the fused kernel;
+    `cfg.fused_kernel`, switches plain Keras BN layers to the fused kernel;
     returns the BN layer count.
 
     `cfg.momentum: auto` is `auto_momentum(total_steps)` (the run's
@@ -153,7 +153,7 @@ def apply_batchnorm_policy(
     classifier.compile(...)
     ```
     """
-    if cfg.fused:
+    if cfg.fused_kernel:
         from advtrain.models.fused_batchnorm import fuse_batchnorm
 
         fuse_batchnorm(model)

@@ -18,7 +18,7 @@ its moving statistics and never updates them. So:
   `model.batchnorm.trainable: false`.
 
 The schedule: `phases(cfg, epochs)` splits training into a head-only warmup
-of `cfg.warmup_epochs` epochs and a fine-tune phase under `cfg.freeze` at
+of `cfg.head_only_epochs` epochs and a fine-tune phase under `cfg.freeze` at
 `learning_rate * cfg.finetune_lr_factor`. The runner calls, per phase:
 
 ```python
@@ -87,9 +87,9 @@ def resolve_bn_trainable(freeze: str, bn_trainable: Optional[bool]) -> bool:
 def phases(cfg: ModelConfig, epochs: int) -> list[Phase]:
     """The training schedule for a recipe's model section.
 
-    - `warmup_epochs == 0` or `freeze == "frozen"`: one phase, "train",
+    - `head_only_epochs == 0` or `freeze == "frozen"`: one phase, "train",
       under `cfg.freeze` at the recipe's learning rate.
-    - otherwise: "warmup", `min(warmup_epochs, epochs)` head-only epochs at
+    - otherwise: "warmup", `min(head_only_epochs, epochs)` head-only epochs at
       the recipe's learning rate, then "finetune" for the remaining epochs
       under `cfg.freeze` at `learning_rate * cfg.finetune_lr_factor`
       (omitted when no epoch remains).
@@ -102,16 +102,16 @@ def phases(cfg: ModelConfig, epochs: int) -> list[Phase]:
 
     ```python
     cfg = ModelConfig(backbone="resnet50", freeze="top_k", top_k=10,
-                      warmup_epochs=2, finetune_lr_factor=0.1)
+                      head_only_epochs=2, finetune_lr_factor=0.1)
     phases(cfg, 5)  # warmup 0->2 (frozen, lr x1), finetune 2->5 (lr x0.1)
     ```
     """
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0. Received: epochs={epochs}")
     bn = resolve_bn_trainable(cfg.freeze, cfg.batchnorm.trainable)
-    if cfg.warmup_epochs == 0 or cfg.freeze == "frozen":
+    if cfg.head_only_epochs == 0 or cfg.freeze == "frozen":
         return [Phase("train", 0, epochs, cfg.freeze, cfg.top_k, bn, 1.0)]
-    warm = min(cfg.warmup_epochs, epochs)
+    warm = min(cfg.head_only_epochs, epochs)
     schedule = [Phase("warmup", 0, warm, "frozen", 0, False, 1.0)]
     if epochs > warm:
         schedule.append(

@@ -19,7 +19,7 @@ float32) instead of being upcast first.
 
 `fuse_batchnorm(model)` switches the plain Keras BatchNormalization layers
 of an existing model (nested ones included, pretrained backbones too) to
-this class in place; the recipe key `model.batchnorm.fused` does it for
+this class in place; the recipe key `model.batchnorm.fused_kernel` does it for
 every run.
 """
 

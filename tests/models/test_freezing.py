@@ -110,7 +110,7 @@ def test_phases_schedule():
         backbone="resnet50",
         freeze="top_k",
         top_k=10,
-        warmup_epochs=2,
+        head_only_epochs=2,
         finetune_lr_factor=0.1,
     )
     warmup, finetune = phases(cfg, 5)
@@ -126,11 +126,11 @@ def test_phases_schedule():
     assert [p.name for p in phases(cfg, 2)] == ["warmup"]
     single = phases(ModelConfig(freeze="all_trainable"), 3)
     assert single == [Phase("train", 0, 3, "all_trainable", 0, True, 1.0)]
-    frozen = phases(ModelConfig(freeze="frozen", warmup_epochs=2), 3)
+    frozen = phases(ModelConfig(freeze="frozen", head_only_epochs=2), 3)
     assert [(p.name, p.freeze) for p in frozen] == [("train", "frozen")]
     bn = ModelConfig(
         freeze="all_trainable",
-        warmup_epochs=1,
+        head_only_epochs=1,
         batchnorm=BatchNormConfig(trainable=False),
     )
     assert phases(bn, 3)[1].bn_trainable is False
@@ -139,7 +139,7 @@ def test_phases_schedule():
 def test_two_phase_fit():
     model = _small()
     x, y = _data((8, 8, 1))
-    cfg = ModelConfig(freeze="all_trainable", warmup_epochs=1)
+    cfg = ModelConfig(freeze="all_trainable", head_only_epochs=1)
     schedule = phases(cfg, 2)
     backbone = get_backbone(model)
     for phase in schedule:
