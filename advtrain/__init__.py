@@ -6,6 +6,9 @@ Public API:
     load_recipe, Recipe, RecipeError
     run                            train + evaluate a recipe
     fit                            any Keras model through the same runtime
+    register_attack, register_source, register_backbone
+                                   extension points a recipe can name
+                                   (its `plugins` key imports the module)
 
 Importing the package imports TensorFlow (once, without its C++ start-up
 lines; see `advtrain._tfimport`) and registers everything a saved run needs
@@ -21,8 +24,17 @@ import_tensorflow()
 # Below TensorFlow's quiet import. Each import also registers its Keras
 # objects (register_keras_serializable) or its TFDS builder.
 from advtrain import data, runtime  # noqa: E402, F401  (gtsrb builder, OneCycle)
-from advtrain.attacks import Attack, fgsm, fgsm_random_start, pgd  # noqa: E402
+from advtrain.attacks import (  # noqa: E402
+    Attack,
+    fgsm,
+    fgsm_random_start,
+    make_attack,
+    pgd,
+    register_attack,
+)
+from advtrain.backbones import register_backbone  # noqa: E402
 from advtrain.config import Recipe, RecipeError, load_recipe  # noqa: E402
+from advtrain.data import register_source  # noqa: E402
 from advtrain.experiment import run  # noqa: E402
 
 # `fit` lives in `advtrain.fitting`, not `advtrain.fit`: a submodule named
@@ -42,6 +54,10 @@ __all__ = [
     "fit",
     "fgsm_random_start",
     "load_recipe",
+    "make_attack",
     "pgd",
+    "register_attack",
+    "register_backbone",
+    "register_source",
     "run",
 ]

@@ -50,7 +50,48 @@ class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or Inf loss and was stopped (exit code 1)."""
 
 
-class NaNGuard(keras.callbacks.Callback):
+class StepCallback(keras.callbacks.Callback):
+    """Base of the callbacks that name a step: the epoch, the batches of it
+    trained, and the global step, across `fit` calls that start inside an
+    epoch (a resumed run fits an interrupted epoch alone, for its remaining
+    steps).
+
+    Args:
+        steps_per_epoch: batches per epoch.
+    """
+
+    def __init__(self, steps_per_epoch: int):
+        super().__init__()
+        self.steps_per_epoch = steps_per_epoch
+        self.step_offset = 0
+        self.steps_this_fit = steps_per_epoch
+        self._epoch = 0
+
+    def begin_fit(self, step_offset: int, steps: int) -> None:
+        """Call before each `fit`: it trains `steps` batches of its first
+        epoch, starting after batch `step_offset`."""
+        self.step_offset = step_offset
+        self.steps_this_fit = steps
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def _end_epoch(self) -> None:
+        """The next epoch of this `fit` trains whole."""
+        self.step_offset = 0
+        self.steps_this_fit = self.steps_per_epoch
+
+    def _done(self, batch: int) -> int:
+        """Batches of the current epoch trained after host call `batch`
+        (with steps_per_execution > 1, Keras reports a host call's last
+        step)."""
+        return self.step_offset + min(batch + 1, self.steps_this_fit)
+
+    def _global_step(self, done: int) -> int:
+        return self._epoch * self.steps_per_epoch + done
+
+
+class NaNGuard(StepCallback):
     """Stops training at the first non-finite loss, before anything saves it.
 
     Replaces `keras.callbacks.TerminateOnNaN`, which lets the epoch end (and
@@ -87,28 +128,14 @@ class NaNGuard(keras.callbacks.Callback):
         last_good: Callable[[], Optional[Path]] = lambda: None,
         check_state_every_batch: bool = False,
     ):
-        super().__init__()
-        self.steps_per_epoch = steps_per_epoch
+        super().__init__(steps_per_epoch)
         self.hint = hint
         self.last_good = last_good
         self.check_state_every_batch = check_state_every_batch
-        self.step_offset = 0
-        self.steps_this_fit = steps_per_epoch
-        self._epoch = 0
-
-    def begin_fit(self, step_offset: int, steps: int) -> None:
-        """Call before each `fit`: it trains `steps` batches of its first
-        epoch, starting after batch `step_offset`."""
-        self.step_offset = step_offset
-        self.steps_this_fit = steps
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
 
     def on_epoch_end(self, epoch, logs=None):
         self._check_state(self.steps_this_fit - 1)
-        self.step_offset = 0
-        self.steps_this_fit = self.steps_per_epoch
+        self._end_epoch()
 
     def on_train_batch_end(self, batch, logs=None):
         value = (logs or {}).get("loss")
@@ -128,10 +155,9 @@ class NaNGuard(keras.callbacks.Callback):
 
     def _stop(self, what: str, batch: int) -> None:
         self.model.stop_training = True
-        # With steps_per_execution > 1, Keras reports the last step of the
-        # host call; the loss went bad at or before it.
-        step = self.step_offset + min(batch + 1, self.steps_this_fit)
-        global_step = self._epoch * self.steps_per_epoch + step
+        # The loss went bad at or before the host call's last step.
+        step = self._done(batch)
+        global_step = self._global_step(step)
         last = self.last_good()
         kept = f"kept {last}" if last else "no checkpoint was written yet"
         causes = ["learning rate too high", "eps too large"]
@@ -146,7 +172,7 @@ class NaNGuard(keras.callbacks.Callback):
         )
 
 
-class AtomicCheckpoint(keras.callbacks.Callback):
+class AtomicCheckpoint(StepCallback):
     """Checkpoints every N epochs and every M steps, atomically, for resume.
 
     Each checkpoint (an `advtrain.checkpointing.CheckpointStore` folder)
@@ -191,31 +217,14 @@ class AtomicCheckpoint(keras.callbacks.Callback):
         phase: str = "train",
         global_step: int = 0,
     ):
-        super().__init__()
+        super().__init__(steps_per_epoch)
         self.store = store
-        self.steps_per_epoch = steps_per_epoch
         self.epochs = epochs
         self.every_epochs = every_epochs
         self.every_steps = every_steps
         self.phase = phase
         self.last_saved_step = global_step
         self.saved: list[Path] = []
-        self.step_offset = 0
-        self.steps_this_fit = steps_per_epoch
-        self._epoch = 0
-
-    def begin_fit(self, phase: str, step_offset: int, steps: int) -> None:
-        """Call before each `fit` (see `NaNGuard.begin_fit`)."""
-        self.phase = phase
-        self.step_offset = step_offset
-        self.steps_this_fit = steps
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def _done(self, batch: int) -> int:
-        """Batches of the current epoch trained after host call `batch`."""
-        return self.step_offset + min(batch + 1, self.steps_this_fit)
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.every_steps:
@@ -223,13 +232,13 @@ class AtomicCheckpoint(keras.callbacks.Callback):
         done = self._done(batch)
         if done >= self.steps_per_epoch:
             return
-        global_step = self._epoch * self.steps_per_epoch + done
+        global_step = self._global_step(done)
         if global_step // self.every_steps <= self.last_saved_step // self.every_steps:
             return
         self._save_step(done, logs)
 
     def _save_step(self, done: int, logs) -> Path:
-        global_step = self._epoch * self.steps_per_epoch + done
+        global_step = self._global_step(done)
         path = self.store.save(
             self.model,
             kind="step",
@@ -251,7 +260,7 @@ class AtomicCheckpoint(keras.callbacks.Callback):
         done = self._done(batch)
         if done >= self.steps_per_epoch:
             return None
-        global_step = self._epoch * self.steps_per_epoch + done
+        global_step = self._global_step(done)
         if self.saved and self.last_saved_step == global_step:
             return self.saved[-1]
         return self._save_step(done, logs)
@@ -266,8 +275,7 @@ class AtomicCheckpoint(keras.callbacks.Callback):
         return path
 
     def on_epoch_end(self, epoch, logs=None):
-        self.step_offset = 0
-        self.steps_this_fit = self.steps_per_epoch
+        self._end_epoch()
         logs = logs or {}
         monitor = self.store.monitor
         value = logs.get(monitor) if monitor else None

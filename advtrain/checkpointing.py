@@ -1,5 +1,7 @@
 """Crash-safe checkpoints, resuming from them, and the run folder's rules.
 
+`advtrain.training.TrainingState` puts these together for a run.
+
 A checkpoint is a folder under `checkpoints/`:
 
 ```
@@ -28,7 +30,7 @@ Example:
 ```python
 store = CheckpointStore(run_dir / "checkpoints", keep=3)
 store.save(model, kind="epoch", epoch=2, step=0, global_step=80, phase="train")
-point = find_resume_point(run_dir / "checkpoints", model)
+point = find_resume_point(run_dir / "checkpoints")
 restore_variables(model, point, "model")
 ```
 """
@@ -52,7 +54,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advtrain.config import Recipe, RecipeError, parse_yaml, recipe_from_dict
 from advtrain.io import atomic_write_json, atomic_write_text
 
 FORMAT = 1
@@ -63,7 +64,7 @@ _NAME = re.compile(r"^(epoch|step)-(\d+)$")
 Echo = Callable[[str], None]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ValueError):
     """A checkpoint that exists but cannot be used for this model."""
 
 
@@ -74,72 +75,45 @@ class NonFiniteStateError(RuntimeError):
 # ---------------------------------------------------------------- run folder
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        flat: dict[str, Any] = {}
-        for key, value in data.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: data}
+class RunFolderError(ValueError):
+    """An output folder that must not be used for this run."""
 
 
-def recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`key: old -> new` for every dotted key whose value differs."""
-    old, new = _flatten(saved), _flatten(current)
-    return [
-        f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
-        for key in sorted(set(old) | set(new))
-        if old.get(key, "<unset>") != new.get(key, "<unset>")
-    ]
-
-
-def check_run_dir(out: Path, recipe: Recipe) -> bool:
-    """Decides what an output folder may be used for.
-
-    Returns:
-        False for a new (missing or empty) folder, True for an unfinished
-        run of the same resolved recipe, which is resumed.
+def saved_recipe_text(out: Path) -> Optional[str]:
+    """The `recipe.yaml` of the run in `out`, or None for a new (missing or
+    empty) folder.
 
     Raises:
-        RecipeError: the folder holds something else (not a run, a run of
-            another recipe, a finished run); nothing is written.
+        RunFolderError: `out` is a file, or a non-empty folder without a
+            readable `recipe.yaml`; nothing is written.
     """
     if out.exists() and not out.is_dir():
-        raise RecipeError(f"--output {out}: exists and is not a folder.")
+        raise RunFolderError(f"--output {out}: exists and is not a folder.")
     # A kill between creating the folder and writing recipe.yaml leaves at
     # most a temporary file: still a new folder.
     if not out.is_dir() or all(p.name.startswith(TMP_PREFIX) for p in out.iterdir()):
-        return False
+        return None
     saved_path = out / "recipe.yaml"
     if not saved_path.is_file():
-        raise RecipeError(
+        raise RunFolderError(
             f"--output {out}: folder is not empty and holds no advtrain run "
             "(no recipe.yaml); choose a new folder so nothing in it is "
             "overwritten."
         )
     try:
-        text = saved_path.read_text(encoding="utf-8")
+        return saved_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{saved_path}: cannot read: {exc}") from None
-    saved = recipe_from_dict(parse_yaml(text, str(saved_path)), str(saved_path))
-    differences = recipe_differences(saved.to_dict(), recipe.to_dict())
-    if differences:
-        shown = "; ".join(differences[:4])
-        more = len(differences) - 4
-        if more > 0:
-            shown += f"; and {more} more"
-        raise RecipeError(
-            f"--output {out}: folder is not empty: it holds a run of a "
-            f"different recipe ({shown}). Choose a new folder, or continue "
-            f"that run with `advtrain resume {out}`."
-        )
+        raise RunFolderError(f"{saved_path}: cannot read: {exc}") from None
+
+
+def check_unfinished(out: Path) -> None:
+    """Raises RunFolderError when the run in `out` finished (metrics.json)."""
     if (out / "metrics.json").is_file():
-        raise RecipeError(
+        raise RunFolderError(
             f"--output {out}: folder is not empty: it holds a finished run "
             "of this recipe (metrics.json); nothing to resume. Choose a new "
             "folder."
         )
-    return True
 
 
 def writable_dir(out: Path, is_chief: bool) -> Path:
@@ -250,10 +224,6 @@ class Checkpoint:
 
     path: Path
     state: dict[str, Any]
-
-    @property
-    def kind(self) -> str:
-        return self.state["kind"]
 
     @property
     def epoch(self) -> int:
@@ -596,7 +566,7 @@ def resolve_monitor(
         else:
             setting = "adv_accuracy"
     elif setting.startswith("val_") and not has_validation:
-        raise RecipeError(
+        raise ValueError(
             f"output.monitor={setting} needs a validation split; set "
             "data.val_fraction > 0 or monitor a training metric."
         )

@@ -18,6 +18,8 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
+from advtrain.errors import one_line
+
 
 def _is_usage_error(exc: BaseException) -> bool:
     # Typer vendors click in some versions: match the class by name.
@@ -72,6 +74,7 @@ UnsafeLoadOption = Annotated[
     ),
 ]
 _DEBUG = {"on": False}  # `advtrain --debug COMMAND`, set by _root
+_QUIET = {"on": False}  # `advtrain --quiet COMMAND`, set by _root
 
 
 def _show_version(value: bool) -> None:
@@ -100,9 +103,18 @@ def _root(
             help="Show tracebacks instead of one line, and TensorFlow's logs.",
         ),
     ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            "-q",
+            help="No live progress in any command (as each command's --quiet).",
+        ),
+    ] = False,
 ) -> None:
     """Adversarial training and transfer learning for Keras 3."""
     _DEBUG["on"] = debug
+    _QUIET["on"] = quiet
     if debug:
         os.environ["ADVTRAIN_DEBUG"] = "1"
 
@@ -121,7 +133,7 @@ QuietOption = Annotated[
 def _set_quiet(quiet: bool) -> None:
     from advtrain.progress import set_quiet
 
-    set_quiet(quiet)
+    set_quiet(quiet or _QUIET["on"])
 
 
 def _echo(line: str) -> None:
@@ -181,8 +193,8 @@ def _naming(recipe_path: Path):
 
     try:
         yield
-    except RecipeError as exc:
-        text = str(exc)
+    except (ValueError, TypeError, OSError) as exc:
+        text = one_line(exc)
         if text.startswith((str(recipe_path), "--")):
             raise
         raise RecipeError(f"{recipe_path}: {text}") from None
@@ -198,7 +210,13 @@ def _guarded(action):
     except (RecipeError, _BadInput) as exc:
         if debug:
             raise
-        _fail(str(exc), 2)
+        _fail(one_line(exc), 2)
+    except (ValueError, TypeError, OSError) as exc:
+        # Library code raises these for values it cannot use: the user's
+        # input, so exit 2, in one line (advtrain.errors).
+        if debug:
+            raise
+        _fail(one_line(exc), 2)
     except KeyboardInterrupt:
         _fail("interrupted; completed checkpoints are kept.", 130)
     except typer.Exit:
@@ -217,8 +235,10 @@ def _guarded(action):
         if type(exc).__name__ == "NonFiniteLossError":
             # The run stopped on NaN/Inf; its message says where and why.
             _fail(str(exc), 1)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _fail(f"{type(exc).__name__}: {first} (rerun as `advtrain --debug ...`)", 1)
+        _fail(
+            f"{type(exc).__name__}: {one_line(exc)} (rerun as `advtrain --debug ...`)",
+            1,
+        )
 
 
 def _train(path: Path, resolved, output: Optional[Path]) -> None:

@@ -33,6 +33,8 @@ from pydantic import (
     model_validator,
 )
 
+from advtrain.errors import one_line
+
 
 class RecipeError(ValueError):
     """A recipe, override or CLI value that cannot be used (exit code 2)."""
@@ -110,7 +112,9 @@ class AugmentConfig(_Section):
 class DataConfig(_Section):
     """Where the examples come from and how they are fed."""
 
-    source: Literal["digits", "mnist", "gtsrb", "arrays", "folder", "tfds"] = "digits"
+    # A registered data source (advtrain.data.register_source): digits,
+    # mnist, gtsrb, arrays, folder, tfds, or one a plugin registers.
+    source: str = "digits"
     # Directory (mnist IDX files, GTSRB manual dir, image folder, arrays
     # directory) or file prefix (arrays: PATH_x.npy / PATH_y.npy).
     path: Optional[str] = None
@@ -135,6 +139,11 @@ class DataConfig(_Section):
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     seed: Seed = 0
 
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, value: str) -> str:
+        return _registered("data source", value)
+
     @model_validator(mode="after")
     def _positive_image_size(self) -> DataConfig:
         if self.image_size is not None and min(self.image_size) < 1:
@@ -143,6 +152,25 @@ class DataConfig(_Section):
                 f"Received: image_size={list(self.image_size)}"
             )
         return self
+
+
+def _registered(kind: str, value: str, extra: tuple[str, ...] = ()) -> str:
+    """`value` if the registry of `kind` holds it (or it is in `extra`)."""
+    if kind == "attack":
+        from advtrain.attacks import attacks as registry
+    elif kind == "data source":
+        from advtrain.data.sources import sources as registry
+    else:
+        from advtrain.backbones.registry import backbones as registry
+    if value in extra or value in registry:
+        return value
+    known = sorted({*registry.names(), *extra})
+    close = difflib.get_close_matches(value, known, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ValueError(
+        f"unknown {kind} '{value}'.{hint} Known: {', '.join(known)} (a plugin "
+        f"module named in `plugins` can register more)"
+    )
 
 
 class BatchNormConfig(_Section):
@@ -225,6 +253,11 @@ class ModelConfig(_Section):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     batchnorm: BatchNormConfig = Field(default_factory=BatchNormConfig)
 
+    @field_validator("backbone")
+    @classmethod
+    def _known_backbone(cls, value: str) -> str:
+        return _registered("backbone", value)
+
     @model_validator(mode="after")
     def _top_k_needs_k(self) -> ModelConfig:
         if self.freeze == "top_k" and self.top_k < 1:
@@ -235,7 +268,9 @@ class ModelConfig(_Section):
 class AttackConfig(_Section):
     """The training attack. Pixel space: eps is in units of [0, 1] pixels."""
 
-    method: Literal["none", "fgsm", "fgsm_rs", "pgd", "trades"] = "fgsm_rs"
+    # none, trades, or a registered attack (advtrain.attacks.register_attack):
+    # fgsm, fgsm_rs, pgd, or one a plugin registers.
+    method: str = "fgsm_rs"
     eps: float = Field(8 / 255, ge=0.0, le=1.0)
     # FGSM random start step; default 1.25 * eps (Wong et al. 2020).
     alpha: Optional[float] = Field(None, gt=0.0, le=2.0)
@@ -262,6 +297,11 @@ class AttackConfig(_Section):
     @classmethod
     def _norm_as_text(cls, data: Any) -> Any:
         return _norm_text(data)
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, value: str) -> str:
+        return _registered("attack", value, extra=("none", "trades"))
 
     @model_validator(mode="after")
     def _compatible(self) -> AttackConfig:
@@ -452,10 +492,17 @@ class OutputConfig(_Section):
 
 
 class Recipe(_Section):
-    """A whole training run."""
+    """A whole training run.
+
+    plugins: Python modules imported before the rest of the recipe is
+    checked, so the attacks, data sources and backbones they register can
+    be named in it. Importing runs their code: the same trust as
+    `model.builder`.
+    """
 
     name: str = "run"
     description: str = ""
+    plugins: list[str] = Field(default_factory=list)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
@@ -463,6 +510,13 @@ class Recipe(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins_first(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("plugins"):
+            import_plugins(data["plugins"])
+        return data
 
     @field_validator("name")
     @classmethod
@@ -481,6 +535,36 @@ class Recipe(_Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def import_plugins(modules: Any) -> None:
+    """Imports each module named in a recipe's `plugins` (they register
+    attacks, data sources or backbones). The current folder is searched
+    last, as `python -m` would. Raises ValueError naming the module."""
+    import importlib
+    import os
+    import sys
+
+    if not isinstance(modules, list) or not all(
+        isinstance(m, str) and _MODULE.fullmatch(m) for m in modules
+    ):
+        raise ValueError(
+            "plugins: expected a list of module names such as "
+            f"[my_package.attacks]. Received: plugins={modules!r}"
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure is the recipe's
+            raise ValueError(
+                f"plugins: cannot import '{name}' ({type(exc).__name__}: "
+                f"{one_line(exc)})"
+            ) from None
 
 
 # ---------------------------------------------------------------- loading
@@ -557,7 +641,7 @@ def parse_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or one_line(exc)
         if "could not determine a constructor" in str(exc):
             problem = f"{problem}; tags that build Python objects are not allowed"
         raise RecipeError(f"{source}:{where}: invalid YAML: {problem}") from None
@@ -606,14 +690,16 @@ RENAMED_KEYS = {
 _TYPE_TAG = re.compile(r"(float|int|str|bool|none|[a-z-]+\[.*\])")
 
 
-def _format_error(error: dict[str, Any], source: str) -> str:
+def _format_error(
+    error: dict[str, Any], source: str, schema: type[BaseModel] = None
+) -> str:
     loc = tuple(str(p) for p in error["loc"] if not _TYPE_TAG.fullmatch(str(p)))
     path = ".".join(loc)
     kind = error["type"]
     if kind == "extra_forbidden" and path in RENAMED_KEYS:
         return f"{source}: '{path}' was renamed {RENAMED_KEYS[path]}."
     if kind == "extra_forbidden":
-        known = _known_keys(Recipe, loc[:-1])
+        known = _known_keys(schema or Recipe, loc[:-1])
         close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
         hint = f" Did you mean '{'.'.join(loc[:-1] + (close[0],))}'?" if close else ""
         allowed = ", ".join(known)
@@ -632,17 +718,32 @@ def _format_error(error: dict[str, Any], source: str) -> str:
             shown = f"{shown[:77]}..."
         received_text = f" Received: {path or 'value'}={shown}"
     where = f" for '{path}'" if path else ""
+    if "Received:" in message:  # a validator's own line says it already
+        return f"{source}: invalid value{where}: {message}"
     return f"{source}: invalid value{where}: {message.rstrip('.')}.{received_text}"
 
 
-def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
+def format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
+    """One line for a pydantic error: `SOURCE: invalid value for 'KEY': WHY.
+    Received: KEY=VALUE`, or `SOURCE: unknown key 'KEY'. Did you mean ...`.
+    The one formatter for recipes, `--set` overrides and `advtrain.fit`'s
+    keyword arguments (`source` names where the values came from)."""
     errors = exc.errors(include_url=False)
     # Prefer an unknown-key error: it usually explains the others.
     errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-    line = _format_error(errors[0], source)
+    # The model validated (a whole recipe, or one section on its own for
+    # advtrain.fit) gives the keys an unknown one is compared with.
+    schema = next(
+        (m for m in _Section.__subclasses__() if m.__name__ == exc.title), Recipe
+    )
+    line = _format_error(errors[0], source, schema)
     if len(errors) > 1:
         line += f" ({len(errors) - 1} more problem(s) after this one)"
-    return RecipeError(line)
+    return line
+
+
+def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
+    return RecipeError(format_validation_error(exc, source))
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

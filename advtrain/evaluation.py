@@ -4,9 +4,8 @@ per example over the attacks, macro F1, eps sweeps."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,10 +16,7 @@ import tensorflow as tf
 from advtrain.attacks import Attack
 from advtrain.attacks.apgd import DEFAULT_TARGETS as APGD_TARGETS
 from advtrain.attacks.pgd import default_step_size
-from advtrain.config import EvalConfig
 from advtrain.progress import Progress
-
-log = logging.getLogger(__name__)
 
 
 def macro_f1(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> float:
@@ -52,6 +48,8 @@ def per_class_accuracy(
 class _Accumulator:
     labels: list = dataclasses.field(default_factory=list)
     predictions: dict = dataclasses.field(default_factory=dict)
+    seen: int = 0
+    start: float = 0.0
 
     def add(self, name: str, preds: np.ndarray) -> None:
         self.predictions.setdefault(name, []).append(preds)
@@ -60,40 +58,57 @@ class _Accumulator:
         return np.concatenate(self.predictions[name])
 
 
-def evaluation_attacks(cfg: EvalConfig, default_eps: float) -> dict[str, Attack]:
-    """The attacks a recipe's eval section asks for, by report name."""
-    eps = default_eps if cfg.eps is None else cfg.eps
-    chosen = cfg.attacks
+def evaluation_attacks(
+    *,
+    default_eps: float,
+    eps: Optional[float] = None,
+    norm: str = "inf",
+    attacks: Optional[Sequence[str]] = None,
+    fgsm: bool = True,
+    pgd_steps: int = 20,
+    pgd_step_size: Optional[float] = None,
+    pgd_restarts: int = 1,
+    apgd_steps: int = 100,
+    apgd_restarts: int = 1,
+    eps_sweep: Sequence[float] = (),
+) -> dict[str, Attack]:
+    """The attacks an evaluation runs, by report name.
+
+    The arguments are the recipe's `eval` keys: `attacks` names them
+    (fgsm, pgd, apgd_ce, apgd_dlr); when None, FGSM when `fgsm` and PGD
+    when `pgd_steps > 0`. `eps` None means `default_eps` (the training
+    eps). Each `eps_sweep` value adds a PGD attack `sweep_<eps>`.
+    """
+    eps = default_eps if eps is None else eps
+    chosen = attacks
     if chosen is None:
-        chosen = ["fgsm"] * cfg.fgsm + ["pgd"] * (cfg.pgd_steps > 0)
-    apgd = dict(
-        eps=eps, norm=cfg.norm, steps=cfg.apgd_steps, restarts=cfg.apgd_restarts
-    )
+        chosen = ["fgsm"] * fgsm + ["pgd"] * (pgd_steps > 0)
+    apgd = dict(eps=eps, norm=norm, steps=apgd_steps, restarts=apgd_restarts)
     available = {
-        "fgsm": lambda: Attack("fgsm", eps=eps, norm=cfg.norm),
+        "fgsm": lambda: Attack("fgsm", eps=eps, norm=norm),
         "pgd": lambda: Attack(
             "pgd",
             eps=eps,
-            norm=cfg.norm,
-            steps=cfg.pgd_steps,
-            step_size=cfg.pgd_step_size,
+            norm=norm,
+            steps=pgd_steps,
+            step_size=pgd_step_size,
             random_start=True,
-            restarts=cfg.pgd_restarts,
+            restarts=pgd_restarts,
         ),
         "apgd_ce": lambda: Attack("apgd_ce", **apgd),
         "apgd_dlr": lambda: Attack("apgd_dlr", **apgd),
     }
-    attacks = {name: available[name]() for name in chosen}
-    for value in cfg.eps_sweep:
-        attacks[f"sweep_{value:g}"] = Attack(
+    chosen_attacks = {name: available[name]() for name in chosen}
+    for value in eps_sweep:
+        chosen_attacks[f"sweep_{value:g}"] = Attack(
             "pgd",
             eps=value,
-            norm=cfg.norm,
-            steps=max(cfg.pgd_steps, 1),
+            norm=norm,
+            steps=max(pgd_steps, 1),
             random_start=True,
             restarts=1,
         )
-    return attacks
+    return chosen_attacks
 
 
 class AttackRunner:
@@ -227,91 +242,108 @@ def _array_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
 def evaluate_robustness(
     model: keras.Model,
     batches: Iterable,
-    cfg: EvalConfig,
     *,
     default_eps: float,
     num_classes: int,
+    max_examples: Optional[int] = None,
+    seed: int = 0,
+    batch_size: int = 256,
     progress: Optional[Callable[[str], None]] = None,
     strategy: Optional[tf.distribute.Strategy] = None,
+    **attack_keys: Any,
 ) -> dict[str, Any]:
     """Accuracy of `model` on clean and attacked batches.
 
-    With `cfg.max_examples` set, a seeded random subset of that many
-    examples is evaluated (`seeded_subset` with `cfg.seed`), not the first
-    N: test splits stored in class order would otherwise be judged on a
-    few classes. The same seed gives the same subset and the same random
+    With `max_examples` set, a seeded random subset of that many examples
+    is evaluated (`seeded_subset` with `seed`), not the first N: test
+    splits stored in class order would otherwise be judged on a few
+    classes. The same seed gives the same subset and the same random
     starts, so two models are compared on identical examples.
 
     Args:
         model: maps [0, 1] pixels to logits.
         batches: `(x, y)` batches (float pixels, integer labels).
-        cfg: the recipe's eval section.
-        default_eps: eps used when `cfg.eps` is None (the training eps).
+        default_eps: eps used when `eps` is None (the training eps).
         num_classes: for macro F1 and the per-class table.
+        max_examples: evaluate a seeded random subset of this size.
+        seed: seed of the subset and of the attacks' random starts.
+        batch_size: batch size of the subset's batches.
         progress: called with a short line after each batch.
         strategy: the run's `tf.distribute` strategy; the attack functions
             are traced and run in its scope (default: the current one).
+        **attack_keys: the recipe's other `eval` keys, as `evaluation_attacks`
+            takes them (eps, norm, attacks, fgsm, pgd_steps, ...).
 
     Returns:
         A JSON-ready dict: `clean_accuracy`, `<attack>_accuracy` and
-        `<attack>_attack` (its settings) for each attack of `cfg.attacks`
-        (fgsm, pgd, apgd_ce, apgd_dlr), `robust_accuracy_worst` (the
-        fraction right on clean and under every one of them, per example),
-        `macro_f1`, `eps_sweep` ([{eps, accuracy}]), per-class support
-        and clean / PGD accuracy, and the number of examples (`subset_of`:
-        the split size, when a subset was drawn).
+        `<attack>_attack` (its settings) for each attack (fgsm, pgd,
+        apgd_ce, apgd_dlr), `robust_accuracy_worst` (the fraction right on
+        clean and under every one of them, per example), `macro_f1`,
+        `eps_sweep` ([{eps, accuracy}]), per-class support and clean / PGD
+        accuracy, and the number of examples (`subset_of`: the split size,
+        when a subset was drawn).
     """
     total = None
     batch_count = _batch_count(batches)
-    if cfg.max_examples is not None:
-        x_all, y_all, total = seeded_subset(batches, cfg.max_examples, cfg.seed)
-        batches = _array_batches(x_all, y_all, cfg.batch_size)
-        batch_count = -(-len(y_all) // cfg.batch_size)
-    attacks = evaluation_attacks(cfg, default_eps)
+    if max_examples is not None:
+        x_all, y_all, total = seeded_subset(batches, max_examples, seed)
+        batches = _array_batches(x_all, y_all, batch_size)
+        batch_count = -(-len(y_all) // batch_size)
+    chosen = evaluation_attacks(default_eps=default_eps, **attack_keys)
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        acc = _predict(model, batches, chosen, seed, batch_count, progress)
+    result = _summary(acc, chosen, num_classes)
+    if total is not None:
+        result["subset_of"] = total
+        result["subset_seed"] = seed
+    return result
+
+
+def _predict(model, batches, attacks, seed, batch_count, progress) -> _Accumulator:
+    """Labels, and predicted labels on clean and attacked inputs."""
     bar = Progress(
         f"evaluating ({_attack_names(attacks)})",
         batch_count,
         unit="batches",
         keep=True,
     )
-    strategy = strategy or tf.distribute.get_strategy()
-    with strategy.scope():
-        runners = AttackRunner(model, cfg.seed)
-        predict = tf.function(
-            lambda x: tf.argmax(model(x, training=False), axis=-1),
-            reduce_retracing=True,
-        )
-        acc = _Accumulator()
-        seen = 0
-        start = time.perf_counter()
-        for x, y in batches:
-            y = tf.cast(y, tf.int64)
-            acc.labels.append(y.numpy())
-            acc.add("clean", predict(x).numpy())
-            for name, attack in attacks.items():
-                acc.add(name, runners(attack, x, y).numpy())
-            seen += int(y.shape[0])
-            bar.update(len(acc.labels), f"{seen} examples")
-            if progress is not None:
-                progress(f"evaluated {seen} examples")
-        bar.close()
-    if seen == 0:
+    runners = AttackRunner(model, seed)
+    predict = tf.function(
+        lambda x: tf.argmax(model(x, training=False), axis=-1),
+        reduce_retracing=True,
+    )
+    acc = _Accumulator(start=time.perf_counter())
+    for x, y in batches:
+        y = tf.cast(y, tf.int64)
+        acc.labels.append(y.numpy())
+        acc.add("clean", predict(x).numpy())
+        for name, attack in attacks.items():
+            acc.add(name, runners(attack, x, y).numpy())
+        acc.seen += int(y.shape[0])
+        bar.update(len(acc.labels), f"{acc.seen} examples")
+        if progress is not None:
+            progress(f"evaluated {acc.seen} examples")
+    bar.close()
+    if acc.seen == 0:
         raise ValueError("Evaluation got no examples: the test split is empty.")
+    return acc
+
+
+def _summary(acc: _Accumulator, attacks, num_classes: int) -> dict[str, Any]:
+    """The JSON-ready result of `evaluate_robustness`."""
     labels = np.concatenate(acc.labels)
     clean = acc.get("clean")
     result: dict[str, Any] = {
-        "examples": seen,
+        "examples": acc.seen,
         "clean_accuracy": float(np.mean(clean == labels)),
         "macro_f1": macro_f1(labels, clean, num_classes),
         "per_class_accuracy": per_class_accuracy(labels, clean, num_classes),
         "class_support": np.bincount(labels, minlength=num_classes)
         .astype(int)
         .tolist(),
-        "seconds": round(time.perf_counter() - start, 2),
+        "seconds": round(time.perf_counter() - acc.start, 2),
     }
-    if total is not None:
-        result["subset_of"] = total
-        result["subset_seed"] = cfg.seed
     robust = clean == labels
     chosen = [name for name in attacks if not name.startswith("sweep_")]
     for name in chosen:
@@ -332,10 +364,7 @@ def evaluate_robustness(
             labels, pgd_preds, num_classes
         )
     sweep = [
-        {
-            "eps": attacks[name].eps,
-            "accuracy": float(np.mean(acc.get(name) == labels)),
-        }
+        {"eps": attacks[name].eps, "accuracy": float(np.mean(acc.get(name) == labels))}
         for name in attacks
         if name.startswith("sweep_")
     ]

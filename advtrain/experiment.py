@@ -1,8 +1,20 @@
 """`run(recipe)`: wires data, model, attack and runtime; owns the run folder.
 
+This module is the recipe boundary: it translates the recipe's sections
+into plain calls of the parts. `run` is three stages:
+
+    prepare   runtime, data, model; resume point and checkpoint callbacks
+              (`advtrain.training.TrainingState`)
+    train     the phases (`advtrain.training.fit_phases`)
+    finish    recalibrate BatchNorm, save model.keras, evaluate
+              (`advtrain.evaluation`), sanity checks (`advtrain.sanity`),
+              report (`advtrain.report`), export (`advtrain.export`),
+              metrics.json last
+
 A run folder holds:
     recipe.yaml      the resolved recipe (after --set overrides)
-    checkpoints/     atomic `.keras` checkpoints (model + optimizer)
+    checkpoints/     atomic checkpoints: model, optimizer and metric variables
+                     (advtrain.checkpointing)
     logs/            TensorBoard logs
     history.csv      one row per epoch
     model.keras      the trained classifier: raw [0, 1] pixels in, logits out
@@ -17,17 +29,25 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import keras
 
-from advtrain.attacks import Attack
-from advtrain.config import AttackConfig, Recipe, RecipeError
-from advtrain.io import atomic_path, atomic_write_json, atomic_write_text
+from advtrain.attacks import Attack, make_attack
+from advtrain.checkpointing import RunFolderError
+from advtrain.config import (
+    AttackConfig,
+    Recipe,
+    RecipeError,
+    parse_yaml,
+    recipe_from_dict,
+)
+from advtrain.errors import one_line
+from advtrain.io import atomic_path, atomic_write_json
 from advtrain.preemption import restores_signal_handlers, watch_launcher
+from advtrain.training import RunSetup, TrainingState, fit_phases
 
 Echo = Callable[[str], None]
 
@@ -40,21 +60,77 @@ class RunResult:
 
 
 def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
-    """The training attack a recipe's attack section describes."""
-    if cfg.method == "none":
-        return None
-    method = "pgd" if cfg.method == "trades" else cfg.method
-    return Attack(
-        method,
-        eps=cfg.eps,
-        norm=cfg.norm,
-        alpha=cfg.alpha,
-        steps=cfg.steps,
-        step_size=cfg.step_size,
-        random_start=cfg.random_start,
-        backend=cfg.backend,
-        clip_start=cfg.clip_start,
+    """The training attack a recipe's attack section describes (None for
+    `method: none`; TRADES's is PGD)."""
+    from advtrain.attacks.attack import OPTION_KEYS
+
+    return make_attack(cfg.method, **_keys(cfg, *OPTION_KEYS))
+
+
+def _keys(section, *names: str) -> dict[str, Any]:
+    """The recipe keys `names` of `section`, as keyword arguments."""
+    return section.model_dump(include=set(names))
+
+
+# ---------------------------------------------------------------- boundary
+# The recipe turned into the parts' keyword arguments, once, for `run`,
+# `advtrain show` and `advtrain profile`.
+
+
+def recipe_splits(recipe: Recipe):
+    """`load_splits` with the recipe's data keys."""
+    from advtrain.data import LOAD_OPTIONS, load_splits
+
+    return load_splits(recipe.data.source, **_keys(recipe.data, *LOAD_OPTIONS))
+
+
+def recipe_runtime(recipe: Recipe):
+    """`make_runtime` with the recipe's runtime keys."""
+    from advtrain.runtime import make_runtime
+
+    return make_runtime(**recipe.runtime.model_dump())
+
+
+def recipe_plan(recipe: Recipe, runtime, train_size: int):
+    """`plan_batches` with the recipe's train keys."""
+    from advtrain.runtime import PLAN_KEYS, plan_batches
+
+    return plan_batches(runtime, train_size, **_keys(recipe.train, *PLAN_KEYS))
+
+
+def recipe_phases(recipe: Recipe, epochs: int) -> list:
+    """`phases` with the recipe's model keys."""
+    from advtrain.models.freezing import phases
+
+    return phases(
+        epochs,
+        **_keys(recipe.model, *_PHASE_KEYS),
+        bn_trainable=recipe.model.batchnorm.trainable,
     )
+
+
+def recipe_optimizer(recipe: Recipe, plan, lr_factor: float = 1.0):
+    """`make_optimizer` for a phase whose learning rate is `lr_factor` x
+    the plan's."""
+    from advtrain.runtime import OPTIMIZER_KEYS, make_optimizer
+
+    phase_plan = dataclasses.replace(plan, learning_rate=plan.learning_rate * lr_factor)
+    return make_optimizer(phase_plan, **_keys(recipe.train, *OPTIMIZER_KEYS))
+
+
+# The model keys of `phases`.
+_PHASE_KEYS = ("head_only_epochs", "freeze", "top_k", "finetune_lr_factor")
+
+
+def input_options(recipe: Recipe, training: bool = False) -> dict[str, Any]:
+    """`make_input`'s data keys (`advtrain.data.INPUT_OPTIONS`)."""
+    from advtrain.data import INPUT_OPTIONS
+
+    options = _keys(recipe.data, *INPUT_OPTIONS)
+    if training and recipe.runtime.deterministic:
+        # A resumed run replays its batches only if tf.data's order is fixed.
+        options["deterministic"] = True
+    return options
 
 
 def build_training_model(
@@ -124,17 +200,79 @@ def build_run_model(
         )
     else:
         classifier = build_classifier(
-            recipe.model, splits.image_shape, splits.num_classes
+            splits.image_shape,
+            splits.num_classes,
+            **_keys(
+                recipe.model, "backbone", "weights", "input_size", "width", "dropout"
+            ),
         )
-    apply_batchnorm_policy(classifier, recipe.model.batchnorm, total_steps)
+    apply_batchnorm_policy(
+        classifier,
+        total_steps=total_steps,
+        **_keys(recipe.model.batchnorm, "momentum", "fused_kernel"),
+    )
     return classifier, build_training_model(recipe, classifier, steps_per_epoch)
+
+
+def recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: old -> new` for every dotted key whose value differs."""
+    old, new = _flatten(saved), _flatten(current)
+    return [
+        f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key, "<unset>") != new.get(key, "<unset>")
+    ]
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: data}
+
+
+def check_run_dir(out: Path, recipe: Recipe) -> bool:
+    """Decides what an output folder may be used for.
+
+    Returns:
+        False for a new (missing or empty) folder, True for an unfinished
+        run of the same resolved recipe, which is resumed.
+
+    Raises:
+        RecipeError: the folder holds something else (not a run, a run of
+            another recipe, a finished run); nothing is written.
+    """
+    from advtrain.checkpointing import check_unfinished, saved_recipe_text
+
+    try:
+        text = saved_recipe_text(out)
+        if text is None:
+            return False
+        saved_path = out / "recipe.yaml"
+        saved = recipe_from_dict(parse_yaml(text, str(saved_path)), str(saved_path))
+        differences = recipe_differences(saved.to_dict(), recipe.to_dict())
+        if differences:
+            shown = "; ".join(differences[:4])
+            more = len(differences) - 4
+            if more > 0:
+                shown += f"; and {more} more"
+            raise RecipeError(
+                f"--output {out}: folder is not empty: it holds a run of a "
+                f"different recipe ({shown}). Choose a new folder, or continue "
+                f"that run with `advtrain resume {out}`."
+            )
+        check_unfinished(out)
+    except RunFolderError as exc:
+        raise RecipeError(str(exc)) from None
+    return True
 
 
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
     """The run folder: new, or an unfinished run of the same resolved recipe
     (which `run` resumes). Refuses anything else with a RecipeError naming
-    the differing keys (`advtrain.checkpointing.check_run_dir`)."""
-    from advtrain.checkpointing import check_run_dir
+    the differing keys (`check_run_dir`)."""
     from advtrain.io import check_recipe_paths
 
     if output is None and recipe.output.dir:
@@ -148,95 +286,6 @@ def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Pa
     return output
 
 
-def _train_stream(splits, data_cfg, plan, seed: int, skip: int, strategy):
-    """A fresh training stream for one `fit`, with its first `skip` steps
-    dropped.
-
-    Built after resetting the global seed, so its order depends on the
-    recipe alone; reusing one dataset would not do: each new iterator of a
-    dataset that reshuffles draws a new order, which a resumed process
-    cannot reproduce. Skipping costs input-pipeline work, no model work.
-
-    With several replicas each input pipeline (one per worker) builds its
-    own shard, batched per replica (`make_distributed_input`): a worker
-    decodes and augments only the examples its replicas train on, instead
-    of the whole stream with Keras's rebatching; on one worker the replicas
-    of a step together see the same examples as one device would.
-    """
-    from advtrain.data import make_distributed_input, make_input
-
-    keras.utils.set_random_seed(seed)
-    if strategy.num_replicas_in_sync == 1:
-        ds = make_input(
-            splits.fresh_train(),
-            data_cfg,
-            batch_size=plan.global_batch,
-            training=True,
-        ).repeat()
-        return ds.skip(skip) if skip else ds
-
-    return make_distributed_input(
-        splits.fresh_train,
-        data_cfg,
-        strategy,
-        plan.global_batch,
-        training=True,
-        repeat=True,
-        skip_steps=skip,
-    )
-
-
-def _known_metrics(model: keras.Model, has_validation: bool) -> list[str]:
-    names = ["loss", "accuracy"] + [
-        m.name for m in model.metrics if m.name not in ("loss", "compile_metrics")
-    ]
-    return names + [f"val_{n}" for n in names] if has_validation else names
-
-
-def _restore_epoch_metrics(model, checkpoint, image_shape, echo: Echo) -> None:
-    """Continues the running epoch metrics of an interrupted epoch."""
-    import numpy as np
-
-    from advtrain.checkpointing import CheckpointError, restore_variables
-
-    try:
-        # Compiled metrics create their variables on first use; one update
-        # on a dummy batch (then reset) creates them before the restore.
-        x = np.zeros((1, *image_shape), "float32")
-        model.compute_metrics(x, np.zeros((1,), "int32"), model(x))
-        model.reset_metrics()
-        restore_variables(model, checkpoint, "metrics")
-    except (CheckpointError, ValueError, RuntimeError) as exc:
-        model.reset_metrics()
-        echo(
-            f"warning: the resumed epoch's logged metrics cover only the "
-            f"steps after the resume ({exc})"
-        )
-
-
-def _assert_finite(model: keras.Model, what: str) -> None:
-    from advtrain.callbacks import NonFiniteLossError
-    from advtrain.guards import first_nonfinite_variable
-
-    name = first_nonfinite_variable(model)
-    if name is not None:
-        raise NonFiniteLossError(
-            f"{name} holds NaN or Inf after training; {what} "
-            "was not written. Likely causes: learning rate too high, eps "
-            "too large, or float16 overflow."
-        )
-
-
-def _compile(model: keras.Model, optimizer, plan, runtime) -> None:
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        steps_per_execution=plan.steps_per_execution,
-        jit_compile=runtime.jit_compile,
-    )
-
-
 @restores_signal_handlers
 def run(
     recipe: Recipe,
@@ -246,6 +295,10 @@ def run(
     verbose: int = 0,
 ) -> RunResult:
     """Trains and evaluates a recipe; returns the metrics written to disk.
+
+    The stages: `prepare` (runtime, data, model, resume point), `train`
+    (the phases, checkpointed), `finish` (recalibrate, save, evaluate,
+    report, export; metrics.json last).
 
     Args:
         recipe: a validated recipe.
@@ -261,42 +314,55 @@ def run(
     result.metrics["pgd_accuracy"]
     ```
     """
-    from advtrain.callbacks import (
-        AtomicCheckpoint,
-        NaNGuard,
-        Preemption,
-        ProgressLine,
-    )
-    from advtrain.checkpointing import (
-        CheckpointError,
-        CheckpointStore,
-        find_resume_point,
-        read_history,
-        resolve_monitor,
-        restore_variables,
-        truncate_history,
-        writable_dir,
-    )
-    from advtrain.data import load_splits, make_input
-    from advtrain.evaluation import evaluate_robustness, plot_eps_sweep
-    from advtrain.models.batchnorm import layer_momentum
-    from advtrain.models.freezing import apply_phase, phases
-    from advtrain.progress import EpochProgress
-    from advtrain.runtime import make_optimizer, make_runtime, plan_batches
-
     run_dir = resolve_output_dir(recipe, output)
     watch_launcher()  # a worker of `advtrain launch` ends with its launcher
-    resuming = (run_dir / "recipe.yaml").is_file()
+    setup = prepare(recipe, run_dir, echo=echo)
+    trained = train(recipe, setup, echo=echo, verbose=verbose)
+    return finish(recipe, setup, trained, echo=echo)
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
+    """Stage 1: the runtime, the data and the model, restored from the run
+    folder's last checkpoint when it holds one; the checkpoint store and
+    callbacks (`advtrain.training.TrainingState`)."""
     keras.utils.set_random_seed(recipe.train.seed)
-    runtime = make_runtime(recipe.runtime)
-    # SIGTERM/SIGINT: checkpoint and exit 75 (advtrain.preemption).
-    preemption = Preemption(run_dir, workers=runtime.workers)
-    data_cfg = recipe.data
-    if recipe.runtime.deterministic and not data_cfg.deterministic:
-        # A resumed run replays its batches only if tf.data's order is fixed.
-        data_cfg = data_cfg.model_copy(update={"deterministic": True})
-    splits = load_splits(recipe.data)
-    plan = plan_batches(recipe.train, runtime, splits.train_size)
+    runtime = recipe_runtime(recipe)
+    state = TrainingState(run_dir, workers=runtime.workers, echo=echo)
+    splits = recipe_splits(recipe)
+    plan = recipe_plan(recipe, runtime, splits.train_size)
+    _describe(recipe, splits, runtime, plan, echo)
+    with runtime.strategy.scope():
+        classifier, model = build_run_model(
+            recipe,
+            splits,
+            plan.epochs * plan.steps_per_epoch,
+            steps_per_epoch=plan.steps_per_epoch,
+        )
+    _describe_momentum(recipe, classifier, echo)
+    monitor, monitor_mode = _monitor(recipe, model, splits.val is not None)
+    state.restore(model, steps_per_epoch=plan.steps_per_epoch)
+    state.open(
+        is_chief=runtime.is_chief,
+        recipe_yaml=recipe.to_yaml(),
+        epochs=plan.epochs,
+        keep_checkpoints=recipe.output.keep_checkpoints,
+        monitor=monitor,
+        monitor_mode=monitor_mode,
+        checkpoint_every_epochs=recipe.output.checkpoint_every_epochs,
+        checkpoint_every_steps=recipe.output.checkpoint_every_steps,
+        nan_hint=f"train.learning_rate={recipe.train.learning_rate:g}, "
+        f"attack.eps={recipe.attack.eps:g}, "
+        f"runtime.precision={recipe.runtime.precision}",
+    )
+    data = input_options(recipe, training=True)
+    return RunSetup(runtime, splits, plan, classifier, model, data, state)
+
+
+def _describe(recipe: Recipe, splits, runtime, plan, echo: Echo) -> None:
+    """The run's data, runtime, batch arithmetic and attack, one line each."""
     attack = attack_from_config(recipe.attack)
     echo(
         f"data: {recipe.data.source} {splits.train_size} train / "
@@ -305,26 +371,21 @@ def run(
     )
     echo(runtime.describe())
     echo(plan.describe())
+    if attack is None:
+        echo("attack: none (clean training)")
+        return
+    ramp = recipe.attack.eps_ramp_epochs
     echo(
-        "attack: none (clean training)"
-        if attack is None
-        else f"attack: {recipe.attack.method} eps={attack.eps:g} "
+        f"attack: {recipe.attack.method} eps={attack.eps:g} "
         f"norm={attack.norm} adv_weight={recipe.attack.adv_weight:g} "
         f"backend={attack.backend} mode={recipe.attack.mode}"
-        + (
-            f" eps_ramp_epochs={recipe.attack.eps_ramp_epochs:g}"
-            if recipe.attack.eps_ramp_epochs
-            else ""
-        )
+        + (f" eps_ramp_epochs={ramp:g}" if ramp else "")
     )
 
-    with runtime.strategy.scope():
-        classifier, model = build_run_model(
-            recipe,
-            splits,
-            plan.epochs * plan.steps_per_epoch,
-            steps_per_epoch=plan.steps_per_epoch,
-        )
+
+def _describe_momentum(recipe: Recipe, classifier: keras.Model, echo: Echo) -> None:
+    from advtrain.models.batchnorm import layer_momentum
+
     momentum = layer_momentum(classifier)
     if momentum is not None:
         echo(
@@ -333,253 +394,223 @@ def run(
             f"{recipe.model.batchnorm.momentum or 'null'})"
         )
 
-    has_val = splits.val is not None
-    monitor, monitor_mode = resolve_monitor(
-        recipe.output.monitor,
-        recipe.output.monitor_mode,
-        has_validation=has_val,
-        attacks=attack is not None,
-        validates_adversarially=(type(model).test_step is not keras.Model.test_step),
-    )
-    known = _known_metrics(model, has_val)
+
+def _monitor(recipe: Recipe, model: keras.Model, has_val: bool) -> tuple[str, str]:
+    """`output.monitor` and `output.monitor_mode` resolved for this run."""
+    from advtrain.checkpointing import resolve_monitor
+
+    try:
+        monitor, mode = resolve_monitor(
+            recipe.output.monitor,
+            recipe.output.monitor_mode,
+            has_validation=has_val,
+            attacks=recipe.attack.method != "none",
+            validates_adversarially=(
+                type(model).test_step is not keras.Model.test_step
+            ),
+        )
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    names = ["loss", "accuracy"] + [
+        m.name for m in model.metrics if m.name not in ("loss", "compile_metrics")
+    ]
+    known = names + [f"val_{n}" for n in names] if has_val else names
     if monitor not in known:
         raise RecipeError(
             f"output.monitor={monitor}: not a metric of this run. "
             f"Known: {', '.join(known)}."
         )
-    spe = plan.steps_per_epoch
-    resume = None
-    if resuming:
-        resume = find_resume_point(run_dir / "checkpoints", echo=echo)
-        if resume is None:
-            echo(f"resuming {run_dir}: no usable checkpoint; from epoch 1")
-        else:
-            saved_spe = resume.state.get("steps_per_epoch")
-            if saved_spe not in (None, spe):
-                raise CheckpointError(
-                    f"{resume.path}: written with {saved_spe} steps per "
-                    f"epoch, the data now gives {spe}; the training data "
-                    "changed, so the run cannot continue where it stopped"
-                )
-            restore_variables(model, resume, "model")
-            echo(
-                f"resuming {run_dir} from {resume.path.name}: epoch "
-                f"{resume.epoch + 1}, after step {resume.step}/{spe}"
-                + (
-                    " (the interrupted epoch's remaining steps are trained "
-                    "with the same batches)"
-                    if resume.step
-                    else ""
-                )
-            )
-    # Only the chief writes into the run folder; other workers run the same
-    # code against a private temporary folder.
-    out = writable_dir(run_dir, runtime.is_chief)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "recipe.yaml", recipe.to_yaml())
-    start_epoch = resume.epoch if resume else 0
-    start_step = resume.step if resume else 0
-    if resuming:
-        truncate_history(out / "history.csv", start_epoch)
-    store = CheckpointStore(
-        out / "checkpoints",
-        keep=recipe.output.keep_checkpoints,
-        monitor=monitor,
-        mode=monitor_mode,
-    )
-    store.remove_temporaries()
+    return monitor, mode
+
+
+# ---------------------------------------------------------------- train
+
+
+@dataclasses.dataclass
+class Trained:
+    """What the train stage hands to `finish`."""
+
+    history: dict[str, list[float]]
+    seconds: float
+    epoch_seconds: list[float]
+    co_guard: Optional[dict[str, Any]] = None
+
+
+def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Trained:
+    """Stage 2: the phases (`advtrain.training.fit_phases`), with the
+    run's checkpoints, NaN guard and preemption (`setup.state`), progress
+    lines, TensorBoard and the catastrophic-overfitting guard."""
+    from advtrain.callbacks import ProgressLine
+    from advtrain.data import make_input
+    from advtrain.progress import EpochProgress
+
+    state, plan, splits = setup.state, setup.plan, setup.splits
     val_ds = None
     if splits.val is not None:
         val_ds = make_input(
             splits.val,
-            recipe.data,
             batch_size=recipe.eval.batch_size,
             training=False,
+            **input_options(recipe),
         )
     progress = ProgressLine(echo, plan.epochs, plan.steps_per_epoch * plan.global_batch)
-    guard = NaNGuard(
-        spe,
-        hint=f"train.learning_rate={recipe.train.learning_rate:g}, "
-        f"attack.eps={recipe.attack.eps:g}, "
-        f"runtime.precision={recipe.runtime.precision}",
-        last_good=store.latest,
-        # Step checkpoints read every variable anyway: check them first.
-        check_state_every_batch=bool(recipe.output.checkpoint_every_steps),
-    )
-    checkpoint = AtomicCheckpoint(
-        store,
-        steps_per_epoch=spe,
-        epochs=plan.epochs,
-        every_epochs=recipe.output.checkpoint_every_epochs,
-        every_steps=recipe.output.checkpoint_every_steps,
-        global_step=start_epoch * spe + start_step,
-    )
-    # Epoch metrics of an interrupted epoch continue from the checkpoint's
-    # running values (Keras resets them just before on_epoch_begin).
-    pending_metrics = [resume] if resume is not None and start_step else []
-
-    def on_epoch_begin(epoch, logs=None):
-        # Host-side randomness of epoch e depends on (seed, e) only.
-        keras.utils.set_random_seed(recipe.train.seed + epoch)
-        if pending_metrics:
-            _restore_epoch_metrics(
-                model, pending_metrics.pop(), splits.image_shape, echo
-            )
-
-    callbacks: list[keras.callbacks.Callback] = [
+    co_guard = _co_guard(recipe, setup, echo) if recipe.train.co_guard else None
+    seed = recipe.train.seed
+    before = [
         # First: its live bar is cleared before any epoch-end line prints.
         EpochProgress(plan.epochs),
-        keras.callbacks.LambdaCallback(on_epoch_begin=on_epoch_begin),
+        *([co_guard] if co_guard else []),  # before the logs see the epoch
+        state.epoch_start(setup.model, seed=seed, image_shape=splits.image_shape),
         progress,
-        guard,
-        keras.callbacks.CSVLogger(str(out / "history.csv"), append=True),
-        checkpoint,
     ]
-    co_guard = None
-    if recipe.train.co_guard:
-        co_guard = _co_guard(
-            recipe,
-            splits,
-            data_cfg,
-            echo,
-            state_path=out / "checkpoints" / "co_guard.npz",
-        )
-        if resuming and co_guard.load_state(co_guard.state_path, start_epoch):
-            echo(
-                f"catastrophic-overfitting guard: resumed with its record of "
-                f"{len(co_guard.accuracies)} epoch(s), best PGD accuracy "
-                f"{100 * co_guard.best_accuracy:.1f}% (epoch "
-                f"{co_guard.best_epoch})"
-            )
-        co_guard.finish_on_train_end = False  # one fit per phase: see below
-        callbacks.insert(1, co_guard)  # before the logs see the epoch
+    after = []
     if recipe.output.tensorboard:
-        callbacks.append(
-            keras.callbacks.TensorBoard(str(out / "logs"), write_graph=False)
-        )
-    callbacks.append(preemption)  # last: it may checkpoint the epoch's end
-    preemption.arm(checkpoint, runtime.strategy)
-    start = time.perf_counter()
-    history: dict[str, list[float]] = {}
-    for phase in phases(recipe.model, plan.epochs):
-        if phase.epochs <= 0:
-            continue
+        logs = str(state.out / "logs")
+        after.append(keras.callbacks.TensorBoard(logs, write_graph=False))
+
+    history, seconds = fit_phases(
+        setup,
+        phases=recipe_phases(recipe, plan.epochs),
+        optimizer=lambda lr_factor: recipe_optimizer(recipe, plan, lr_factor),
+        seed=seed,
+        callbacks=state.callbacks(before, after),
+        validation_data=val_ds,
         # A model.builder model has no backbone to freeze; it trains whole
         # (build_from_builder refuses freezing settings).
-        trainable = [] if recipe.model.builder else apply_phase(classifier, phase)
-        if phase.end_epoch <= start_epoch:
-            continue  # done before the interruption
-        if phase.name != "train":
-            echo(
-                f"phase {phase.name}: epochs {phase.start_epoch + 1}-"
-                f"{phase.end_epoch}, freeze={phase.freeze}, "
-                f"{len(trainable)} backbone layer(s) trainable, "
-                f"lr x{phase.lr_factor:g}"
-            )
-        phase_plan = dataclasses.replace(
-            plan, learning_rate=plan.learning_rate * phase.lr_factor
-        )
-        with runtime.strategy.scope():
-            _compile(model, make_optimizer(recipe.train, phase_plan), plan, runtime)
-            runtime.prepare_model(model)
-            if (
-                resume is not None
-                and resume.phase == phase.name
-                and resume.global_step > phase.start_epoch * spe
-            ):
-                # Same phase: continue its optimizer (slots, iterations and
-                # so the learning-rate schedule, loss scale). A new phase
-                # starts a fresh one, as an uninterrupted run does.
-                model.optimizer.build(model.trainable_variables)
-                restore_variables(model, resume, "optimizer")
-        epoch = max(phase.start_epoch, start_epoch)
-        step = start_step if epoch == start_epoch else 0
-        while epoch < phase.end_epoch:
-            # An interrupted epoch is fitted alone, for its remaining steps.
-            end = epoch + 1 if step else phase.end_epoch
-            guard.begin_fit(step, spe - step)
-            checkpoint.begin_fit(phase.name, step, spe - step)
-            result = model.fit(
-                _train_stream(
-                    splits,
-                    data_cfg,
-                    plan,
-                    recipe.train.seed,
-                    (epoch - phase.start_epoch) * spe + step,
-                    runtime.strategy,
-                ),
-                initial_epoch=epoch,
-                epochs=end,
-                steps_per_epoch=spe - step,
-                validation_data=val_ds,
-                callbacks=callbacks,
-                verbose=verbose,
-                shuffle=False,  # the tf.data pipeline shuffles
-            )
-            for key, values in result.history.items():
-                history.setdefault(key, []).extend(values)
-            epoch, step = end, 0
-    preemption.disarm()
-    train_seconds = time.perf_counter() - start
+        freeze_backbone=not recipe.model.builder,
+        verbose=verbose,
+        echo=echo,
+    )
+    summary = None
     if co_guard is not None:
-        co_guard.set_model(model)
+        co_guard.set_model(setup.model)
         co_guard.finish()
-    if resuming:
-        history = read_history(out / "history.csv") or history
+        summary = co_guard.summary()
+    return Trained(state.history(history), seconds, progress.epoch_seconds, summary)
+
+
+def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
+    """The catastrophic-overfitting guard on a fixed clean training batch,
+    with its record from before the interruption when the run resumes."""
+    from advtrain.data import make_input
+    from advtrain.guards import CatastrophicOverfittingGuard
+
+    cfg, state = recipe.train, setup.state
+    batches = make_input(
+        setup.splits.train,
+        batch_size=cfg.co_guard_examples,
+        training=False,
+        **setup.data,
+    )
+    x, y = next(iter(batches))
+    echo(
+        f"catastrophic-overfitting guard: PGD-{cfg.co_guard_pgd_steps} at "
+        f"eps={recipe.attack.eps:g} on {len(y)} training examples each "
+        f"epoch; a drop > {cfg.co_guard_drop:g} triggers {cfg.co_guard_action}"
+    )
+    guard = CatastrophicOverfittingGuard(
+        x.numpy(),
+        y.numpy(),
+        eps=recipe.attack.eps,
+        norm=recipe.attack.norm,
+        steps=cfg.co_guard_pgd_steps,
+        drop=cfg.co_guard_drop,
+        action=cfg.co_guard_action,
+        echo=echo,
+        seed=cfg.seed,
+        state_path=state.out / "checkpoints" / "co_guard.npz",
+        keep=cfg.co_guard_keep,
+    )
+    if state.resuming and guard.load_state(guard.state_path, state.start_epoch):
+        echo(
+            f"catastrophic-overfitting guard: resumed with its record of "
+            f"{len(guard.accuracies)} epoch(s), best PGD accuracy "
+            f"{100 * guard.best_accuracy:.1f}% (epoch {guard.best_epoch})"
+        )
+    guard.finish_on_train_end = False  # one fit per phase: `train` finishes
+    return guard
+
+
+# ---------------------------------------------------------------- finish
+
+
+def finish(
+    recipe: Recipe, setup: RunSetup, trained: Trained, *, echo: Echo = print
+) -> RunResult:
+    """Stage 3: recalibrate BatchNorm, save model.keras, evaluate, run the
+    sanity checks, write the report and the export, and metrics.json last
+    (its presence marks a finished run)."""
+    from advtrain.data import make_input
+    from advtrain.evaluation import evaluate_robustness, plot_eps_sweep
+
+    classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
     _assert_finite(classifier, "model.keras")
     if runtime.workers > 1:
-        # `advtrain launch` compares these across workers.
         from advtrain.runtime import weights_fingerprint
 
+        # `advtrain launch` compares these across workers.
         echo(f"weights: sha256 {weights_fingerprint(classifier)}")
-    gap = _settle_batchnorm(classifier, recipe, splits, plan, echo)
+    gap = _settle_batchnorm(classifier, recipe, setup.splits, setup.plan, echo)
     # After recalibration: model.keras, metrics.json and the SavedModel
     # hold the same weights.
     with atomic_path(out / "model.keras") as tmp:
         classifier.save(tmp)
-
     echo("evaluating on the test split ...")
     test_ds = make_input(
-        splits.test,
-        recipe.data,
+        setup.splits.test,
         batch_size=recipe.eval.batch_size,
         training=False,
+        **input_options(recipe),
     )
-    default_eps = recipe.attack.eps
     evaluation = evaluate_robustness(
         classifier,
         test_ds,
-        recipe.eval,
-        default_eps=default_eps,
-        num_classes=splits.num_classes,
+        **_evaluation_keys(recipe),
+        num_classes=setup.splits.num_classes,
         strategy=runtime.strategy,
     )
-    # Samples trained by this process (a resumed run skips the others).
-    samples = plan.global_batch * max(
-        0, plan.epochs * spe - (start_epoch * spe + start_step)
-    )
+    samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
+    history, seconds = trained.history, trained.seconds
     metrics: dict[str, Any] = {
         "recipe": recipe.name,
-        **{k: v for k, v in evaluation.items()},
+        **evaluation,
         "bn_gap": gap,
-        "train_seconds": round(train_seconds, 2),
-        "train_samples_per_second": round(samples / max(train_seconds, 1e-9), 1),
-        "epoch_seconds": [round(s, 2) for s in progress.epoch_seconds],
+        "train_seconds": round(seconds, 2),
+        "train_samples_per_second": round(samples / max(seconds, 1e-9), 1),
+        "epoch_seconds": [round(s, 2) for s in trained.epoch_seconds],
         "final_train_metrics": {k: float(v[-1]) for k, v in history.items() if v},
     }
     metrics["sanity_checks"] = _sanity_checks(
         classifier, test_ds, recipe, echo, runtime.strategy
     )
-    if co_guard is not None:
-        metrics["co_guard"] = co_guard.summary()
+    if trained.co_guard is not None:
+        metrics["co_guard"] = trained.co_guard
     if recipe.output.plots and evaluation.get("eps_sweep"):
         plot_eps_sweep(
             evaluation["eps_sweep"], out / "eps_sweep.png", title=recipe.name
         )
-    # metrics.json last: its presence marks a finished run.
-    _report_and_export(out, recipe, metrics, history, classifier, splits, echo)
+    _report_and_export(out, recipe, metrics, history, classifier, setup.splits, echo)
     atomic_write_json(out / "metrics.json", metrics)
     return RunResult(out, metrics, history)
+
+
+def _assert_finite(model: keras.Model, what: str) -> None:
+    from advtrain.callbacks import NonFiniteLossError
+    from advtrain.guards import first_nonfinite_variable
+
+    name = first_nonfinite_variable(model)
+    if name is not None:
+        raise NonFiniteLossError(
+            f"{name} holds NaN or Inf after training; {what} "
+            "was not written. Likely causes: learning rate too high, eps "
+            "too large, or float16 overflow."
+        )
+
+
+def _evaluation_keys(recipe: Recipe) -> dict[str, Any]:
+    """`evaluate_robustness`'s keyword arguments from the recipe."""
+    keys = recipe.eval.model_dump(exclude={"sanity_examples"})
+    return {**keys, "default_eps": recipe.attack.eps}
 
 
 def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> dict:
@@ -588,13 +619,13 @@ def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> d
     from advtrain.data import make_input
     from advtrain.models.batchnorm import settle_batchnorm
 
-    bn_cfg = recipe.model.batchnorm
+    bn_cfg, data = recipe.model.batchnorm, input_options(recipe)
     held_out = splits.val if splits.val is not None else splits.test
     gap_x, gap_y = next(
-        iter(make_input(held_out, recipe.data, batch_size=512, training=False))
+        iter(make_input(held_out, batch_size=512, training=False, **data))
     )
     clean_train = make_input(
-        splits.train, recipe.data, batch_size=plan.global_batch, training=False
+        splits.train, batch_size=plan.global_batch, training=False, **data
     )
     gap = settle_batchnorm(
         classifier,
@@ -602,9 +633,7 @@ def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> d
         gap_y.numpy(),
         batch_size=min(plan.global_batch, len(gap_y)),
         train_batches=clean_train,
-        recalibrate=bn_cfg.recalibrate,
-        threshold=bn_cfg.gap_threshold,
-        num_batches=bn_cfg.recalibrate_batches,
+        **_keys(bn_cfg, "recalibrate", "gap_threshold", "recalibrate_batches"),
     )
     if gap["recalibrated"]:
         echo(
@@ -618,54 +647,25 @@ def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> d
     return gap
 
 
-def _co_guard(recipe: Recipe, splits, data_cfg, echo: Echo, state_path):
-    """The catastrophic-overfitting guard on a fixed clean training batch."""
-    from advtrain.data import make_input
-    from advtrain.guards import CatastrophicOverfittingGuard
-
-    cfg = recipe.train
-    x, y = next(
-        iter(
-            make_input(
-                splits.train,
-                data_cfg,
-                batch_size=cfg.co_guard_examples,
-                training=False,
-            )
-        )
-    )
-    echo(
-        f"catastrophic-overfitting guard: PGD-{cfg.co_guard_pgd_steps} at "
-        f"eps={recipe.attack.eps:g} on {len(y)} training examples each "
-        f"epoch; a drop > {cfg.co_guard_drop:g} triggers {cfg.co_guard_action}"
-    )
-    return CatastrophicOverfittingGuard(
-        x.numpy(),
-        y.numpy(),
-        eps=recipe.attack.eps,
-        norm=recipe.attack.norm,
-        steps=cfg.co_guard_pgd_steps,
-        drop=cfg.co_guard_drop,
-        action=cfg.co_guard_action,
-        echo=echo,
-        seed=cfg.seed,
-        state_path=state_path,
-        keep=cfg.co_guard_keep,
-    )
-
-
 def _sanity_checks(classifier, test_ds, recipe: Recipe, echo: Echo, strategy=None):
     from advtrain.sanity import format_sanity_checks, run_sanity_checks
 
-    if recipe.eval.sanity_examples == 0:
+    cfg = recipe.eval
+    if cfg.sanity_examples == 0:
         return []
     checks = run_sanity_checks(
         classifier,
         test_ds,
-        recipe.eval,
         default_eps=recipe.attack.eps,
+        eps=cfg.eps,
+        norm=cfg.norm,
+        pgd_steps=cfg.pgd_steps,
+        pgd_step_size=cfg.pgd_step_size,
+        pgd_restarts=cfg.pgd_restarts,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        max_examples=cfg.sanity_examples,
         strategy=strategy,
-        max_examples=recipe.eval.sanity_examples,
     )
     echo(format_sanity_checks(checks))
     return checks
@@ -679,7 +679,7 @@ def _report_and_export(out, recipe, metrics, history, classifier, splits, echo):
 
     write_report(
         out,
-        recipe,
+        recipe.to_dict(),
         metrics,
         history,
         class_names=splits.class_names,
@@ -753,9 +753,9 @@ def load_classifier(path: Union[str, Path], safe_mode: bool = True) -> keras.Mod
                 "Lambda layer) that would run on load. If you trust it: "
                 "`advtrain eval --unsafe-load`, or safe_mode=False."
             ) from None
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise RecipeError(
-            f"model {path}: cannot load it as a Keras classifier ({first[:200]})."
+            f"model {path}: cannot load it as a Keras classifier "
+            f"({one_line(exc)[:200]})."
         ) from None
 
 
@@ -774,11 +774,11 @@ def evaluate_saved(
     When the model sits in a run folder, the result is also written there
     as `eval-metrics.json` (the training run's metrics.json is untouched).
     """
-    from advtrain.data import load_splits, make_input
+    from advtrain.data import LOAD_OPTIONS, load_splits, make_input
     from advtrain.evaluation import evaluate_robustness
 
     model_path = Path(model_path)
-    splits = load_splits(recipe.data)
+    splits = load_splits(recipe.data.source, **_keys(recipe.data, *LOAD_OPTIONS))
     classifier = load_classifier(model_path, safe_mode=safe_mode)
     expected = tuple(classifier.input_shape[1:])
     if expected != tuple(splits.image_shape):
@@ -789,16 +789,12 @@ def evaluate_saved(
     echo(f"evaluating {model_path} on {splits.test_size} test examples ...")
     test_ds = make_input(
         splits.test,
-        recipe.data,
         batch_size=recipe.eval.batch_size,
         training=False,
+        **input_options(recipe),
     )
     metrics = evaluate_robustness(
-        classifier,
-        test_ds,
-        recipe.eval,
-        default_eps=recipe.attack.eps,
-        num_classes=splits.num_classes,
+        classifier, test_ds, **_evaluation_keys(recipe), num_classes=splits.num_classes
     )
     metrics["sanity_checks"] = _sanity_checks(
         classifier, test_ds, recipe, lambda line: None

@@ -20,16 +20,20 @@ from typing import Any, Optional, Union
 
 import keras
 import numpy as np
+import pydantic
 import tensorflow as tf
 
 from advtrain.config import (
     BatchNormConfig,
     ModelConfig,
-    RecipeError,
     RuntimeConfig,
     TrainConfig,
+    format_validation_error,
 )
+from advtrain.data.arrays import read_rows
+from advtrain.errors import one_line
 from advtrain.runtime import (
+    PLAN_KEYS,
     BatchPlan,
     Runtime,
     make_optimizer,
@@ -99,109 +103,112 @@ def fit(
     """Trains any Keras model under advtrain's runtime; adversarial or not.
 
     The batch is global (split across replicas), steps per epoch follow
-    from it, epochs are never divided, and the arithmetic is printed
-    first, as in `advtrain run`. With `attack`, the model is wrapped in
-    an `AdversarialModel` (it must return logits: attacks differentiate
-    cross-entropy).
+    from it, epochs are never divided, and the arithmetic is printed first,
+    as in `advtrain run`. With `attack`, the model (returning logits) is
+    wrapped in an `AdversarialModel`.
 
     Args:
-        model: a Keras model, or a function of no arguments that builds
-            one. Pass a function under a multi-device strategy or mixed
-            precision: the model must be built inside the strategy's scope
-            and after the dtype policy is set. A ready functional or
-            Sequential model is cloned into the scope (weights kept).
+        model: a Keras model, or a function of no arguments that builds one:
+            pass a function under a multi-device strategy or mixed precision
+            (a ready functional or Sequential model is cloned into scope).
         data: `(x, y)` arrays (memory maps from `np.load(path,
-            mmap_mode="r")` are streamed from disk, never loaded whole), or
-            a `tf.data.Dataset`: of single examples when `batch_size` is
-            given (it is shuffled, if `shuffle`, and batched here), else
-            of global batches (then batch with `drop_remainder=True`).
-        runtime: a `RuntimeConfig` (or its dict) or a `Runtime` from
-            `make_runtime`; default: `RuntimeConfig()` (strategy auto).
-        attack: an `advtrain.attacks.Attack`, its config dict, a method
-            name ("fgsm", "fgsm_rs", "pgd"), or None for clean training.
-        adv_weight: weight of the adversarial loss when attacking.
-        loss: a Keras loss; default sparse categorical cross-entropy from
-            logits when attacking, else required.
-        metrics: Keras metrics (built in the strategy's scope).
-        optimizer: "adam", "sgd", "adamw" (with `learning_rate`, LR scaling
-            and warm-up, as recipes do) or a Keras optimizer.
-        learning_rate, scale_lr, reference_batch, warmup_epochs: as in the
-            recipe's `train` section.
-        batch_size: the global batch (required for arrays).
-        epochs: epochs; steps_per_epoch: default examples // batch_size
-            (required when the dataset's length is unknown).
-        shuffle, seed: shuffling of arrays and unbatched datasets, a new
-            order each epoch; the stream is the same from every iterator,
-            so any number of replicas trains on the same order.
-        batchnorm: the BatchNorm policy, a `BatchNormConfig` or its dict
-            (the recipe's `model.batchnorm`; `trainable` does not apply).
-            Default: the fused kernel; momentum auto, set on layers still
-            at Keras's default 0.99 (a number sets every layer); after
-            training the gap is measured on `validation_data` (else on
-            training examples) and the moving statistics recalibrated
-            when it exceeds `gap_threshold`.
-        validation_data: passed to `Model.fit` (batched).
-        callbacks, verbose: passed to `Model.fit`.
-        echo: receives the runtime and batch lines (None: silent).
+            mmap_mode="r")` stream from disk), or a `tf.data.Dataset` of
+            examples when `batch_size` is given, else of global batches.
+            Arrays and examples are `shuffle`d anew each epoch.
+        runtime: a `RuntimeConfig`, its dict or a `Runtime`; default auto.
+        attack: an `Attack`, its config dict, a method name, or None.
+        adv_weight, loss, metrics: the adversarial loss weight; a Keras loss
+            (default when attacking: cross-entropy from logits); metrics.
+        optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
+        learning_rate, scale_lr, reference_batch, warmup_epochs, epochs,
+            steps_per_epoch, batch_size (the global batch, required for
+            arrays), seed: as in the recipe's `train` section.
+        batchnorm: the recipe's `model.batchnorm` keys (dict or
+            `BatchNormConfig`): fused kernel, auto momentum and recalibration
+            when the measured gap exceeds `gap_threshold`, by default.
+        validation_data, callbacks, verbose: passed to `Model.fit`; `echo`
+            receives the runtime, batch and BatchNorm lines (None: silent).
 
-    Returns:
-        A `FitResult` with the trained model, its history and `bn_gap`.
-
-    Raises:
-        ValueError: inconsistent arguments (no batch size for arrays,
-            unknown length without `steps_per_epoch`, ...).
-        advtrain.RecipeError: the runtime or batch arithmetic is invalid.
+    Returns a `FitResult`; one-line ValueError / TypeError for bad arguments.
 
     Example:
 
     ```python
-    def build():
-        return keras.Sequential([
-            keras.Input((4,)), keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dense(1),
-        ])
-    result = advtrain.fit(build, (x, y), loss="mse", batch_size=20,
-                          epochs=3, runtime={"steps_per_execution": "auto"})
-    result.history["loss"]
+    result = advtrain.fit(build, (x, y), loss="mse", batch_size=20, epochs=3)
     ```
     """
+    options = dict(locals())  # the arguments, for the stages
     say = echo or (lambda line: None)
     rt = _as_runtime(runtime)
-    bn_cfg = _batchnorm_config(batchnorm)
+    bn = _batchnorm_options(batchnorm)
     train_ds, size, batch = _training_data(data, batch_size, shuffle, seed)
-    if size is None and steps_per_epoch is None:
+    plan, train = _plan(rt, size, batch, options, say)
+    net, classifier = _compiled_model(rt, plan, train, bn, options, say)
+    history = net.fit(
+        train_ds,
+        epochs=plan.epochs,
+        steps_per_epoch=plan.steps_per_epoch,
+        validation_data=validation_data,
+        callbacks=callbacks,
+        verbose=verbose,
+        shuffle=False,  # shuffled above, in tf.data
+    )
+    gap = _settle_batchnorm(classifier, bn, data, validation_data, train_ds, plan, say)
+    return FitResult(net, history.history, plan, rt, gap)
+
+
+# ---------------------------------------------------------------- stages
+
+# The recipe's `train` keys `fit` takes as they are (it works out
+# batch_size, and optimizer may be an object).
+_TRAIN_KEYS = (*(k for k in PLAN_KEYS if k != "batch_size"), "seed")
+
+
+def _plan(rt: Runtime, size: Optional[int], batch: int, options: dict, say: Echo):
+    """(batch plan, validated train section) for `fit`'s arguments; prints
+    the runtime and the batch arithmetic."""
+    if size is None and options["steps_per_epoch"] is None:
         raise ValueError(
             "The training data's length is unknown (a generator or repeated "
             "dataset): pass steps_per_epoch. Received: steps_per_epoch=None"
         )
-    train_cfg = _train_config(
-        epochs=epochs,
-        batch_size=batch,
-        steps_per_epoch=steps_per_epoch,
-        optimizer=optimizer if isinstance(optimizer, str) else "adam",
-        learning_rate=learning_rate,
-        scale_lr=scale_lr,
-        reference_batch=reference_batch,
-        warmup_epochs=warmup_epochs,
-        seed=seed,
+    optimizer = options["optimizer"]
+    train = _validated(
+        TrainConfig,
+        {
+            **{key: options[key] for key in _TRAIN_KEYS},
+            "batch_size": batch,
+            "optimizer": optimizer if isinstance(optimizer, str) else "adam",
+        },
     )
-    plan = plan_batches(train_cfg, rt, size if size is not None else batch)
+    plan = plan_batches(
+        rt,
+        size if size is not None else batch,
+        **train.model_dump(include=set(PLAN_KEYS)),
+    )
     say(rt.describe())
     say(plan.describe())
+    return plan, train
 
+
+def _compiled_model(rt, plan, train, bn, options, say):
+    """(compiled model, the user's model in it): built in the strategy's
+    scope, BatchNorm policy applied, wrapped for the attack if any."""
+    attack, loss, optimizer = (options[k] for k in ("attack", "loss", "optimizer"))
     with rt.strategy.scope():
-        net = _model_in_scope(model, rt)
-        note = _apply_batchnorm(net, bn_cfg, plan.epochs * plan.steps_per_epoch)
+        net = classifier = _model_in_scope(options["model"], rt)
+        note = _apply_batchnorm(net, bn, plan.epochs * plan.steps_per_epoch)
         if note:
             say(note)
+        attack = _as_attack(attack)
         if attack is not None:
             from advtrain.models.adversarial import AdversarialModel
 
             net = AdversarialModel(
                 net,
-                _as_attack(attack),
-                adv_weight=adv_weight,
-                seed=seed,
+                attack,
+                adv_weight=options["adv_weight"],
+                seed=options["seed"],
                 fused_batchnorm=False,  # applied above with the policy
                 batchnorm_momentum=None,
             )
@@ -213,67 +220,53 @@ def fit(
                 "Received: loss=None"
             )
         if isinstance(optimizer, str):
-            opt = make_optimizer(train_cfg, plan)
-        else:
-            opt = optimizer
+            optimizer = make_optimizer(plan, optimizer=train.optimizer)
         net.compile(
-            optimizer=opt,
+            optimizer=optimizer,
             loss=loss,
-            metrics=metrics,
+            metrics=options["metrics"],
             steps_per_execution=plan.steps_per_execution,
             jit_compile=rt.jit_compile,
         )
         rt.prepare_model(net)
-    history = net.fit(
-        train_ds,
-        epochs=plan.epochs,
-        steps_per_epoch=plan.steps_per_epoch,
-        validation_data=validation_data,
-        callbacks=callbacks,
-        verbose=verbose,
-        shuffle=False,  # shuffled above, in tf.data
-    )
-    classifier = net.classifier if attack is not None else net
-    gap = _settle_batchnorm(
-        classifier, bn_cfg, data, validation_data, train_ds, plan, say
-    )
-    return FitResult(net, history.history, plan, rt, gap)
+    return net, classifier
 
 
 # ---------------------------------------------------------------- batchnorm
 
 
-def _batchnorm_config(batchnorm: Any) -> BatchNormConfig:
+def _batchnorm_options(batchnorm: Any) -> dict[str, Any]:
+    """The BatchNorm policy's keys, validated, defaults filled in."""
     if batchnorm is None:
-        return BatchNormConfig()
-    if isinstance(batchnorm, BatchNormConfig):
-        return batchnorm
-    if isinstance(batchnorm, dict):
-        return _section(BatchNormConfig, batchnorm, "batchnorm")
-    raise TypeError(
-        "batchnorm must be a BatchNormConfig, its dict or None. "
-        f"Received: batchnorm={batchnorm!r}"
-    )
+        batchnorm = BatchNormConfig()
+    elif isinstance(batchnorm, dict):
+        batchnorm = _validated(BatchNormConfig, batchnorm, "batchnorm")
+    elif not isinstance(batchnorm, BatchNormConfig):
+        raise TypeError(
+            "batchnorm must be a BatchNormConfig, its dict or None. "
+            f"Received: batchnorm={batchnorm!r}"
+        )
+    return batchnorm.model_dump()
 
 
 def _apply_batchnorm(
-    model: keras.Model, cfg: BatchNormConfig, total_steps: int
+    model: keras.Model, bn: dict[str, Any], total_steps: int
 ) -> Optional[str]:
     """Fused kernel and momentum before training; a note on what changed."""
-    from advtrain.models import batchnorm as bn
+    from advtrain.models import batchnorm as bn_policy
 
-    if cfg.fused_kernel:
+    if bn["fused_kernel"]:
         from advtrain.models.fused_batchnorm import fuse_batchnorm
 
         fuse_batchnorm(model)
-    if cfg.momentum == "auto":
-        return bn.adapt_momentum(model, total_steps)
-    if cfg.momentum is not None:
-        bn.set_batchnorm_momentum(model, cfg.momentum)
+    if bn["momentum"] == "auto":
+        return bn_policy.adapt_momentum(model, total_steps)
+    if bn["momentum"] is not None:
+        bn_policy.set_batchnorm_momentum(model, bn["momentum"])
     return None
 
 
-def _settle_batchnorm(model, cfg, data, validation_data, train_ds, plan, say):
+def _settle_batchnorm(model, bn, data, validation_data, train_ds, plan, say):
     """The gap (and recalibration) after training; None when the model has
     no BatchNorm or is not a classifier with integer labels."""
     from advtrain.models.batchnorm import batchnorm_layers, settle_batchnorm
@@ -292,9 +285,9 @@ def _settle_batchnorm(model, cfg, data, validation_data, train_ds, plan, say):
         y,
         batch_size=min(plan.per_replica_batch, len(y)),
         train_batches=train_ds,
-        recalibrate=cfg.recalibrate,
-        threshold=cfg.gap_threshold,
-        num_batches=cfg.recalibrate_batches,
+        recalibrate=bn["recalibrate"],
+        gap_threshold=bn["gap_threshold"],
+        recalibrate_batches=bn["recalibrate_batches"],
     )
     line = f"bn_gap: {100 * report['gap']:+.2f} points"
     if report["recalibrated"]:
@@ -345,40 +338,24 @@ def _is_classification(model: keras.Model, x: np.ndarray, y: np.ndarray) -> bool
 # ---------------------------------------------------------------- runtime
 
 
-def _train_config(**values: Any) -> TrainConfig:
-    return _section(TrainConfig, values)
-
-
-def _section(cls, values: dict, name: str = ""):
-    """`cls(**values)`, with pydantic's several-line error as one line:
-    `name.key: message. Received: key=value`."""
+def _validated(cls, values: dict, source: str = "advtrain.fit"):
+    """`cls(**values)`, a pydantic error turned into one ValueError line
+    (`advtrain.config.format_validation_error`)."""
     try:
         return cls(**values)
-    except ValueError as exc:  # pydantic's ValidationError
-        errors = getattr(exc, "errors", lambda: [])()
-        if not errors:
-            raise
-        first = errors[0]
-        key = ".".join(str(part) for part in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if "Received:" not in message:
-            message += f". Received: {key}={first.get('input')!r}"
-        where = ".".join(part for part in (name, key) if part)
-        raise ValueError(f"{where}: {message}") from None
+    except pydantic.ValidationError as exc:
+        raise ValueError(format_validation_error(exc, source)) from None
 
 
 def _as_runtime(runtime: Any) -> Runtime:
     if isinstance(runtime, Runtime):
         return runtime
     if runtime is None:
-        return make_runtime(RuntimeConfig())
+        runtime = RuntimeConfig()
     if isinstance(runtime, dict):
-        try:
-            runtime = RuntimeConfig(**runtime)
-        except ValueError as exc:
-            raise RecipeError(f"runtime: {str(exc).splitlines()[-1].strip()}") from None
+        runtime = _validated(RuntimeConfig, runtime, "runtime")
     if isinstance(runtime, RuntimeConfig):
-        return make_runtime(runtime)
+        return make_runtime(**runtime.model_dump())
     raise TypeError(
         "runtime must be a Runtime, RuntimeConfig, dict or None. "
         f"Received: runtime={runtime!r}"
@@ -386,14 +363,16 @@ def _as_runtime(runtime: Any) -> Runtime:
 
 
 def _as_attack(attack: Any):
-    from advtrain.attacks import Attack
+    """The `Attack` for `fit`'s `attack` argument (None: no attack)."""
+    from advtrain.attacks import Attack, make_attack
 
-    if isinstance(attack, Attack):
+    if attack is None or isinstance(attack, Attack):
         return attack
     if isinstance(attack, str):
-        return Attack(attack)
+        return make_attack(attack)
     if isinstance(attack, dict):
-        return Attack.from_config(attack)
+        options = dict(attack)
+        return make_attack(options.pop("method", "fgsm_rs"), **options)
     raise TypeError(
         "attack must be an Attack, its config dict, a method name or None. "
         f"Received: attack={attack!r}"
@@ -549,50 +528,62 @@ def array_batches(
         )
     blocks = n // batch_size
     if not isinstance(x, np.memmap) and np.asarray(x).nbytes <= _CONSTANT_BYTES:
-        xs, ys = tf.constant(np.asarray(x)), tf.constant(y)
-
-        def epoch(key):
-            rows = tf.range(len(y), dtype=tf.int64)
-            if shuffle:
-                rows = tf.random.experimental.stateless_shuffle(
-                    rows, seed=tf.stack([tf.constant(seed, tf.int64), key])
-                )
-            rows = tf.reshape(rows[:n], (blocks, batch_size))
-            return tf.data.Dataset.from_tensor_slices(rows).map(
-                lambda r: (tf.gather(xs, r), tf.gather(ys, r))
-            )
-
+        epoch = _constant_epoch(np.asarray(x), y, blocks, batch_size, shuffle, seed)
         prefetch = tf.data.AUTOTUNE
     else:
-        read = _row_reader(x)
-
-        def generate(key):
-            rng = np.random.default_rng([seed % 2**32, int(key) % 2**32])
-            order = rng.permutation(blocks) if shuffle else np.arange(blocks)
-            for block in order:
-                start = int(block) * batch_size
-                xb = read(start, start + batch_size)
-                yb = y[start : start + batch_size]
-                if shuffle:
-                    rows = rng.permutation(batch_size)
-                    xb, yb = xb[rows], yb[rows]
-                yield xb, yb
-
-        spec = (
-            tf.TensorSpec((batch_size, *x.shape[1:]), tf.as_dtype(x.dtype)),
-            tf.TensorSpec((batch_size, *y.shape[1:]), tf.as_dtype(y.dtype)),
-        )
-
-        def epoch(key):
-            return tf.data.Dataset.from_generator(
-                generate, args=(key,), output_signature=spec
-            )
-
+        epoch = _streamed_epoch(x, y, blocks, batch_size, shuffle, seed)
         prefetch = 2
     ds = _epochs(epoch, repeat=repeat, seed=seed)
     cardinality = tf.data.INFINITE_CARDINALITY if repeat else blocks
     ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
     return ds.prefetch(prefetch)
+
+
+def _constant_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
+    """`epoch(key)`: the batches of one epoch, gathered from constants."""
+    xs, ys = tf.constant(x), tf.constant(y)
+
+    def epoch(key):
+        rows = tf.range(len(y), dtype=tf.int64)
+        if shuffle:
+            rows = tf.random.experimental.stateless_shuffle(
+                rows, seed=tf.stack([tf.constant(seed, tf.int64), key])
+            )
+        rows = tf.reshape(rows[: blocks * batch_size], (blocks, batch_size))
+        return tf.data.Dataset.from_tensor_slices(rows).map(
+            lambda r: (tf.gather(xs, r), tf.gather(ys, r))
+        )
+
+    return epoch
+
+
+def _streamed_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
+    """`epoch(key)`: the batches of one epoch, read a block at a time."""
+    read = _row_reader(x)
+
+    def generate(key):
+        rng = np.random.default_rng([seed % 2**32, int(key) % 2**32])
+        order = rng.permutation(blocks) if shuffle else np.arange(blocks)
+        for block in order:
+            start = int(block) * batch_size
+            xb = read(start, start + batch_size)
+            yb = y[start : start + batch_size]
+            if shuffle:
+                rows = rng.permutation(batch_size)
+                xb, yb = xb[rows], yb[rows]
+            yield xb, yb
+
+    spec = (
+        tf.TensorSpec((batch_size, *x.shape[1:]), tf.as_dtype(x.dtype)),
+        tf.TensorSpec((batch_size, *y.shape[1:]), tf.as_dtype(y.dtype)),
+    )
+
+    def epoch(key):
+        return tf.data.Dataset.from_generator(
+            generate, args=(key,), output_signature=spec
+        )
+
+    return epoch
 
 
 def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
@@ -613,11 +604,7 @@ def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
         raise ValueError(f"{path}: shorter than its array header says.")
 
     def read(start: int, stop: int) -> np.ndarray:
-        out = np.empty((stop - start, *x.shape[1:]), x.dtype)
-        with open(path, "rb", buffering=0) as f:
-            f.seek(offset + start * row_bytes)
-            f.readinto(memoryview(out).cast("B"))
-        return out
+        return read_rows(path, offset, x.shape[1:], x.dtype, np.arange(start, stop))
 
     return read
 
@@ -629,36 +616,35 @@ def load_builder(spec: str, key: str = "model.builder") -> Callable:
     """Imports "package.module:function" and returns the function.
 
     Raises:
-        RecipeError: one line naming `key`: bad format, module not
+        ValueError: one line naming `key`: bad format, module not
             importable, no such attribute, or not callable.
     """
     if not isinstance(spec, str) or spec.count(":") != 1:
-        raise RecipeError(
+        raise ValueError(
             f"{key}: expected 'package.module:function'. Received: {spec!r}"
         )
     module_name, attr = (part.strip() for part in spec.split(":"))
     if not module_name or not attr:
-        raise RecipeError(
+        raise ValueError(
             f"{key}: expected 'package.module:function'. Received: {spec!r}"
         )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the recipe's
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise RecipeError(
+        raise ValueError(
             f"{key}: cannot import module '{module_name}' "
-            f"({type(exc).__name__}: {first}). Received: {spec!r}"
+            f"({type(exc).__name__}: {one_line(exc)}). Received: {spec!r}"
         ) from None
     fn = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:
-            raise RecipeError(
+            raise ValueError(
                 f"{key}: module '{module_name}' has no attribute '{attr}'. "
                 f"Received: {spec!r}"
             )
     if not callable(fn):
-        raise RecipeError(f"{key}: '{attr}' is not callable. Received: {spec!r}")
+        raise TypeError(f"{key}: '{attr}' is not callable. Received: {spec!r}")
     return fn
 
 
@@ -676,18 +662,18 @@ def build_from_builder(
     advtrain's preprocessing and head are not added.
 
     Raises:
-        RecipeError: naming `model.builder`, when the function cannot be
+        ValueError: naming `model.builder`, when the function cannot be
             imported, fails, or returns something else.
     """
     fn = load_builder(spec)
     unsupported = {
         "freeze": cfg.freeze != "all_trainable",
-        "warmup_epochs": cfg.warmup_epochs > 0,
+        "head_only_epochs": cfg.head_only_epochs > 0,
         "weights": cfg.weights is not None,
     }
     for key, used in unsupported.items():
         if used:
-            raise RecipeError(
+            raise ValueError(
                 f"model.{key}: applies to advtrain's backbones, not to a "
                 f"model.builder model (it trains whole; load weights in the "
                 f"builder). Received: {key}={getattr(cfg, key)!r}"
@@ -704,13 +690,13 @@ def build_from_builder(
     args = (tuple(image_shape), int(num_classes), cfg) if required else ()
     model = fn(*args)
     if not isinstance(model, keras.Model):
-        raise RecipeError(
+        raise TypeError(
             f"model.builder: {spec} must return a keras.Model. "
             f"Received: {type(model).__name__}"
         )
     out = model.outputs[0].shape if getattr(model, "outputs", None) else None
     if out is not None and out[-1] != num_classes:
-        raise RecipeError(
+        raise ValueError(
             f"model.builder: {spec} returns {out[-1]} outputs; the data has "
             f"{num_classes} classes. Received: output shape {tuple(out)}"
         )

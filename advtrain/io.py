@@ -2,8 +2,8 @@
 
 The checks run before anything heavy is imported or anything is written,
 so a bad path costs a second and leaves no run folder behind. Each raises
-one `RecipeError` line naming the key (or option), the path and what is
-wrong with it.
+one line naming the key (or option), the path and what is wrong with it:
+`FileNotFoundError` for a path that is not there, `ValueError` otherwise.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional, Union
-
-from advtrain.config import Recipe, RecipeError
 
 PathLike = Union[str, Path]
 
@@ -66,27 +64,27 @@ def check_writable_dir(path: PathLike, what: str) -> None:
         what: the option or recipe key it came from, e.g. "--output".
 
     Raises:
-        RecipeError: naming `what`, the path and the problem.
+        ValueError: naming `what`, the path and the problem.
     """
     path = Path(path)
     real = Path(os.path.realpath(path))
     for system in _SYSTEM_DIRS:
         if real == system or system in real.parents:
-            raise RecipeError(
+            raise ValueError(
                 f"{what} {path}: under {system}, a system folder; choose a "
                 "folder on disk."
             )
     if path.exists() and not path.is_dir():
-        raise RecipeError(f"{what} {path}: exists and is not a folder.")
+        raise ValueError(f"{what} {path}: exists and is not a folder.")
     ancestor = real
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise RecipeError(
+        raise ValueError(
             f"{what} {path}: {ancestor} is a file, so no folder can be made under it."
         )
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise RecipeError(f"{what} {path}: {ancestor} is not writable.")
+        raise ValueError(f"{what} {path}: {ancestor} is not writable.")
 
 
 def check_readable_file(path: PathLike, what: str) -> Path:
@@ -95,20 +93,20 @@ def check_readable_file(path: PathLike, what: str) -> Path:
     `check_keras_file`)."""
     path = Path(path)
     if path.is_dir():
-        raise RecipeError(f"{what} {path}: is a folder, expected a file.")
+        raise ValueError(f"{what} {path}: is a folder, expected a file.")
     if not path.exists():
-        raise RecipeError(f"{what} {path}: file not found.")
+        raise FileNotFoundError(f"{what} {path}: file not found.")
     if not path.is_file():
-        raise RecipeError(f"{what} {path}: not a regular file.")
+        raise ValueError(f"{what} {path}: not a regular file.")
     try:
         with open(path, "rb") as handle:
             head = handle.read(len(_HDF5_SIGNATURE))
     except OSError as exc:
-        raise RecipeError(f"{what} {path}: cannot read ({exc.strerror}).") from None
+        raise ValueError(f"{what} {path}: cannot read ({exc.strerror}).") from None
     if not head:
-        raise RecipeError(f"{what} {path}: the file is empty.")
+        raise ValueError(f"{what} {path}: the file is empty.")
     if path.suffix == ".h5" and head != _HDF5_SIGNATURE:
-        raise RecipeError(
+        raise ValueError(
             f"{what} {path}: not an HDF5 weights file (no HDF5 signature); "
             "truncated, or another format."
         )
@@ -122,9 +120,9 @@ def check_keras_file(path: PathLike, what: str = "model") -> Path:
     archive (a zip holding config.json), without loading it."""
     path = Path(path)
     if path.is_dir():
-        raise RecipeError(f"{what} {path}: is a folder, expected a .keras file.")
+        raise ValueError(f"{what} {path}: is a folder, expected a .keras file.")
     if not path.is_file():
-        raise RecipeError(f"{what} {path}: file not found.")
+        raise FileNotFoundError(f"{what} {path}: file not found.")
     problem: Optional[str] = None
     try:
         if not zipfile.is_zipfile(path):
@@ -138,44 +136,73 @@ def check_keras_file(path: PathLike, what: str = "model") -> Path:
     except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
         problem = f"unreadable ({exc})"
     if problem:
-        raise RecipeError(f"{what} {path}: {problem}; truncated or another file?")
+        raise ValueError(f"{what} {path}: {problem}; truncated or another file?")
     return path
 
 
-def check_recipe_paths(
-    recipe: Recipe, output: Optional[PathLike] = None, *, writes: bool = True
+def check_data_paths(
+    *,
+    source: str = "digits",
+    path: Optional[PathLike] = None,
+    tfds_data_dir: Optional[PathLike] = None,
+    cache: str = "auto",
 ) -> None:
-    """Checks every path a recipe names before a run starts: data.path
-    exists, model.weights is a readable weights file, data.cache and
-    data.tfds_data_dir can be written, and, when `writes`, so can the run
-    folder (`output`, else output.dir, else runs/).
+    """Checks the paths of a data section (keyword arguments named like its
+    keys): `path` exists for the sources that read it, `tfds_data_dir`
+    and the `cache` file prefix's folder can be written.
 
     Raises:
-        RecipeError: naming the recipe key, the path and the problem.
+        FileNotFoundError: `path` (or the cache's folder) is not there.
+        ValueError: a path that is the wrong kind or cannot be written.
     """
-    data = recipe.data
-    if data.path is not None and data.source in (*_FOLDER_SOURCES, "arrays"):
-        path = Path(data.path)
-        prefix = Path(f"{data.path}_x.npy")
-        if data.source == "arrays" and not path.is_dir() and not prefix.is_file():
-            raise RecipeError(
-                f"data.path {path}: not found (arrays: a folder with "
+    if path is not None and source in (*_FOLDER_SOURCES, "arrays"):
+        folder = Path(path)
+        prefix = Path(f"{path}_x.npy")
+        if source == "arrays" and not folder.is_dir() and not prefix.is_file():
+            raise FileNotFoundError(
+                f"data.path {folder}: not found (arrays: a folder with "
                 f"x_train.npy, or a prefix with {prefix.name})."
             )
-        if data.source != "arrays" and not path.is_dir():
-            problem = "is a file, expected a folder" if path.exists() else "not found"
-            raise RecipeError(f"data.path {path}: {problem}.")
-    if data.tfds_data_dir is not None:
-        check_writable_dir(data.tfds_data_dir, "data.tfds_data_dir")
-    if data.cache not in ("auto", "memory", "none"):
-        parent = Path(data.cache).parent
+        if source != "arrays" and folder.exists() and not folder.is_dir():
+            raise ValueError(f"data.path {folder}: is a file, expected a folder.")
+        if source != "arrays" and not folder.is_dir():
+            raise FileNotFoundError(f"data.path {folder}: not found.")
+    if tfds_data_dir is not None:
+        check_writable_dir(tfds_data_dir, "data.tfds_data_dir")
+    if cache not in ("auto", "memory", "none"):
+        parent = Path(cache).parent
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(
+                f"data.cache {cache}: folder {parent} is a file (the cache is "
+                "a file prefix in an existing folder)."
+            )
         if not parent.is_dir():
-            problem = "is a file" if parent.exists() else "not found"
-            raise RecipeError(
-                f"data.cache {data.cache}: folder {parent} {problem} (the "
-                "cache is a file prefix in an existing folder)."
+            raise FileNotFoundError(
+                f"data.cache {cache}: folder {parent} not found (the cache is "
+                "a file prefix in an existing folder)."
             )
         check_writable_dir(parent, "data.cache")
+
+
+def check_recipe_paths(
+    recipe: Any, output: Optional[PathLike] = None, *, writes: bool = True
+) -> None:
+    """Checks every path an `advtrain.config.Recipe` names before a run
+    starts: the data section's (`check_data_paths`), model.weights is a
+    readable weights file, and, when `writes`, the run folder (`output`,
+    else output.dir, else runs/) can be written.
+
+    Raises:
+        FileNotFoundError, ValueError: naming the recipe key, the path and
+            the problem.
+    """
+    data = recipe.data
+    check_data_paths(
+        source=data.source,
+        path=data.path,
+        tfds_data_dir=data.tfds_data_dir,
+        cache=data.cache,
+    )
     weights = recipe.model.weights
     if weights is not None and weights != "imagenet":
         check_readable_file(weights, "model.weights")

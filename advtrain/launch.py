@@ -192,8 +192,7 @@ def launch(
     out = _run_folder(resolved, output)
     command = [python, "-m", "advtrain.cli"] + (["--debug"] if debug else [])
     command += ["run", str(recipe)]
-    for item in overrides:
-        command += ["--set", item]
+    command += [arg for item in overrides for arg in ("--set", item)]
     command += ["--output", str(out)]
     resume = f"advtrain launch --workers {workers} {out}/recipe.yaml --output {out}"
     if max_restarts:
@@ -218,6 +217,13 @@ def launch(
                 f"relaunching {workers} workers from {_last_checkpoint(out)}"
             )
     logs = _keep_logs(logs, out, keep=debug or exit_code(results) != 0)
+    _summarize(results, out, logs, resume, attempt, echo)
+    _report(results, leftovers, echo)
+    return results
+
+
+def _summarize(results, out: Path, logs, resume: str, attempt: int, echo) -> None:
+    """One line per worker, where the logs are, and how the launch ended."""
     for result in results:
         role = "chief" if result.index == 0 else "worker"
         echo(f"worker {result.index} ({role}): {result.ending}")
@@ -233,8 +239,6 @@ def launch(
         )
     elif exit_code(results) == 0 and attempt:
         echo(f"launch: finished after {attempt} restart(s)")
-    _report(results, leftovers, echo)
-    return results
 
 
 class _Stop:
@@ -445,7 +449,7 @@ def _run_folder(recipe, output: Optional[Path]) -> Path:
     once for all workers (without importing TensorFlow here)."""
     import datetime
 
-    from advtrain.checkpointing import check_run_dir
+    from advtrain.experiment import check_run_dir
 
     if output is None and recipe.output.dir:
         output = Path(recipe.output.dir)

@@ -36,8 +36,9 @@ preemption.disarm()   # raises Preempted if a signal came in the last step
 preemption.close()    # restores the previous handlers
 ```
 
-`advtrain.experiment.run` does this around its training loop; its
-decorator, `restores_signal_handlers`, puts the caller's handlers back.
+`advtrain.training.TrainingState` creates it and `fit_phases` arms it
+around the training loop; `advtrain.experiment.run`'s decorator,
+`restores_signal_handlers`, puts the caller's handlers back.
 
 This module holds what the launcher and the CLI need too (exit code,
 environment, `Preempted`) and imports no TensorFlow.

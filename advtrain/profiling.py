@@ -264,44 +264,35 @@ def profile(
     ```
     """
     import keras
-    import tensorflow as tf
 
-    from advtrain.data import load_splits, make_input
-    from advtrain.data.pipeline import _cache_mode, _has_augmentation
-    from advtrain.experiment import build_run_model
-    from advtrain.runtime import make_optimizer, make_runtime, plan_batches
+    from advtrain.data import make_input
+    from advtrain.experiment import (
+        input_options,
+        recipe_optimizer,
+        recipe_plan,
+        recipe_runtime,
+        recipe_splits,
+    )
 
     keras.utils.set_random_seed(recipe.train.seed)
-    runtime = make_runtime(recipe.runtime)
-    splits = load_splits(recipe.data)
-    plan = plan_batches(recipe.train, runtime, splits.train_size)
+    runtime = recipe_runtime(recipe)
+    splits = recipe_splits(recipe)
+    plan = recipe_plan(recipe, runtime, splits.train_size)
     spe = plan.steps_per_execution
-    if steps is None:
-        steps = spe * max(1, -(-20 // spe))
-    elif steps % spe:
-        steps = spe * max(1, -(-steps // spe))
+    steps = spe * max(1, -(-(steps or 20) // spe))  # a multiple of spe
     echo(runtime.describe())
     echo(plan.describe())
 
     stream = make_input(
-        splits.train, recipe.data, batch_size=plan.global_batch, training=True
+        splits.train,
+        batch_size=plan.global_batch,
+        training=True,
+        **input_options(recipe, training=True),
     ).repeat()
     input_seconds = _time_input(stream, steps, rounds)
-
-    with runtime.strategy.scope():
-        _, model = build_run_model(recipe, splits)
-        model.compile(
-            optimizer=make_optimizer(recipe.train, plan),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            steps_per_execution=spe,
-            jit_compile=runtime.jit_compile,
-        )
-        runtime.prepare_model(model)
-    batch = next(iter(stream))
-    cached = tf.data.Dataset.from_tensors(batch).repeat()
-    step_seconds = _time_fit(model, cached, steps, rounds)
-    together_seconds = _time_fit(model, stream, steps, rounds)
+    optimizer = recipe_optimizer(recipe, plan)
+    model = _compiled_run_model(recipe, splits, runtime, optimizer, spe)
+    step_seconds, together_seconds = _time_steps(model, stream, steps, rounds)
     report = ProfileReport(
         global_batch=plan.global_batch,
         replicas=plan.replicas,
@@ -313,14 +304,55 @@ def profile(
         device_kind=runtime.device_kind,
         precision=runtime.precision,
         jit_compile=runtime.jit_compile,
-        cache=_cache_mode(recipe.data),
-        augment=_has_augmentation(recipe.data),
-        attack=recipe.attack.method
-        + (" (cleverhans)" if recipe.attack.backend == "cleverhans" else ""),
-        attack_steps=recipe.attack.steps,
-        fused=recipe.attack.fused_step,
-        cpu_bf16=cpu_has_bfloat16(),
+        **_recipe_settings(recipe),
     )
     for line in report.lines():
         echo(line)
     return report
+
+
+def _compiled_run_model(recipe, splits, runtime, optimizer, spe: int):
+    """The run's training model, compiled as `advtrain run` compiles it."""
+    import keras
+
+    from advtrain.experiment import build_run_model
+
+    with runtime.strategy.scope():
+        _, model = build_run_model(recipe, splits)
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            steps_per_execution=spe,
+            jit_compile=runtime.jit_compile,
+        )
+        runtime.prepare_model(model)
+    return model
+
+
+def _time_steps(model, stream, steps: int, rounds: int) -> tuple[float, float]:
+    """Seconds per step on one cached batch repeated, then on the stream."""
+    import tensorflow as tf
+
+    batch = next(iter(stream))
+    cached = tf.data.Dataset.from_tensors(batch).repeat()
+    return (
+        _time_fit(model, cached, steps, rounds),
+        _time_fit(model, stream, steps, rounds),
+    )
+
+
+def _recipe_settings(recipe) -> dict:
+    """The report's fields that come from the recipe as written."""
+    from advtrain.data import cache_mode, has_augmentation
+
+    attack = recipe.attack
+    return dict(
+        cache=cache_mode(recipe.data.cache, recipe.data.source),
+        augment=has_augmentation(recipe.data.augment.model_dump()),
+        attack=attack.method
+        + (" (cleverhans)" if attack.backend == "cleverhans" else ""),
+        attack_steps=attack.steps,
+        fused=attack.fused_step,
+        cpu_bf16=cpu_has_bfloat16(),
+    )

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from advtrain.config import Recipe
+import yaml
+
 from advtrain.io import atomic_path, atomic_write_text
 
 CURVES = (
@@ -163,9 +164,51 @@ def _timing(metrics: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _guard(guard: Mapping[str, Any]) -> list[str]:
+    if not guard.get("triggers"):
+        return ["- no collapse detected"]
+    return [
+        f"- epoch {t['epoch']}: PGD accuracy on the guard batch "
+        f"fell to {_pct(t['pgd_accuracy'])} from "
+        f"{_pct(t['best_accuracy'])} (epoch {t['best_epoch']}); "
+        f"action: {t['action']}"
+        for t in guard["triggers"]
+    ]
+
+
+def _curves(
+    run_dir: Path, history: Mapping[str, Sequence[float]], plots: bool, title: str
+) -> list[str]:
+    curves = None
+    if plots:
+        curves = plot_training_curves(
+            history, run_dir / "training_curves.png", title=title
+        )
+    sweep_png = (run_dir / "eps_sweep.png").is_file()
+    if curves is None and not sweep_png:
+        return []
+    lines = ["## Curves", ""]
+    if curves is not None:
+        lines += ["![training curves](training_curves.png)", ""]
+    if sweep_png:
+        lines += ["![accuracy against eps](eps_sweep.png)", ""]
+    return lines
+
+
+def _bn_gap(gap: Mapping[str, Any]) -> list[str]:
+    return [
+        "## BatchNorm gap",
+        "",
+        f"- train-mode accuracy: {_pct(gap.get('train_mode_accuracy'))}",
+        f"- inference-mode accuracy: {_pct(gap.get('inference_mode_accuracy'))}",
+        f"- gap: {100 * gap.get('gap', 0.0):+.2f} points",
+        "",
+    ]
+
+
 def write_report(
     run_dir: Union[str, Path],
-    recipe: Recipe,
+    recipe: Mapping[str, Any],
     metrics: Mapping[str, Any],
     history: Mapping[str, Sequence[float]],
     class_names: Optional[Sequence[str]] = None,
@@ -175,7 +218,8 @@ def write_report(
 
     Args:
         run_dir: the run folder; `eps_sweep.png` there is linked if present.
-        recipe: the resolved recipe, printed at the end.
+        recipe: the resolved recipe as a plain dict (`name`, `description`
+            and every section), printed as YAML at the end.
         metrics: what `run` writes to metrics.json.
         history: per-epoch logs (`accuracy`, `adv_accuracy`, ...).
         class_names: names for the per-class table (default: indices).
@@ -188,42 +232,22 @@ def write_report(
 
     ```python
     result = run(recipe, "runs/demo")
-    write_report(result.output_dir, recipe, result.metrics, result.history)
+    write_report(result.output_dir, recipe.to_dict(), result.metrics,
+                 result.history)
     ```
     """
     run_dir = Path(run_dir)
-    out = [f"# Run report: {recipe.name}", ""]
-    if recipe.description:
-        out += [recipe.description, ""]
+    name = recipe.get("name", "")
+    out = [f"# Run report: {name}", ""]
+    if recipe.get("description"):
+        out += [recipe["description"], ""]
     out += ["## Results", ""] + _headline(metrics) + [""]
-    checks = metrics.get("sanity_checks")
-    if checks:
-        out += ["## Sanity checks", ""] + _sanity(checks) + [""]
-    guard = metrics.get("co_guard")
-    if guard:
+    if metrics.get("sanity_checks"):
+        out += ["## Sanity checks", ""] + _sanity(metrics["sanity_checks"]) + [""]
+    if metrics.get("co_guard"):
         out += ["## Catastrophic-overfitting guard", ""]
-        if guard.get("triggers"):
-            for t in guard["triggers"]:
-                out.append(
-                    f"- epoch {t['epoch']}: PGD accuracy on the guard batch "
-                    f"fell to {_pct(t['pgd_accuracy'])} from "
-                    f"{_pct(t['best_accuracy'])} (epoch {t['best_epoch']}); "
-                    f"action: {t['action']}"
-                )
-        else:
-            out.append("- no collapse detected")
-        out.append("")
-    curves = None
-    if plots:
-        curves = plot_training_curves(
-            history, run_dir / "training_curves.png", title=recipe.name
-        )
-    if curves is not None or (run_dir / "eps_sweep.png").is_file():
-        out += ["## Curves", ""]
-        if curves is not None:
-            out += ["![training curves](training_curves.png)", ""]
-        if (run_dir / "eps_sweep.png").is_file():
-            out += ["![accuracy against eps](eps_sweep.png)", ""]
+        out += _guard(metrics["co_guard"]) + [""]
+    out += _curves(run_dir, history, plots, name)
     sweep = metrics.get("eps_sweep")
     if sweep:
         out += ["| eps | PGD accuracy |", "|---|---|"]
@@ -232,25 +256,11 @@ def write_report(
     if metrics.get("per_class_accuracy"):
         out += ["## Per-class accuracy", ""]
         out += _per_class(metrics, class_names) + [""]
-    gap = metrics.get("bn_gap")
-    if gap:
-        out += [
-            "## BatchNorm gap",
-            "",
-            f"- train-mode accuracy: {_pct(gap.get('train_mode_accuracy'))}",
-            f"- inference-mode accuracy: {_pct(gap.get('inference_mode_accuracy'))}",
-            f"- gap: {100 * gap.get('gap', 0.0):+.2f} points",
-            "",
-        ]
+    if metrics.get("bn_gap"):
+        out += _bn_gap(metrics["bn_gap"])
     timing = _timing(metrics)
     if timing:
         out += ["## Timing", ""] + timing + [""]
-    out += [
-        "## Recipe (resolved)",
-        "",
-        "```yaml",
-        recipe.to_yaml().rstrip(),
-        "```",
-        "",
-    ]
+    text = yaml.safe_dump(dict(recipe), sort_keys=False).rstrip()
+    out += ["## Recipe (resolved)", "", "```yaml", text, "```", ""]
     return atomic_write_text(run_dir / "report.md", "\n".join(out))

@@ -10,12 +10,12 @@ import dataclasses
 import json
 import math
 import os
-from typing import Optional
+from typing import Optional, Union
 
 import keras
 import tensorflow as tf
 
-from advtrain.config import RecipeError, RuntimeConfig, TrainConfig
+from advtrain.errors import one_line
 
 # Keras 3 traces steps_per_execution > 32 into a loop that tf.data rejects
 # (keras-team/keras#20344); more steps per call gains little anyway.
@@ -26,6 +26,19 @@ MAX_STEPS_PER_EXECUTION = 32
 # feed a value for placeholder tensor" (keras-team/keras#19246, reproduced
 # with TF 2.21 / Keras 3.15), so they run one step per host call.
 _SINGLE_STEP_STRATEGIES = ("mirrored", "multi_worker")
+
+# The recipe's `train:` keys that `plan_batches` and `make_optimizer` take,
+# e.g. `plan_batches(rt, n, **train.model_dump(include=set(PLAN_KEYS)))`.
+PLAN_KEYS = (
+    "batch_size",
+    "epochs",
+    "steps_per_epoch",
+    "learning_rate",
+    "scale_lr",
+    "reference_batch",
+    "warmup_epochs",
+)
+OPTIMIZER_KEYS = ("optimizer", "lr_schedule", "momentum", "weight_decay")
 
 
 @dataclasses.dataclass
@@ -80,56 +93,14 @@ class Runtime:
 
         Call it after every `compile` (which resets what it sets). Only
         MultiWorkerMirroredStrategy needs anything: Keras 3's `fit` fails
-        under it (keras-team/keras#20585, reproduced with TF 2.21 / Keras
-        3.15) in two places, replaced here for this model only:
-
-        * before the first step, Keras builds the model's state from a
-          batch it all-reduces across workers, which fails for any
-          dataset; only shapes and dtypes are needed, so this worker's
-          local batch is used;
-        * after each step, Keras reduces the step's scalar logs with
-          `axis=0`, which fails; they are averaged over all replicas
-          (`axis=None`), as Keras does under MirroredStrategy.
-
-        The train and test functions run one step per call, as
-        `plan_batches` sets for this strategy.
+        under it (keras-team/keras#20585); the workaround is
+        `advtrain._keras_workarounds.fit_under_multi_worker`.
         """
         if self.strategy_name != "multi_worker":
             return model
-        strategy = self.strategy
+        from advtrain._keras_workarounds import fit_under_multi_worker
 
-        def local(value):
-            if isinstance(value, tf.distribute.DistributedValues):
-                return strategy.experimental_local_results(value)[0]
-            return value
-
-        def maybe_symbolic_build(iterator=None, data_batch=None):
-            if iterator is not None:
-                for _, _, data in iterator:
-                    data_batch = tf.nest.map_structure(local, next(data))
-                    break
-            with strategy.scope():
-                model._symbolic_build(data_batch=data_batch)
-
-        def step_function(step):
-            @tf.function(reduce_retracing=True, jit_compile=model.jit_compile)
-            def one_step(data):
-                outputs = strategy.run(step, args=(data,))
-                return tf.nest.map_structure(
-                    lambda v: strategy.reduce("MEAN", v, axis=None), outputs
-                )
-
-            return lambda iterator: one_step(next(iterator))
-
-        # object.__setattr__: functions, not model state Keras should track.
-        replacements = {
-            "_maybe_symbolic_build": maybe_symbolic_build,
-            "train_function": step_function(model.train_step),
-            "test_function": step_function(model.test_step),
-        }
-        for name, value in replacements.items():
-            object.__setattr__(model, name, value)
-        return model
+        return fit_under_multi_worker(model, self.strategy)
 
     def describe(self) -> str:
         """One line for the start banner."""
@@ -162,7 +133,7 @@ def _split_cpu(replicas: int) -> None:
     except RuntimeError:
         existing = len(tf.config.list_logical_devices("CPU"))
         if existing != replicas:
-            raise RecipeError(
+            raise ValueError(
                 f"runtime.cpu_replicas={replicas}: TensorFlow already started "
                 f"with {existing} CPU device(s) in this process; set it before "
                 "any TensorFlow work (a fresh `advtrain run`)."
@@ -173,7 +144,7 @@ def tf_config_tasks() -> int:
     """Number of tasks TF_CONFIG's cluster names (0 without TF_CONFIG).
 
     Raises:
-        RecipeError: TF_CONFIG is set but is not JSON with a cluster.
+        ValueError: TF_CONFIG is set but is not JSON with a cluster.
     """
     raw = os.environ.get("TF_CONFIG", "").strip()
     if not raw:
@@ -182,7 +153,7 @@ def tf_config_tasks() -> int:
         cluster = json.loads(raw).get("cluster", {})
         return sum(len(v) for k, v in cluster.items() if k != "evaluator")
     except (ValueError, AttributeError, TypeError):
-        raise RecipeError(
+        raise ValueError(
             'TF_CONFIG: expected JSON {"cluster": {...}, "task": {...}}. '
             f"Received: TF_CONFIG={raw[:80]!r}"
         ) from None
@@ -208,11 +179,11 @@ def _cluster_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
         try:
             return tf.distribute.cluster_resolver.SlurmClusterResolver()
         except (RuntimeError, ValueError, OSError) as exc:
-            raise RecipeError(
+            raise ValueError(
                 f"runtime.strategy=multi_worker: cannot read the SLURM job "
                 f"({type(exc).__name__}: {exc})."
             ) from None
-    raise RecipeError(
+    raise ValueError(
         "runtime.strategy=multi_worker needs a cluster: TF_CONFIG (set by "
         "`advtrain launch --workers N`) or a SLURM job step with several "
         "tasks (srun). Received: neither."
@@ -225,16 +196,26 @@ def _tpu_strategy() -> tf.distribute.Strategy:
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as exc:
-        raise RecipeError(
+        raise ValueError(
             "runtime.strategy=tpu: no TPU found "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0]}). Use auto, "
+            f"({type(exc).__name__}: {one_line(exc)}). Use auto, "
             "default, one_device or mirrored."
         ) from None
     return tf.distribute.TPUStrategy(resolver)
 
 
-def make_runtime(cfg: RuntimeConfig) -> Runtime:
+def make_runtime(
+    *,
+    strategy: str = "auto",
+    cpu_replicas: Optional[int] = None,
+    precision: str = "float32",
+    jit_compile: Union[str, bool] = "auto",
+    steps_per_execution: Union[str, int] = "auto",
+    deterministic: bool = False,
+) -> Runtime:
     """Creates the strategy and sets the precision policy.
+
+    The arguments are the recipe's `runtime:` keys, with its defaults.
 
     `strategy: auto` picks multi_worker when TF_CONFIG or SLURM describe a
     cluster of several tasks, MirroredStrategy over several GPUs or CPU
@@ -250,57 +231,58 @@ def make_runtime(cfg: RuntimeConfig) -> Runtime:
     into logical devices, which TensorFlow allows only before it starts.
 
     Raises:
-        RecipeError: the strategy cannot be set up here (no TPU, no
+        ValueError: the strategy cannot be set up here (no TPU, no
             cluster for multi_worker, CPU already initialised).
     """
-    if cfg.cpu_replicas:
-        _split_cpu(cfg.cpu_replicas)
-    if cfg.deterministic:
+    if cpu_replicas:
+        _split_cpu(cpu_replicas)
+    if deterministic:
         tf.config.experimental.enable_op_determinism()
-    name = cfg.strategy
+    name = strategy
     if name == "auto":
         name = _auto_strategy()
-    workers, task = 1, ""
-    if name == "tpu":
-        strategy = _tpu_strategy()
-    elif name == "multi_worker":
-        resolver = _cluster_resolver()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
-        cluster = resolver.cluster_spec().as_dict()
-        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-        task = f"{resolver.task_type} {resolver.task_id}"
-    else:
-        gpus = tf.config.list_logical_devices("GPU")
-        cpus = tf.config.list_logical_devices("CPU")
-        if name == "default":
-            strategy = tf.distribute.get_strategy()
-        elif name == "one_device":
-            device = gpus[0].name if gpus else cpus[0].name
-            strategy = tf.distribute.OneDeviceStrategy(device)
-        else:  # mirrored
-            devices = [d.name for d in gpus] if gpus else [d.name for d in cpus]
-            strategy = tf.distribute.MirroredStrategy(devices)
+    made, workers, task = _strategy(name)
     kind = _device_kind()
     notes = []
-    if cfg.precision == "mixed_float16" and kind == "cpu":
+    if precision == "mixed_float16" and kind == "cpu":
         notes.append(
             "mixed_float16 on a CPU is emulated and slow; mixed_bfloat16 "
             "runs natively on CPUs with AVX512-BF16 or AMX"
         )
-    keras.mixed_precision.set_global_policy(cfg.precision)
-    jit = cfg.jit_compile if isinstance(cfg.jit_compile, bool) else False
+    keras.mixed_precision.set_global_policy(precision)
     return Runtime(
-        strategy=strategy,
+        strategy=made,
         strategy_name=name,
-        replicas=strategy.num_replicas_in_sync,
+        replicas=made.num_replicas_in_sync,
         device_kind=kind,
-        precision=cfg.precision,
-        jit_compile=jit,
-        steps_per_execution_setting=cfg.steps_per_execution,
+        precision=precision,
+        jit_compile=jit_compile if isinstance(jit_compile, bool) else False,
+        steps_per_execution_setting=steps_per_execution,
         workers=workers,
         task=task,
         notes=notes,
     )
+
+
+def _strategy(name: str) -> tuple[tf.distribute.Strategy, int, str]:
+    """The strategy `name` (auto resolved), its workers and this task."""
+    if name == "tpu":
+        return _tpu_strategy(), 1, ""
+    if name == "multi_worker":
+        resolver = _cluster_resolver()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        cluster = resolver.cluster_spec().as_dict()
+        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+        return strategy, workers, f"{resolver.task_type} {resolver.task_id}"
+    gpus = tf.config.list_logical_devices("GPU")
+    cpus = tf.config.list_logical_devices("CPU")
+    if name == "default":
+        return tf.distribute.get_strategy(), 1, ""
+    if name == "one_device":
+        device = gpus[0].name if gpus else cpus[0].name
+        return tf.distribute.OneDeviceStrategy(device), 1, ""
+    devices = [d.name for d in gpus] if gpus else [d.name for d in cpus]
+    return tf.distribute.MirroredStrategy(devices), 1, ""  # mirrored
 
 
 def _auto_strategy() -> str:
@@ -405,62 +387,66 @@ def resolve_steps_per_execution(
 
 
 def plan_batches(
-    train: TrainConfig,
     runtime: Runtime,
     train_size: int,
+    *,
+    batch_size: int = 64,
+    epochs: int = 10,
+    steps_per_epoch: Optional[int] = None,
+    learning_rate: float = 1e-3,
+    scale_lr: bool = False,
+    reference_batch: int = 256,
+    warmup_epochs: float = 0.0,
 ) -> BatchPlan:
     """Batch arithmetic: the recipe's batch is global; epochs never shrink.
 
-    Per-replica batch = global / replicas; steps per epoch = training
-    examples // global batch (or `train.steps_per_epoch`); the epoch count
-    is the recipe's whatever the number of workers. With `train.scale_lr`
+    The keyword arguments are the recipe's `train:` keys, with its
+    defaults. Per-replica batch = global / replicas; steps per epoch =
+    training examples // global batch (or `steps_per_epoch`); the epoch
+    count is the recipe's whatever the number of workers. With `scale_lr`
     the learning rate is `learning_rate * batch_size / reference_batch`.
 
     Raises:
-        RecipeError: the global batch does not divide across replicas, or
+        ValueError: the global batch does not divide across replicas, or
             is larger than the training set.
 
     Example:
 
     ```python
-    plan = plan_batches(recipe.train, runtime, splits.train_size)
+    plan = plan_batches(runtime, splits.train_size, batch_size=128, epochs=5)
     print(plan.describe())
     ```
     """
     replicas = runtime.replicas
-    if train.batch_size % replicas:
-        lower = train.batch_size - train.batch_size % replicas
-        raise RecipeError(
-            f"train.batch_size={train.batch_size} does not divide across "
+    if batch_size % replicas:
+        lower = batch_size - batch_size % replicas
+        raise ValueError(
+            f"train.batch_size={batch_size} does not divide across "
             f"{replicas} replicas; use a multiple of {replicas} (e.g. "
             f"{max(lower, replicas)} or {lower + replicas})."
         )
-    if train.steps_per_epoch is not None:
-        steps = train.steps_per_epoch
-    else:
-        steps = train_size // train.batch_size
+    steps = steps_per_epoch or train_size // batch_size
     if steps < 1:
-        raise RecipeError(
-            f"train.batch_size={train.batch_size} is larger than the training "
+        raise ValueError(
+            f"train.batch_size={batch_size} is larger than the training "
             f"set ({train_size} examples); lower it."
         )
     spe, notes = resolve_steps_per_execution(
         runtime.steps_per_execution_setting, steps, runtime
     )
-    lr = train.learning_rate
-    if train.scale_lr:
-        lr = lr * train.batch_size / train.reference_batch
     return BatchPlan(
-        global_batch=train.batch_size,
+        global_batch=batch_size,
         replicas=replicas,
-        per_replica_batch=train.batch_size // replicas,
+        per_replica_batch=batch_size // replicas,
         steps_per_epoch=steps,
-        epochs=train.epochs,
+        epochs=epochs,
         steps_per_execution=spe,
-        learning_rate=lr,
-        base_learning_rate=train.learning_rate,
-        reference_batch=train.reference_batch if train.scale_lr else None,
-        warmup_steps=int(math.ceil(train.warmup_epochs * steps)),
+        learning_rate=(
+            learning_rate * batch_size / reference_batch if scale_lr else learning_rate
+        ),
+        base_learning_rate=learning_rate,
+        reference_batch=reference_batch if scale_lr else None,
+        warmup_steps=int(math.ceil(warmup_epochs * steps)),
         notes=runtime.notes + notes,
     )
 
@@ -523,16 +509,24 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def make_optimizer(train: TrainConfig, plan: BatchPlan) -> keras.optimizers.Optimizer:
-    """The recipe's optimizer with its learning-rate schedule."""
+def make_optimizer(
+    plan: BatchPlan,
+    *,
+    optimizer: str = "adam",
+    lr_schedule: str = "constant",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+) -> keras.optimizers.Optimizer:
+    """The optimizer (the recipe's `train:` keys, with its defaults) with
+    its learning-rate schedule, from the plan's rate and steps."""
     total = max(1, plan.steps_per_epoch * max(plan.epochs, 1))
     warmup = plan.warmup_steps
     lr: object = plan.learning_rate
-    if train.lr_schedule == "onecycle":
+    if lr_schedule == "onecycle":
         lr = OneCycle(plan.learning_rate, warmup, total)
-    elif train.lr_schedule == "cosine" or warmup:
+    elif lr_schedule == "cosine" or warmup:
         decay_steps = max(1, total - warmup)
-        if train.lr_schedule == "constant":
+        if lr_schedule == "constant":
             # Warm-up then constant: a cosine with alpha=1 never decays.
             schedule_alpha = 1.0
         else:
@@ -544,17 +538,15 @@ def make_optimizer(train: TrainConfig, plan: BatchPlan) -> keras.optimizers.Opti
             warmup_target=plan.learning_rate if warmup else None,
             warmup_steps=warmup,
         )
-    if train.optimizer == "sgd":
+    if optimizer == "sgd":
         return keras.optimizers.SGD(
             learning_rate=lr,
-            momentum=train.momentum,
+            momentum=momentum,
             nesterov=True,
-            weight_decay=train.weight_decay or None,
+            weight_decay=weight_decay or None,
         )
-    if train.optimizer == "adamw":
+    if optimizer == "adamw":
         return keras.optimizers.AdamW(
-            learning_rate=lr, weight_decay=train.weight_decay or 0.004
+            learning_rate=lr, weight_decay=weight_decay or 0.004
         )
-    return keras.optimizers.Adam(
-        learning_rate=lr, weight_decay=train.weight_decay or None
-    )
+    return keras.optimizers.Adam(learning_rate=lr, weight_decay=weight_decay or None)

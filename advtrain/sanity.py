@@ -21,7 +21,7 @@ numbers compare like with like.
 Example:
 
 ```python
-checks = run_sanity_checks(model, test_ds, recipe.eval, default_eps=0.1)
+checks = run_sanity_checks(model, test_ds, default_eps=0.1, pgd_steps=20)
 print(format_sanity_checks(checks))
 ```
 """
@@ -38,8 +38,7 @@ import tensorflow as tf
 
 from advtrain.attacks import Attack
 from advtrain.attacks.common import input_gradient
-from advtrain.config import EvalConfig
-from advtrain.evaluation import AttackRunner, seeded_subset
+from advtrain.evaluation import AttackRunner, evaluation_attacks, seeded_subset
 
 DEFAULT_EXAMPLES = 500
 LARGE_EPS = 0.5
@@ -82,9 +81,15 @@ def zero_gradient_mask(model: keras.Model, x, y) -> tf.Tensor:
 def run_sanity_checks(
     model: keras.Model,
     batches: Iterable,
-    cfg: EvalConfig,
     *,
     default_eps: float,
+    eps: Optional[float] = None,
+    norm: str = "inf",
+    pgd_steps: int = 20,
+    pgd_step_size: Optional[float] = None,
+    pgd_restarts: int = 1,
+    seed: int = 0,
+    batch_size: int = 256,
     max_examples: Optional[int] = None,
     tolerance: float = 0.02,
     large_eps_max_accuracy: float = 0.05,
@@ -93,18 +98,19 @@ def run_sanity_checks(
 ) -> list[dict[str, Any]]:
     """Runs the gradient-masking checks on a seeded subset of `batches`.
 
-    The base attack is the evaluation's PGD (`cfg.pgd_steps`, at least 1;
-    `cfg.pgd_step_size`; `cfg.pgd_restarts`) at `cfg.eps` (or
-    `default_eps`) in `cfg.norm`.
+    The base attack is the evaluation's PGD (`pgd_steps`, at least 1;
+    `pgd_step_size`; `pgd_restarts`) at `eps` (or `default_eps`) in
+    `norm`: the recipe's `eval` keys of the same names.
 
     Args:
         model: maps [0, 1] pixels to logits.
         batches: `(x, y)` batches of the test split.
-        cfg: the recipe's eval section (attack settings, seed, batch size).
-        default_eps: eps when `cfg.eps` is None.
-        max_examples: size of the seeded random subset (`cfg.seed`);
-            default `cfg.max_examples`, at most 500. With the same seed
-            the subset is part of the one `evaluate_robustness` drew.
+        default_eps: eps when `eps` is None.
+        seed: seed of the subset and of the random starts; with the
+            evaluation's seed the subset is part of the one
+            `evaluate_robustness` drew.
+        batch_size: batch size the attacks run with.
+        max_examples: size of the seeded random subset (default 500).
         tolerance: accuracy difference (absolute) allowed between an attack
             and its stronger variant before a check fails.
         large_eps_max_accuracy: accuracy allowed at eps 0.5.
@@ -115,60 +121,93 @@ def run_sanity_checks(
     Returns:
         A list of `{name, passed, detail}` dicts, JSON-ready.
     """
-    if max_examples is None:
-        max_examples = min(cfg.max_examples or DEFAULT_EXAMPLES, DEFAULT_EXAMPLES)
-    x_all, y_all, _ = seeded_subset(batches, max_examples, cfg.seed)
-    n = len(y_all)
-    if n == 0:
+    x_all, y_all, _ = seeded_subset(batches, max_examples or DEFAULT_EXAMPLES, seed)
+    if len(y_all) == 0:
         raise ValueError("Sanity checks got no examples: the test split is empty.")
-    eps = default_eps if cfg.eps is None else cfg.eps
-    steps = max(cfg.pgd_steps, 1)
-    restarts = cfg.pgd_restarts
-    base = Attack(
-        "pgd",
-        eps=eps,
-        norm=cfg.norm,
-        steps=steps,
-        step_size=cfg.pgd_step_size,
-        random_start=True,
-        restarts=restarts,
-    )
+    eps = default_eps if eps is None else eps
+    steps = max(pgd_steps, 1)
     dims = int(np.prod(x_all.shape[1:]))
     # The L2 ball of radius 0.5 * sqrt(d) holds the L-inf ball of radius 0.5.
-    large = LARGE_EPS if cfg.norm == "inf" else LARGE_EPS * math.sqrt(dims)
-    attacks = {
-        "fgsm": Attack("fgsm", eps=eps, norm=cfg.norm),
+    large = LARGE_EPS if norm == "inf" else LARGE_EPS * math.sqrt(dims)
+    attacks = _attacks(eps, norm, steps, pgd_step_size, pgd_restarts, large)
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        hit, zero_fraction = _measure(model, x_all, y_all, attacks, seed, batch_size)
+    return _verdicts(
+        hit,
+        zero_fraction,
+        steps=steps,
+        restarts=pgd_restarts,
+        where=f"eps={eps:g} {norm}, {len(y_all)} examples",
+        large=f"eps={large:g} {norm}",
+        tolerance=tolerance,
+        large_eps_max_accuracy=large_eps_max_accuracy,
+        max_zero_gradient_fraction=max_zero_gradient_fraction,
+    )
+
+
+def _attacks(eps, norm, steps, step_size, restarts, large) -> dict[str, Attack]:
+    """The evaluation's FGSM and PGD, and their stronger variants."""
+    evaluated = evaluation_attacks(
+        default_eps=eps,
+        norm=norm,
+        attacks=["fgsm", "pgd"],
+        pgd_steps=steps,
+        pgd_step_size=step_size,
+        pgd_restarts=restarts,
+    )
+    base = evaluated["pgd"]
+    return {
+        "fgsm": evaluated["fgsm"],
         "pgd": base,
         "pgd_2x_steps": base.replace(steps=2 * steps),
         "pgd_more_restarts": base,  # a second run: fresh random starts
         "large_eps": Attack(
-            "pgd", eps=large, norm=cfg.norm, steps=LARGE_EPS_STEPS, restarts=1
+            "pgd", eps=large, norm=norm, steps=LARGE_EPS_STEPS, restarts=1
         ),
     }
-    strategy = strategy or tf.distribute.get_strategy()
+
+
+def _measure(model, x_all, y_all, attacks, seed: int, batch_size: int):
+    """Per attack, which examples stay right; and the share of examples
+    with an all-zero input gradient."""
     correct: dict[str, list[np.ndarray]] = {name: [] for name in attacks}
     zero: list[np.ndarray] = []
-    with strategy.scope():
-        runner = AttackRunner(model, cfg.seed)
-        zero_fn = tf.function(
-            lambda x, y: zero_gradient_mask(model, x, y), reduce_retracing=True
-        )
-        for start in range(0, n, cfg.batch_size):
-            x = tf.convert_to_tensor(x_all[start : start + cfg.batch_size])
-            y = tf.convert_to_tensor(
-                y_all[start : start + cfg.batch_size].astype(np.int64)
-            )
-            for name, attack in attacks.items():
-                correct[name].append(runner(attack, x, y).numpy() == y.numpy())
-            zero.append(zero_fn(x, y).numpy())
+    runner = AttackRunner(model, seed)
+    zero_fn = tf.function(
+        lambda x, y: zero_gradient_mask(model, x, y), reduce_retracing=True
+    )
+    for start in range(0, len(y_all), batch_size):
+        x = tf.convert_to_tensor(x_all[start : start + batch_size])
+        y = tf.convert_to_tensor(y_all[start : start + batch_size].astype(np.int64))
+        for name, attack in attacks.items():
+            correct[name].append(runner(attack, x, y).numpy() == y.numpy())
+        zero.append(zero_fn(x, y).numpy())
     hit = {name: np.concatenate(parts) for name, parts in correct.items()}
+    return hit, float(np.mean(np.concatenate(zero)))
+
+
+def _verdicts(
+    hit: dict[str, np.ndarray],
+    zero_fraction: float,
+    *,
+    steps: int,
+    restarts: int,
+    where: str,
+    large: str,
+    tolerance: float,
+    large_eps_max_accuracy: float,
+    max_zero_gradient_fraction: float,
+) -> list[dict[str, Any]]:
+    """The five checks from what `_measure` found."""
     acc = {name: float(np.mean(v)) for name, v in hit.items()}
     tol = tolerance + _ROUNDING
     both_runs = float(np.mean(hit["pgd"] & hit["pgd_more_restarts"]))
-    zero_fraction = float(np.mean(np.concatenate(zero)))
     shape = f"PGD-{steps}x{restarts}"
-    where = f"eps={eps:g} {cfg.norm}, {n} examples"
-    checks = [
+    doubled = acc["pgd_2x_steps"]
+    steps_passed, verdict = steps_verdict(doubled, acc["pgd"], tolerance, shape)
+    restarts_passed = both_runs >= acc["pgd"] - tol
+    return [
         _check(
             "pgd_not_above_fgsm",
             acc["pgd"] <= acc["fgsm"] + tol,
@@ -177,46 +216,34 @@ def run_sanity_checks(
         _check(
             "large_eps_breaks_model",
             acc["large_eps"] <= large_eps_max_accuracy,
-            f"PGD-{LARGE_EPS_STEPS} at eps={large:g} {cfg.norm}: "
-            f"{_pct(acc['large_eps'])} (must be <= "
-            f"{_pct(large_eps_max_accuracy)})",
+            f"PGD-{LARGE_EPS_STEPS} at {large}: {_pct(acc['large_eps'])} "
+            f"(must be <= {_pct(large_eps_max_accuracy)})",
         ),
-    ]
-    doubled = acc["pgd_2x_steps"]
-    passed, verdict = steps_verdict(doubled, acc["pgd"], tolerance, shape)
-    checks.append(
         _check(
             "more_steps_do_not_help_model",
-            passed,
+            steps_passed,
             f"PGD-{2 * steps}x{restarts} {_pct(doubled)} vs {shape} "
             f"{_pct(acc['pgd'])}: {verdict}",
-        )
-    )
-    checks.append(
+        ),
         _check(
             "more_restarts_do_not_help_model",
-            both_runs >= acc["pgd"] - tol,
-            f"PGD-{steps}x{2 * restarts} (worst case kept) "
-            f"{_pct(both_runs)} vs "
+            restarts_passed,
+            f"PGD-{steps}x{2 * restarts} (worst case kept) {_pct(both_runs)} vs "
             f"{shape} {_pct(acc['pgd'])}"
             + (
                 ""
-                if both_runs >= acc["pgd"] - tol
+                if restarts_passed
                 else ": restarts keep finding adversarial examples (rough loss "
                 "surface, or the evaluation needs more restarts)"
             ),
-        )
-    )
-    checks.append(
+        ),
         _check(
             "input_gradients_nonzero",
             zero_fraction <= max_zero_gradient_fraction,
             f"{_pct(zero_fraction)} of examples have an all-zero input "
-            "gradient "
-            f"(must be <= {_pct(max_zero_gradient_fraction)})",
-        )
-    )
-    return checks
+            f"gradient (must be <= {_pct(max_zero_gradient_fraction)})",
+        ),
+    ]
 
 
 def format_sanity_checks(checks: list[dict[str, Any]]) -> str:

@@ -19,7 +19,6 @@ show(load_recipe("advtrain/recipes/quickstart.yaml", ["train.epochs=3"]))
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Optional
 
@@ -40,9 +39,12 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
         RecipeError: the recipe cannot run here (unknown backbone, batch
             larger than the data, missing data ...), as `run` would.
     """
-    from advtrain.data import load_splits
-    from advtrain.experiment import build_run_model
-    from advtrain.runtime import make_runtime, plan_batches
+    from advtrain.experiment import (
+        build_run_model,
+        recipe_plan,
+        recipe_runtime,
+        recipe_splits,
+    )
 
     echo("resolved recipe:")
     echo(_indent(recipe.to_yaml().rstrip()))
@@ -50,16 +52,16 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
     if pending:
         echo(f"data: {pending}; model, batch plan and schedule need it.")
         return
-    splits = load_splits(recipe.data)
+    splits = recipe_splits(recipe)
     shape = "x".join(map(str, splits.image_shape))
     echo(
         f"data: {recipe.data.source}, {splits.train_size} train / "
         f"{splits.val_size} val / {splits.test_size} test, image {shape}, "
         f"{splits.num_classes} classes"
     )
-    runtime = make_runtime(recipe.runtime)
+    runtime = recipe_runtime(recipe)
     echo(runtime.describe())
-    plan = plan_batches(recipe.train, runtime, splits.train_size)
+    plan = recipe_plan(recipe, runtime, splits.train_size)
     with runtime.strategy.scope():
         classifier, _ = build_run_model(
             _without_downloads(recipe, splits),
@@ -113,13 +115,15 @@ def _without_downloads(recipe: Recipe, splits) -> Recipe:
     """The recipe with pretrained weights left out, at the input size they
     would set, and no weights file loaded: the same architecture, built
     without touching the network or the file."""
-    from advtrain.models.classifier import backbone_input_size, backbone_spec
+    from advtrain.models.classifier import backbone_input_size
 
     cfg = recipe.model
     if cfg.weights is None or cfg.builder:
         return recipe
     height, width, _ = splits.image_shape
-    size = backbone_input_size(cfg, backbone_spec(cfg.backbone), height, width)
+    size = backbone_input_size(
+        cfg.backbone, height, width, input_size=cfg.input_size, weights=cfg.weights
+    )
     model = cfg.model_copy(update={"weights": None, "input_size": size})
     return recipe.model_copy(update={"model": model})
 
@@ -127,22 +131,17 @@ def _without_downloads(recipe: Recipe, splits) -> Recipe:
 def schedule_lines(recipe: Recipe, plan) -> list[str]:
     """Each training phase and its learning rate at a few of its steps.
 
-    A phase compiles a fresh optimizer (`advtrain.experiment.run`), so its
-    schedule starts over at the phase's first step.
+    A phase compiles a fresh optimizer (`advtrain.training.fit_phases`),
+    so its schedule starts over at the phase's first step.
     """
-    from advtrain.models.freezing import phases
-    from advtrain.runtime import make_optimizer
+    from advtrain.experiment import recipe_optimizer, recipe_phases
 
     lines = []
     spe = plan.steps_per_epoch
-    for phase in phases(recipe.model, plan.epochs):
+    for phase in recipe_phases(recipe, plan.epochs):
         if phase.epochs <= 0:
             continue
-        phase_plan = dataclasses.replace(
-            plan, learning_rate=plan.learning_rate * phase.lr_factor
-        )
-        optimizer = make_optimizer(recipe.train, phase_plan)
-        rate = _schedule(optimizer)
+        rate = _schedule(recipe_optimizer(recipe, plan, phase.lr_factor))
         steps = phase.epochs * spe
         points = sorted({int(round(f * (steps - 1))) for f in _SCHEDULE_POINTS})
         values = ", ".join(

@@ -38,15 +38,14 @@ def accuracy(model, x, y) -> float:
 REPLICA_PRELUDE = """\
 import os, sys
 import numpy as np
-from advtrain.config import RuntimeConfig
 from advtrain.runtime import make_runtime
 
 replicas, out = int(sys.argv[1]), sys.argv[2]
-runtime = make_runtime(RuntimeConfig(
+runtime = make_runtime(
     strategy="mirrored" if replicas > 1 else "default",
     cpu_replicas=replicas if replicas > 1 else None,
     steps_per_execution=1,
-))
+)
 assert runtime.replicas == replicas, runtime.describe()
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
 """

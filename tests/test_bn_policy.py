@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from advtrain.attacks import Attack
-from advtrain.config import BatchNormConfig, load_recipe, recipe_from_dict
+from advtrain.config import load_recipe, recipe_from_dict
 from advtrain.experiment import run
 from advtrain.models.adversarial import AdversarialModel
 from advtrain.models.batchnorm import (
@@ -70,11 +70,11 @@ def test_auto_momentum_follows_the_run_length():
 
 def test_recipe_momentum_auto_number_or_keep():
     model = user_cnn(second_momentum=0.95)
-    apply_batchnorm_policy(model, BatchNormConfig(momentum=None, fused=False))
+    apply_batchnorm_policy(model, momentum=None, fused_kernel=False)
     assert [bn.momentum for bn in batchnorm_layers(model)] == [0.99, 0.95]
-    apply_batchnorm_policy(model, BatchNormConfig(), total_steps=500)
+    apply_batchnorm_policy(model, total_steps=500)
     assert [bn.momentum for bn in batchnorm_layers(model)] == [0.96, 0.96]
-    apply_batchnorm_policy(model, BatchNormConfig(momentum=0.8))
+    apply_batchnorm_policy(model, momentum=0.8)
     assert [bn.momentum for bn in batchnorm_layers(model)] == [0.8, 0.8]
 
 
@@ -150,7 +150,7 @@ def test_settle_recalibrates_when_the_gap_is_large(digits):
     kept = settle_batchnorm(model, *held_out, 64, batches, recalibrate=False)
     assert kept["recalibrated"] == 0 and kept["gap"] > 0.3
     assert "recalibrate: true" in kept["warning"]
-    high = settle_batchnorm(model, *held_out, 64, batches, threshold=0.99)
+    high = settle_batchnorm(model, *held_out, 64, batches, gap_threshold=0.99)
     assert high["recalibrated"] == 0  # auto, gap under the threshold
     for bn, before in zip(batchnorm_layers(model), stats, strict=True):
         np.testing.assert_array_equal(bn.moving_mean.numpy(), before)
@@ -181,8 +181,8 @@ def test_minimal_recipe_ends_without_a_gap(tmp_path):
 
 
 def test_recalibrate_true_saves_the_recalibrated_model(tmp_path):
-    from advtrain.data import load_splits, make_input
-    from advtrain.experiment import load_classifier
+    from advtrain.data import make_input
+    from advtrain.experiment import input_options, load_classifier, recipe_splits
 
     recipe = recipe_from_dict(
         {
@@ -211,8 +211,10 @@ def test_recalibrate_true_saves_the_recalibrated_model(tmp_path):
     # Recalibration depends on the weights and data only, so running it
     # again on the saved model changes nothing if the file was written
     # after it (and a great deal if before).
-    splits = load_splits(recipe.data)
-    clean = make_input(splits.train, recipe.data, batch_size=64, training=False)
+    splits = recipe_splits(recipe)
+    clean = make_input(
+        splits.train, batch_size=64, training=False, **input_options(recipe)
+    )
     recalibrate_batchnorm(saved, clean, num_batches=50)
     for bn, (mean, variance) in zip(batchnorm_layers(saved), stats, strict=True):
         np.testing.assert_allclose(bn.moving_mean.numpy(), mean, atol=1e-5)

@@ -37,9 +37,21 @@ BAD = [
     (
         "attack: {method: deepfool}",
         [],
-        "'attack.method': Input should be 'none', 'fgsm'",
+        "'attack.method': unknown attack 'deepfool'",
     ),
     ("attack: {norm: 1}", [], "'attack.norm'"),
+    # Keys renamed in 0.2 name their new names.
+    (
+        "model: {warmup_epochs: 1}",
+        [],
+        "'model.warmup_epochs' was renamed 'model.head_only_epochs'",
+    ),
+    ("attack: {fused: true}", [], "'attack.fused' was renamed 'attack.fused_step'"),
+    (
+        "model: {batchnorm: {fused: false}}",
+        ["--set", "train.epochs=1"],
+        "'model.batchnorm.fused' was renamed 'model.batchnorm.fused_kernel'",
+    ),
     (
         "attack: {method: fgsm_rs, backend: cleverhans}",
         [],

@@ -137,22 +137,20 @@ def test_launch_two_workers_identical_weights_only_chief_writes(tmp_path):
 STREAM = textwrap.dedent("""
     import sys
     import numpy as np
-    from advtrain.config import DataConfig, RuntimeConfig, TrainConfig
     from advtrain.runtime import make_runtime, plan_batches
 
-    runtime = make_runtime(RuntimeConfig(
-        strategy="mirrored", cpu_replicas=2, steps_per_execution=1))
+    runtime = make_runtime(strategy="mirrored", cpu_replicas=2, steps_per_execution=1)
     import tensorflow as tf
     from advtrain.data import load_splits
-    from advtrain.experiment import _train_stream
+    from advtrain.training import train_stream
 
-    cfg = DataConfig(source="digits", limit_train=96, deterministic=True)
-    splits = load_splits(cfg)
-    plan = plan_batches(TrainConfig(batch_size=16), runtime, splits.train_size)
+    data = {"source": "digits", "deterministic": True}
+    splits = load_splits("digits", limit_train=96)
+    plan = plan_batches(runtime, splits.train_size, batch_size=16)
     one_device = tf.distribute.get_strategy()  # the default strategy
 
     def steps(strategy, skip, n):
-        it = iter(_train_stream(splits, cfg, plan, 0, skip, strategy))
+        it = iter(train_stream(splits, data, plan, 0, skip, strategy))
         out = []
         for _ in range(n):
             x, y = next(it)

@@ -34,9 +34,14 @@ def test_macro_f1_matches_hand_computation():
 
 def test_evaluation_orders_clean_fgsm_pgd(trained_dense, digits):
     x, y = digits[0][1500:1700], digits[1][1500:1700]
-    cfg = EvalConfig(pgd_steps=10, pgd_restarts=2, eps_sweep=[0.0, 0.1, 0.5])
     result = evaluate_robustness(
-        trained_dense, _batches(x, y), cfg, default_eps=0.1, num_classes=10
+        trained_dense,
+        _batches(x, y),
+        pgd_steps=10,
+        pgd_restarts=2,
+        eps_sweep=[0.0, 0.1, 0.5],
+        default_eps=0.1,
+        num_classes=10,
     )
     assert result["examples"] == 200
     assert result["pgd_accuracy"] <= result["fgsm_accuracy"] <= result["clean_accuracy"]
@@ -49,9 +54,14 @@ def test_evaluation_orders_clean_fgsm_pgd(trained_dense, digits):
 
 def test_max_examples_limits_the_subset(trained_dense, digits):
     x, y = digits[0][:300], digits[1][:300]
-    cfg = EvalConfig(pgd_steps=1, fgsm=False, max_examples=150)
     result = evaluate_robustness(
-        trained_dense, _batches(x, y, 64), cfg, default_eps=0.1, num_classes=10
+        trained_dense,
+        _batches(x, y, 64),
+        pgd_steps=1,
+        fgsm=False,
+        max_examples=150,
+        default_eps=0.1,
+        num_classes=10,
     )
     assert result["examples"] == 150
     assert "fgsm_accuracy" not in result
@@ -60,9 +70,7 @@ def test_max_examples_limits_the_subset(trained_dense, digits):
 def test_empty_test_split_is_an_error(trained_dense):
     empty = _batches(np.zeros((0, 8, 8, 1), "float32"), np.zeros((0,), "int64"))
     with pytest.raises(ValueError, match="no examples"):
-        evaluate_robustness(
-            trained_dense, empty, EvalConfig(), default_eps=0.1, num_classes=10
-        )
+        evaluate_robustness(trained_dense, empty, default_eps=0.1, num_classes=10)
 
 
 def test_plot_is_a_png(tmp_path):
@@ -89,9 +97,15 @@ def test_max_examples_is_a_seeded_random_subset(trained_dense, digits):
     index = [int(np.flatnonzero((x == row).all(axis=(1, 2, 3)))[0]) for row in xa]
     assert index == sorted(index) and index[-1] > 50
 
-    cfg = EvalConfig(pgd_steps=2, fgsm=False, max_examples=50, seed=3)
     result = evaluate_robustness(
-        trained_dense, _batches(x, y, 64), cfg, default_eps=0.1, num_classes=10
+        trained_dense,
+        _batches(x, y, 64),
+        pgd_steps=2,
+        fgsm=False,
+        max_examples=50,
+        seed=3,
+        default_eps=0.1,
+        num_classes=10,
     )
     assert result["subset_of"] == 300 and result["subset_seed"] == 3
     assert sum(result["class_support"]) == 50
@@ -101,9 +115,8 @@ def test_max_examples_is_a_seeded_random_subset(trained_dense, digits):
 
 def test_default_attacks_are_fgsm_and_pgd_with_their_worst_case(trained_dense, digits):
     x, y = digits[0][1500:1600], digits[1][1500:1600]
-    cfg = EvalConfig(pgd_steps=3)
     result = evaluate_robustness(
-        trained_dense, _batches(x, y), cfg, default_eps=0.1, num_classes=10
+        trained_dense, _batches(x, y), pgd_steps=3, default_eps=0.1, num_classes=10
     )
     assert not [key for key in result if key.startswith("apgd")]
     assert result["robust_accuracy_worst_over"] == ["clean", "fgsm", "pgd"]
@@ -112,11 +125,14 @@ def test_default_attacks_are_fgsm_and_pgd_with_their_worst_case(trained_dense, d
 
 def test_apgd_attacks_are_selectable_and_no_weaker_than_pgd(trained_dense, digits):
     x, y = digits[0][1500:1700], digits[1][1500:1700]
-    cfg = EvalConfig(
-        attacks=["pgd", "apgd_ce", "apgd_dlr"], pgd_steps=10, apgd_steps=10
-    )
     result = evaluate_robustness(
-        trained_dense, _batches(x, y), cfg, default_eps=0.1, num_classes=10
+        trained_dense,
+        _batches(x, y),
+        attacks=["pgd", "apgd_ce", "apgd_dlr"],
+        pgd_steps=10,
+        apgd_steps=10,
+        default_eps=0.1,
+        num_classes=10,
     )
     assert "fgsm_accuracy" not in result  # the list alone decides
     assert result["apgd_ce_attack"]["steps"] == 10
@@ -144,9 +160,12 @@ def test_worst_case_is_taken_per_example(trained_dense, digits, monkeypatch):
         return tf.constant(predictions)
 
     monkeypatch.setattr(evaluation.AttackRunner, "__call__", fake_runner)
-    cfg = EvalConfig(attacks=["pgd", "apgd_ce"])
     result = evaluate_robustness(
-        trained_dense, _batches(x, y), cfg, default_eps=0.1, num_classes=10
+        trained_dense,
+        _batches(x, y),
+        attacks=["pgd", "apgd_ce"],
+        default_eps=0.1,
+        num_classes=10,
     )
     assert result["clean_accuracy"] == 1.0
     assert result["pgd_accuracy"] == result["apgd_ce_accuracy"] == 0.5

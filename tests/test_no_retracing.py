@@ -50,17 +50,16 @@ import os, sys
 sys.path.insert(0, {tests!r})
 import numpy as np, tensorflow as tf
 from helpers import bn_classifier
-from advtrain.config import EvalConfig
 from advtrain.evaluation import evaluate_robustness
 from advtrain.sanity import run_sanity_checks
 model = bn_classifier()
 x = np.random.default_rng(0).random((70, 8, 8, 1)).astype("float32")
 ds = tf.data.Dataset.from_tensor_slices((x, np.arange(70) % 10)).batch(32)
-cfg = EvalConfig(
-    eps=0.1, pgd_steps=2, pgd_restarts=2, eps_sweep=[0.0, 0.05, 0.1], batch_size=32
+keys = dict(eps=0.1, pgd_steps=2, pgd_restarts=2, batch_size=32)
+evaluate_robustness(
+    model, ds, **keys, eps_sweep=[0.0, 0.05, 0.1], default_eps=0.1, num_classes=10
 )
-evaluate_robustness(model, ds, cfg, default_eps=0.1, num_classes=10)
-run_sanity_checks(model, ds, cfg, default_eps=0.1, max_examples=40)
+run_sanity_checks(model, ds, **keys, default_eps=0.1, max_examples=40)
 print("done")
 """
 

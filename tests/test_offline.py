@@ -14,7 +14,6 @@ import time
 import pytest
 import tensorflow_datasets as tfds
 
-from advtrain.config import DataConfig, ModelConfig, RecipeError
 from advtrain.data import load_splits
 from advtrain.downloads import check_reachable
 
@@ -56,7 +55,7 @@ class OfflineProbeDataset(tfds.core.GeneratorBasedBuilder):
 
 def _timed_error(call) -> tuple[str, float]:
     start = time.monotonic()
-    with pytest.raises(RecipeError) as err:
+    with pytest.raises(ValueError) as err:
         call()
     message = str(err.value)
     assert "\n" not in message
@@ -83,8 +82,9 @@ def test_refused_connection_fails_and_listening_host_passes():
 
 def test_gtsrb_download_fails_in_seconds(monkeypatch, tmp_path):
     monkeypatch.setenv("ADVTRAIN_GTSRB_URL", OFFLINE_URL)
-    cfg = DataConfig(source="gtsrb", image_size=(8, 8), tfds_data_dir=str(tmp_path))
-    message, seconds = _timed_error(lambda: load_splits(cfg))
+    message, seconds = _timed_error(
+        lambda: load_splits("gtsrb", image_size=(8, 8), tfds_data_dir=str(tmp_path))
+    )
     assert seconds < FAST_S
     assert message.startswith(f"gtsrb: could not download {OFFLINE_URL} (")
     assert "GTSRB_Final_Training_Images.zip" in message
@@ -92,10 +92,11 @@ def test_gtsrb_download_fails_in_seconds(monkeypatch, tmp_path):
 
 
 def test_tfds_download_fails_in_seconds(tmp_path):
-    cfg = DataConfig(
-        source="tfds", tfds_name="offline_probe_dataset", tfds_data_dir=str(tmp_path)
+    message, seconds = _timed_error(
+        lambda: load_splits(
+            "tfds", tfds_name="offline_probe_dataset", tfds_data_dir=str(tmp_path)
+        )
     )
-    message, seconds = _timed_error(lambda: load_splits(cfg))
     assert seconds < FAST_S
     assert "tfds offline_probe_dataset: could not download" in message
     assert "cannot resolve advtrain-offline.invalid" in message
@@ -113,10 +114,14 @@ def test_imagenet_weights_fail_in_seconds(monkeypatch, tmp_path):
         raise AssertionError("Keras started a real download")
 
     monkeypatch.setattr(keras_config, "_KERAS_DIR", str(tmp_path))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     monkeypatch.setattr(file_utils, "urlretrieve", real_download)
     monkeypatch.setattr(weights, "WEIGHTS_URL", "https://advtrain-offline.invalid/")
-    cfg = ModelConfig(backbone="resnet50", weights="imagenet")
-    message, seconds = _timed_error(lambda: build_classifier(cfg, (32, 32, 3), 4))
+    message, seconds = _timed_error(
+        lambda: build_classifier(
+            (32, 32, 3), 4, backbone="resnet50", weights="imagenet"
+        )
+    )
     assert seconds < FAST_S
     assert "cannot resolve advtrain-offline.invalid" in message
     assert "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5" in message

@@ -128,8 +128,10 @@ def test_cli_run_prints_plain_progress_lines_and_none_when_quiet(tmp_path):
     assert "evaluating (clean, fgsm, pgd)  2/2 batches (100%)  359 examples" in (
         loud.stdout
     )
+    # The global form, `advtrain --quiet run ...`; `run --quiet` is the same.
+    args = _run_args(tmp_path / "quiet")
     quiet = subprocess.run(
-        _run_args(tmp_path / "quiet", "--quiet"),
+        args[:3] + ["--quiet"] + args[3:],
         capture_output=True,
         text=True,
         env=_env(),

@@ -79,7 +79,7 @@ def test_report_lists_each_attack_and_the_worst_case(tmp_path):
         "robust_accuracy_worst_over": ["clean", "fgsm", "pgd", "apgd_ce", "apgd_dlr"],
     }
     text = write_report(
-        tmp_path, recipe_from_dict(TINY), metrics, HISTORY, plots=False
+        tmp_path, recipe_from_dict(TINY).to_dict(), metrics, HISTORY, plots=False
     ).read_text()
     assert (
         "| APGD-CE accuracy (eps=0.1 norm=inf, 100 steps x 1 restart(s)) | 35.00% |"
@@ -105,7 +105,11 @@ def test_report_lists_each_attack_and_the_worst_case(tmp_path):
 def test_report_holds_every_section(tmp_path):
     recipe = recipe_from_dict(TINY)
     path = write_report(
-        tmp_path, recipe, METRICS, HISTORY, class_names=["zero", "one", "two"]
+        tmp_path,
+        recipe.to_dict(),
+        METRICS,
+        HISTORY,
+        class_names=["zero", "one", "two"],
     )
     text = path.read_text()
     for heading in (

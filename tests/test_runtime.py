@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from advtrain.attacks import Attack
 from advtrain.cli import app
-from advtrain.config import RecipeError, RuntimeConfig, TrainConfig
 from advtrain.launch import free_ports, tf_configs
 from advtrain.models.adversarial import AdversarialModel
 from advtrain.runtime import Runtime, make_runtime, plan_batches
@@ -43,11 +42,7 @@ def float32_policy():
 
 
 def test_global_batch_splits_across_replicas_and_epochs_stay():
-    plan = plan_batches(
-        TrainConfig(batch_size=256, epochs=7),
-        fake_runtime(4, "mirrored"),
-        10_000,
-    )
+    plan = plan_batches(fake_runtime(4, "mirrored"), 10_000, batch_size=256, epochs=7)
     assert plan.per_replica_batch == 64
     assert plan.steps_per_epoch == 10_000 // 256  # from the global batch
     assert plan.epochs == 7  # never divided by workers or replicas
@@ -56,8 +51,8 @@ def test_global_batch_splits_across_replicas_and_epochs_stay():
 
 
 def test_batch_not_divisible_by_replicas_is_a_clear_error():
-    with pytest.raises(RecipeError) as info:
-        plan_batches(TrainConfig(batch_size=100), fake_runtime(3), 1000)
+    with pytest.raises(ValueError) as info:
+        plan_batches(fake_runtime(3), 1000, batch_size=100)
     assert str(info.value) == (
         "train.batch_size=100 does not divide across 3 replicas; use a "
         "multiple of 3 (e.g. 99 or 102)."
@@ -65,14 +60,15 @@ def test_batch_not_divisible_by_replicas_is_a_clear_error():
 
 
 def test_linear_lr_scaling_and_warmup_are_printed_with_numbers():
-    train = TrainConfig(
+    plan = plan_batches(
+        fake_runtime(),
+        20_480,
         batch_size=1024,
         learning_rate=0.1,
         scale_lr=True,
         reference_batch=256,
         warmup_epochs=2,
     )
-    plan = plan_batches(train, fake_runtime(), 20_480)
     assert plan.learning_rate == pytest.approx(0.4)
     assert plan.warmup_steps == 40
     assert (
@@ -94,8 +90,9 @@ def test_linear_lr_scaling_and_warmup_are_printed_with_numbers():
     ],
 )
 def test_steps_per_execution_divides_the_epoch(steps, setting, expected):
-    train = TrainConfig(batch_size=8, steps_per_epoch=steps)
-    plan = plan_batches(train, fake_runtime(spe=setting), 10_000)
+    plan = plan_batches(
+        fake_runtime(spe=setting), 10_000, batch_size=8, steps_per_epoch=steps
+    )
     assert plan.steps_per_execution == expected
     assert plan.steps_per_epoch % plan.steps_per_execution == 0
     if setting not in ("auto", expected):
@@ -104,7 +101,7 @@ def test_steps_per_execution_divides_the_epoch(steps, setting, expected):
 
 @pytest.mark.parametrize("name", ["mirrored", "multi_worker"])
 def test_one_step_per_call_where_keras_cannot_loop(name):
-    plan = plan_batches(TrainConfig(batch_size=8), fake_runtime(2, name, spe=8), 800)
+    plan = plan_batches(fake_runtime(2, name, spe=8), 800, batch_size=8)
     assert plan.steps_per_execution == 1
     assert "keras-team/keras#19246" in plan.describe()
 
@@ -113,7 +110,7 @@ def test_one_step_per_call_where_keras_cannot_loop(name):
 
 
 def test_default_runtime_describes_itself(float32_policy):
-    runtime = make_runtime(RuntimeConfig(strategy="default"))
+    runtime = make_runtime(strategy="default")
     assert (runtime.strategy_name, runtime.replicas) == ("default", 1)
     assert runtime.is_chief
     assert runtime.describe() == (
@@ -121,11 +118,11 @@ def test_default_runtime_describes_itself(float32_policy):
     )
 
 
-def test_multi_worker_without_cluster_is_a_recipe_error(monkeypatch):
+def test_multi_worker_without_cluster_is_a_value_error(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    with pytest.raises(RecipeError, match="needs a cluster: TF_CONFIG"):
-        make_runtime(RuntimeConfig(strategy="multi_worker"))
+    with pytest.raises(ValueError, match="needs a cluster: TF_CONFIG"):
+        make_runtime(strategy="multi_worker")
 
 
 def test_auto_picks_multi_worker_from_tf_config_or_slurm(monkeypatch):
@@ -139,7 +136,7 @@ def test_auto_picks_multi_worker_from_tf_config_or_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "4")
     assert _auto_strategy() == "multi_worker"
     monkeypatch.setenv("TF_CONFIG", "{not json")
-    with pytest.raises(RecipeError, match="TF_CONFIG: expected JSON"):
+    with pytest.raises(ValueError, match="TF_CONFIG: expected JSON"):
         _auto_strategy()
 
 
@@ -167,10 +164,10 @@ def test_only_the_chief_writes(cluster, task, chief):
     assert runtime.is_chief is chief
 
 
-def test_cpu_replicas_after_tensorflow_started_is_a_recipe_error():
+def test_cpu_replicas_after_tensorflow_started_is_a_value_error():
     tf.config.list_logical_devices("CPU")  # TensorFlow is initialised
-    with pytest.raises(RecipeError, match="already started"):
-        make_runtime(RuntimeConfig(cpu_replicas=3))
+    with pytest.raises(ValueError, match="already started"):
+        make_runtime(cpu_replicas=3)
 
 
 def test_launch_configs_name_one_loopback_cluster():
@@ -229,12 +226,11 @@ def test_adversarial_step_compiles_under_xla(digits, attack):
 
 
 def test_mixed_bfloat16_keeps_logits_and_losses_float32(digits, float32_policy):
-    from advtrain.config import ModelConfig
     from advtrain.models.classifier import build_classifier
 
-    runtime = make_runtime(RuntimeConfig(precision="mixed_bfloat16"))
+    runtime = make_runtime(precision="mixed_bfloat16")
     assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
-    classifier = build_classifier(ModelConfig(width=4), (8, 8, 1), 10)
+    classifier = build_classifier((8, 8, 1), 10, width=4)
     model = AdversarialModel(classifier, Attack("fgsm_rs", eps=0.1), seed=0)
     model.compile(
         optimizer="adam",

@@ -3,7 +3,6 @@
 import keras
 import tensorflow as tf
 
-from advtrain.config import EvalConfig
 from advtrain.sanity import format_sanity_checks, run_sanity_checks
 
 NAMES = [
@@ -13,7 +12,7 @@ NAMES = [
     "more_restarts_do_not_help_model",
     "input_gradients_nonzero",
 ]
-CFG = EvalConfig(pgd_steps=5, pgd_restarts=1, batch_size=128)
+EVAL = dict(pgd_steps=5, pgd_restarts=1, batch_size=128)
 
 
 def _batches(digits):
@@ -23,7 +22,7 @@ def _batches(digits):
 
 def test_undefended_model_passes_the_checks(trained_dense, digits):
     checks = run_sanity_checks(
-        trained_dense, _batches(digits), CFG, default_eps=0.1, max_examples=128
+        trained_dense, _batches(digits), **EVAL, default_eps=0.1, max_examples=128
     )
     assert [c["name"] for c in checks] == NAMES
     by_name = {c["name"]: c for c in checks}
@@ -46,7 +45,7 @@ def test_saturated_logits_are_flagged(trained_dense, digits):
     inputs = keras.Input((8, 8, 1))
     masked = keras.Model(inputs, trained_dense(inputs) * 1e4)
     checks = run_sanity_checks(
-        masked, _batches(digits), CFG, default_eps=0.1, max_examples=128
+        masked, _batches(digits), **EVAL, default_eps=0.1, max_examples=128
     )
     by_name = {c["name"]: c for c in checks}
     assert not by_name["input_gradients_nonzero"]["passed"]
@@ -56,9 +55,14 @@ def test_saturated_logits_are_flagged(trained_dense, digits):
 
 
 def test_l2_uses_a_ball_that_holds_the_linf_one(trained_dense, digits):
-    cfg = EvalConfig(pgd_steps=2, norm="2", batch_size=128)
     checks = run_sanity_checks(
-        trained_dense, _batches(digits), cfg, default_eps=0.5, max_examples=64
+        trained_dense,
+        _batches(digits),
+        pgd_steps=2,
+        norm="2",
+        batch_size=128,
+        default_eps=0.5,
+        max_examples=64,
     )
     detail = {c["name"]: c for c in checks}["large_eps_breaks_model"]["detail"]
     assert "eps=4 2" in detail  # 0.5 * sqrt(64)

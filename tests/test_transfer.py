@@ -62,7 +62,10 @@ def test_pretrain_then_fine_tune_loads_the_weights(tmp_path):
     )
     # MNIST's 28x28 classifier loads into the digits one: 8x8 pixels in,
     # resized to 28x28 inside, the same backbone and head.
-    fresh = build_classifier(transfer.model, (8, 8, 1), 10)
+    model_keys = {"backbone", "weights", "input_size", "width", "dropout"}
+    fresh = build_classifier(
+        (8, 8, 1), 10, **transfer.model.model_dump(include=model_keys)
+    )
     assert fresh.get_layer("resize").height == 28
     for a, b in zip(fresh.weights, pretrained.weights, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)

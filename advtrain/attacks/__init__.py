@@ -1,7 +1,7 @@
 """Attacks: pure functions over a `model_fn`, and the `Attack` spec."""
 
 from advtrain.attacks.apgd import apgd_ce, apgd_dlr
-from advtrain.attacks.attack import Attack, attacks, register_attack
+from advtrain.attacks.attack import Attack, attacks, make_attack, register_attack
 from advtrain.attacks.cleverhans_backend import cleverhans_fgsm, cleverhans_pgd
 from advtrain.attacks.common import canonical_norm, per_example_cross_entropy
 from advtrain.attacks.fgsm import fgsm, fgsm_random_start
@@ -17,6 +17,7 @@ __all__ = [
     "cleverhans_pgd",
     "fgsm",
     "fgsm_random_start",
+    "make_attack",
     "per_example_cross_entropy",
     "pgd",
     "register_attack",

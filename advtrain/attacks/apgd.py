@@ -166,15 +166,7 @@ def apgd_dlr(
     x, y = attack_inputs(model_fn, x, y)
     labels = _int_labels(y)
     clean_logits = model_fn(x)
-    classes = clean_logits.shape[-1]
-    needed = 4 if targets else 3
-    if classes is not None and classes < needed:
-        raise ValueError(
-            f"The {'targeted ' if targets else ''}DLR loss needs at least "
-            f"{needed} classes. Received: classes={classes}"
-        )
-    if targets and classes is not None:
-        targets = min(targets, classes - 1)
+    targets = _usable_targets(targets, clean_logits.shape[-1])
     # Classes by decreasing clean logit; target k is the (k + 2)-th, as in
     # AutoAttack (for a correctly classified input: the k-th wrong class).
     ranked = tf.argsort(
@@ -194,6 +186,20 @@ def apgd_dlr(
              clip_min=clip_min, clip_max=clip_max, loss_scale=loss_scale,
              seed=seed),
     )  # fmt: skip
+
+
+def _usable_targets(targets: int, classes: Optional[int]) -> int:
+    """`targets`, at most classes - 1; the DLR loss needs 4 classes
+    (targeted) or 3 (untargeted)."""
+    needed = 4 if targets else 3
+    if classes is not None and classes < needed:
+        raise ValueError(
+            f"The {'targeted ' if targets else ''}DLR loss needs at least "
+            f"{needed} classes. Received: classes={classes}"
+        )
+    if targets and classes is not None:
+        targets = min(targets, classes - 1)
+    return targets
 
 
 def checkpoints(steps: int) -> list[int]:
@@ -323,7 +329,6 @@ def _apgd_run(
     keeps the previous point.
     """
     rank = x.shape.rank
-    batch = tf.shape(x)[0]
     eps_t = tf.cast(eps, x.dtype)
 
     def to_ball(point):
@@ -337,30 +342,8 @@ def _apgd_run(
         return tf.where(_per_example(mask, rank), a, b)
 
     start = to_ball(x + _on_sphere(x, eps_t, norm, seed))
-    loss, grad, wrong = gradient_at(start)
-    # interval[i]: w_j - w_{j-1} when iteration i (0-based) completes the
-    # w_j-th step, else 0.
-    marks = checkpoints(steps)
-    interval = [0.0] * steps
-    for before, after in zip(marks[:-1], marks[1:], strict=True):
-        interval[after - 1] = float(after - before)
-    interval = tf.constant(interval, tf.float32)
-    step_shape = tf.concat([[batch], tf.ones([rank - 1], tf.int32)], 0)
-    state = dict(
-        current=start,
-        previous=start,
-        grad=grad,
-        loss=loss,
-        best=start,
-        best_grad=grad,
-        best_loss=loss,
-        adversarial=start,
-        fooled=wrong,
-        eta=tf.fill(step_shape, 2.0 * eps_t),
-        rises=tf.zeros([batch], tf.float32),
-        best_at_check=loss,
-        halved_at_check=tf.zeros([batch], tf.bool),
-    )
+    state = _initial_state(start, *gradient_at(start), eps_t)
+    interval = _intervals(steps)
 
     def body(i, s):
         # The first step has no momentum (the paper's x^(1)).
@@ -394,6 +377,37 @@ def _apgd_run(
     )
     point = where(s["fooled"], s["adversarial"], s["best"])
     return point, s["fooled"], s["best_loss"]
+
+
+def _intervals(steps: int) -> tf.Tensor:
+    """Per iteration i (0-based): w_j - w_{j-1} when it completes the
+    w_j-th step, else 0."""
+    marks = checkpoints(steps)
+    interval = [0.0] * steps
+    for before, after in zip(marks[:-1], marks[1:], strict=True):
+        interval[after - 1] = float(after - before)
+    return tf.constant(interval, tf.float32)
+
+
+def _initial_state(start, loss, grad, wrong, eps) -> dict:
+    """The loop state of `_apgd_run` at its random start."""
+    batch = tf.shape(start)[0]
+    step_shape = tf.concat([[batch], tf.ones([start.shape.rank - 1], tf.int32)], 0)
+    return dict(
+        current=start,
+        previous=start,
+        grad=grad,
+        loss=loss,
+        best=start,
+        best_grad=grad,
+        best_loss=loss,
+        adversarial=start,
+        fooled=wrong,
+        eta=tf.fill(step_shape, 2.0 * eps),
+        rises=tf.zeros([batch], tf.float32),
+        best_at_check=loss,
+        halved_at_check=tf.zeros([batch], tf.bool),
+    )
 
 
 def _review(s: dict, length: tf.Tensor, rho: float) -> dict:

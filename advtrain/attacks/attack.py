@@ -1,8 +1,12 @@
-"""`Attack`: a serializable attack configuration that can be called."""
+"""`Attack`: a serializable attack configuration that can be called, the
+attack registry, and `make_attack` (an `Attack` from a recipe's keys)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -11,10 +15,44 @@ from advtrain.attacks import apgd, cleverhans_backend, fgsm, pgd
 from advtrain.attacks.common import LossFn, ModelFn, canonical_norm, check_eps
 from advtrain.registry import Registry
 
-attacks: Registry = Registry("attack")
-register_attack = attacks.register
+attacks: Registry[Callable] = Registry("attack")
 
 BACKENDS = ("advtrain", "cleverhans")
+
+
+def register_attack(name: str) -> Callable[[Callable], Callable]:
+    """Decorator registering an attack function under a method name.
+
+    The function has the shape of the built-in attacks:
+    `fn(model_fn, x, y, *, eps, norm, ...) -> x_adv`, pixels in, pixels
+    out. `Attack(name, ...)` then runs it, in training (`AdversarialModel`)
+    and in evaluation, passing the keywords the function declares among
+    the `Attack` fields (`eps`, `norm`, `alpha`, `steps`, `step_size`,
+    `random_start`, `restarts`, `clip_min`, `clip_max`, `clip_start`) and
+    the call's `loss_fn`, `loss_scale` (mixed precision: multiply the loss
+    before differentiating) and `seed` (a `keras.random` seed). A recipe
+    names it as `attack.method: <name>`. A duplicate name is a ValueError.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from advtrain.attacks import Attack, register_attack
+    from advtrain.attacks.common import (
+        attack_inputs, clip_pixels, input_gradient)
+
+    @register_attack("fgsm_half")
+    def fgsm_half(model_fn, x, y=None, *, eps, loss_fn=None,
+                  loss_scale=None, clip_min=0.0, clip_max=1.0):
+        x, y = attack_inputs(model_fn, x, y)  # float tensor; y or predictions
+        grad = input_gradient(model_fn, x, y, loss_fn, loss_scale)
+        return clip_pixels(x + 0.5 * eps * tf.sign(grad), clip_min, clip_max)
+
+    attack = Attack("fgsm_half", eps=0.1)
+    x_adv = attack(lambda z: model(z, training=False), x, y)
+    ```
+    """
+    return attacks.register(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +60,8 @@ class Attack:
     """An attack and its hyperparameters, in pixel space.
 
     Calling it runs the attack: `attack(model_fn, x, y)` returns adversarial
-    pixels. `method` names a registered attack ("fgsm", "fgsm_rs", "pgd").
+    pixels. `method` names a registered attack ("fgsm", "fgsm_rs", "pgd",
+    "apgd_ce", "apgd_dlr", or one added with `register_attack`).
 
     Example:
 
@@ -36,7 +75,8 @@ class Attack:
     eps: float = 8 / 255
     norm: str = "inf"
     alpha: Optional[float] = None
-    steps: int = 10
+    # The recipe's default (attack.steps) too: PGD-7 training, Madry et al.
+    steps: int = 7
     step_size: Optional[float] = None
     random_start: bool = True
     restarts: int = 1
@@ -84,16 +124,17 @@ class Attack:
         """Runs the attack. `extra` goes to the attack function, e.g.
         `return_gradient=True` for the single-step attacks."""
         key = self.method if self.backend == "advtrain" else f"cleverhans_{self.method}"
-        return attacks.get(key)(
-            self,
-            model_fn,
-            x,
-            y,
-            loss_fn=loss_fn,
-            loss_scale=loss_scale,
-            seed=seed,
-            **extra,
-        )
+        fn = attacks.get(key)
+        offered = {
+            **{name: getattr(self, name) for name in OPTION_KEYS if name != "backend"},
+            "loss_fn": loss_fn,
+            "loss_scale": loss_scale,
+            "seed": seed,
+        }
+        accepted = _keywords(fn)
+        if accepted is not None:
+            offered = {k: v for k, v in offered.items() if k in accepted}
+        return fn(model_fn, x, y, **offered, **extra)
 
     @property
     def single_step(self) -> bool:
@@ -144,70 +185,51 @@ class Attack:
         return cls(**config)
 
 
-# Adapters from an Attack's fields to each function's keywords. Attacks are
-# looked up by method, or by "cleverhans_" + method for that backend.
-
-_PIXELS = ("eps", "norm", "clip_min", "clip_max")
+# The keyword arguments of `make_attack`: every `Attack` field but `method`.
+OPTION_KEYS = tuple(f.name for f in dataclasses.fields(Attack) if f.name != "method")
 
 
-def _fields(a: Attack, *names: str) -> dict[str, Any]:
-    return {name: getattr(a, name) for name in (*_PIXELS, *names)}
+def make_attack(method: str = "fgsm_rs", /, **options: Any) -> Optional[Attack]:
+    """The `Attack` a recipe's attack keys describe; None for "none".
+
+    `method` is a registered attack, "none" (no training attack) or
+    "trades" (TRADES's inner maximisation is PGD). `options` are the
+    `Attack` fields by their recipe names: eps, norm, alpha, steps,
+    step_size, random_start, restarts, backend, clip_start, clip_min,
+    clip_max. Unknown keys are a TypeError.
+
+    Example:
+
+    ```python
+    make_attack("pgd", eps=0.3, steps=7)  # Attack("pgd", eps=0.3, steps=7)
+    make_attack("none")  # None
+    ```
+    """
+    unknown = sorted(set(options) - set(OPTION_KEYS))
+    if unknown:
+        raise TypeError(
+            f"make_attack takes the keys {', '.join(OPTION_KEYS)}. "
+            "Received: " + ", ".join(f"{k}={options[k]!r}" for k in unknown)
+        )
+    if method == "none":
+        return None
+    return Attack("pgd" if method == "trades" else method, **options)
 
 
-@register_attack("fgsm")
-def _fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
-    del seed
-    return fgsm.fgsm(
-        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale,
-        **_fields(a), **extra,
-    )  # fmt: skip
+@functools.cache
+def _keywords(fn: Callable) -> Optional[frozenset[str]]:
+    """The keyword names `fn` accepts; None when it takes `**kwargs`."""
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters)
 
 
-@register_attack("fgsm_rs")
-def _fgsm_rs(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
-    return fgsm.fgsm_random_start(
-        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, seed=seed,
-        **_fields(a, "alpha", "clip_start"), **extra,
-    )  # fmt: skip
-
-
-@register_attack("pgd")
-def _pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
-    return pgd.pgd(
-        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, seed=seed,
-        **_fields(a, "steps", "step_size", "random_start", "restarts"),
-    )  # fmt: skip
-
-
-@register_attack("apgd_ce")
-def _apgd_ce(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
-    return apgd.apgd_ce(
-        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, seed=seed,
-        **_fields(a, "steps", "restarts"), **extra,
-    )  # fmt: skip
-
-
-@register_attack("apgd_dlr")
-def _apgd_dlr(a, model_fn, x, y, *, loss_fn, loss_scale, seed, **extra):
-    del loss_fn  # DLR is the attack's own loss; `targets=` comes in `extra`
-    return apgd.apgd_dlr(
-        model_fn, x, y, loss_scale=loss_scale, seed=seed,
-        **_fields(a, "steps", "restarts"), **extra,
-    )  # fmt: skip
-
-
-@register_attack("cleverhans_fgsm")
-def _ch_fgsm(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
-    del seed  # cleverhans has no random start for FGSM
-    return cleverhans_backend.cleverhans_fgsm(
-        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale, **_fields(a)
-    )
-
-
-@register_attack("cleverhans_pgd")
-def _ch_pgd(a, model_fn, x, y, *, loss_fn, loss_scale, seed):
-    del seed  # cleverhans draws its random start unseeded
-    return cleverhans_backend.cleverhans_pgd(
-        model_fn, x, y, loss_fn=loss_fn, loss_scale=loss_scale,
-        **_fields(a, "steps", "step_size", "random_start"),
-    )  # fmt: skip
+# The built-in methods; "cleverhans_" + method for that backend.
+register_attack("fgsm")(fgsm.fgsm)
+register_attack("fgsm_rs")(fgsm.fgsm_random_start)
+register_attack("pgd")(pgd.pgd)
+register_attack("apgd_ce")(apgd.apgd_ce)
+register_attack("apgd_dlr")(apgd.apgd_dlr)
+register_attack("cleverhans_fgsm")(cleverhans_backend.cleverhans_fgsm)
+register_attack("cleverhans_pgd")(cleverhans_backend.cleverhans_pgd)

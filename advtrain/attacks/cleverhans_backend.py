@@ -1,7 +1,17 @@
-"""cleverhans.tf2's FGM and PGD behind advtrain's attack interface."""
+"""cleverhans.tf2's FGM and PGD behind advtrain's attack interface.
+
+`cleverhans_fgsm` and `cleverhans_pgd` take exactly the arguments of
+`advtrain.attacks.fgsm` and `advtrain.attacks.pgd` (their signatures are
+those functions'), so `Attack(..., backend="cleverhans")` swaps one for
+the other. What cleverhans cannot do is refused: a returned gradient,
+several restarts, a step larger than eps. Its random start is unseeded.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any, Optional
 
 import numpy as np
@@ -9,12 +19,12 @@ import tensorflow as tf
 
 from advtrain.attacks.common import (
     LossFn,
-    ModelFn,
-    Norm,
     attack_inputs,
     checked_norm,
     per_example_cross_entropy,
 )
+from advtrain.attacks.fgsm import fgsm
+from advtrain.attacks.pgd import default_step_size, pgd
 
 
 def _cleverhans_loss(loss_fn: Optional[LossFn], loss_scale: Optional[Any]):
@@ -39,23 +49,48 @@ def _finite_or_clean(x_adv: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
     return tf.where(tf.math.is_finite(x_adv), x_adv, x)
 
 
-def _np_norm(norm: str):
-    return np.inf if norm == "inf" else 2
+def _same_arguments(ours: Callable) -> Callable:
+    """Gives a cleverhans wrapper the signature of our attack `ours` and
+    calls it with every argument bound by name, defaults filled in."""
+    signature = inspect.signature(ours)
+
+    def decorate(wrapper: Callable) -> Callable:
+        @functools.wraps(wrapper)
+        def bound(*args: Any, **kwargs: Any) -> tf.Tensor:
+            arguments = signature.bind(*args, **kwargs)
+            arguments.apply_defaults()
+            return wrapper(**arguments.arguments)
+
+        bound.__signature__ = signature
+        return bound
+
+    return decorate
 
 
-def cleverhans_fgsm(
-    model_fn: ModelFn,
-    x: Any,
-    y: Optional[Any] = None,
-    *,
-    eps: float,
-    norm: Norm = "inf",
-    loss_fn: Optional[LossFn] = None,
-    clip_min: Optional[float] = 0.0,
-    clip_max: Optional[float] = 1.0,
-    loss_scale: Optional[Any] = None,
-) -> tf.Tensor:
-    """`cleverhans.tf2.attacks.fast_gradient_method` with our arguments.
+def _run(attack, a: dict, *args: Any, **kwargs: Any) -> tf.Tensor:
+    """Calls the cleverhans `attack(model_fn, x, eps, *args, norm, ...)` on
+    our arguments `a`: labels (or predictions), the loss times the loss
+    scale, the pixel range; NaN results fall back to the clean pixels."""
+    norm = checked_norm(a["norm"], a["eps"])
+    x, y = attack_inputs(a["model_fn"], a["x"], a["y"])
+    x_adv = attack(
+        a["model_fn"],
+        x,
+        a["eps"],
+        *args,
+        np.inf if norm == "inf" else 2,
+        loss_fn=_cleverhans_loss(a["loss_fn"], a["loss_scale"]),
+        clip_min=a["clip_min"],
+        clip_max=a["clip_max"],
+        y=y,
+        **kwargs,
+    )
+    return _finite_or_clean(x_adv, x)
+
+
+@_same_arguments(fgsm)
+def cleverhans_fgsm(**a: Any) -> tf.Tensor:
+    """`cleverhans.tf2.attacks.fast_gradient_method` with `fgsm`'s arguments.
 
     cleverhans computes in float32; the result is cast back to `x.dtype`.
     `loss_scale` multiplies the loss before differentiating (mixed
@@ -65,66 +100,46 @@ def cleverhans_fgsm(
         fast_gradient_method,
     )
 
-    norm = checked_norm(norm, eps)
-    x, y = attack_inputs(model_fn, x, y)
-    x_adv = fast_gradient_method(
-        model_fn,
-        x,
-        eps,
-        _np_norm(norm),
-        loss_fn=_cleverhans_loss(loss_fn, loss_scale),
-        clip_min=clip_min,
-        clip_max=clip_max,
-        y=y,
-    )
-    return _finite_or_clean(x_adv, x)
+    if a["return_gradient"]:
+        raise ValueError(
+            "The cleverhans backend does not return the input gradient. "
+            "Received: return_gradient=True"
+        )
+    return _run(fast_gradient_method, a)
 
 
-def cleverhans_pgd(
-    model_fn: ModelFn,
-    x: Any,
-    y: Optional[Any] = None,
-    *,
-    eps: float,
-    steps: int = 10,
-    step_size: Optional[float] = None,
-    norm: Norm = "inf",
-    random_start: bool = True,
-    loss_fn: Optional[LossFn] = None,
-    clip_min: Optional[float] = 0.0,
-    clip_max: Optional[float] = 1.0,
-    loss_scale: Optional[Any] = None,
-) -> tf.Tensor:
-    """`cleverhans.tf2.attacks.projected_gradient_descent` with our arguments.
+@_same_arguments(pgd)
+def cleverhans_pgd(**a: Any) -> tf.Tensor:
+    """`cleverhans.tf2.attacks.projected_gradient_descent` with `pgd`'s
+    arguments.
 
-    One start per example: cleverhans has no restarts. `loss_scale` as in
+    One start per example: cleverhans has no restarts. `seed` is not used
+    (cleverhans draws its random start unseeded). `loss_scale` as in
     `cleverhans_fgsm`.
     """
     from cleverhans.tf2.attacks.projected_gradient_descent import (
         projected_gradient_descent,
     )
 
-    norm = checked_norm(norm, eps)
-    step_size = 2.5 * eps / steps if step_size is None else step_size
+    if not (isinstance(a["restarts"], int) and a["restarts"] == 1):
+        raise ValueError(
+            "The cleverhans backend runs one start per example. "
+            f"Received: restarts={a['restarts']!r}"
+        )
+    eps, steps = a["eps"], a["steps"]
+    step_size = a["step_size"]
+    step_size = default_step_size(eps, steps) if step_size is None else step_size
     if step_size > eps:
         # cleverhans asserts eps_iter <= eps; say so before it does.
         raise ValueError(
             "The cleverhans backend needs step_size <= eps. "
             f"Received: step_size={step_size}, eps={eps}"
         )
-    x, y = attack_inputs(model_fn, x, y)
-    x_adv = projected_gradient_descent(
-        model_fn,
-        x,
-        eps,
+    return _run(
+        projected_gradient_descent,
+        a,
         step_size,
         steps,
-        _np_norm(norm),
-        loss_fn=_cleverhans_loss(loss_fn, loss_scale),
-        clip_min=clip_min,
-        clip_max=clip_max,
-        y=y,
-        rand_init=random_start,
+        rand_init=a["random_start"],
         sanity_checks=False,
     )
-    return _finite_or_clean(x_adv, x)

@@ -133,7 +133,7 @@ def labels_or_predictions(model_fn: ModelFn, x: tf.Tensor, y: Optional[tf.Tensor
     """Uses the model's own predictions when no labels are given, which
     avoids label leaking (Kurakin et al. 2016)."""
     if y is not None:
-        return y
+        return tf.convert_to_tensor(y)
     return tf.argmax(model_fn(x), axis=-1)
 
 

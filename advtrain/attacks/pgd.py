@@ -79,42 +79,57 @@ def pgd(
     loss_fn = loss_fn or per_example_cross_entropy
 
     def one_run():
-        if random_start:
-            start = x + random_in_ball(x, eps, norm, seed)
-        else:
-            start = x
-        start = clip_pixels(start, clip_min, clip_max)
-
-        def body(i, x_adv):
-            grad = input_gradient(model_fn, x_adv, y, loss_fn, loss_scale)
-            # Clip, project, clip again: the order cleverhans uses, so
-            # the two backends agree for L2 too.
-            moved = clip_pixels(
-                x_adv + steepest_step(grad, step_size, norm), clip_min, clip_max
-            )
-            delta = project(moved - x, eps, norm)
-            return i + 1, clip_pixels(x + delta, clip_min, clip_max)
-
-        _, x_adv = tf.while_loop(
-            lambda i, _: i < steps,
-            body,
-            (tf.constant(0), start),
-            maximum_iterations=steps,
-        )
-        return tf.stop_gradient(x_adv)
+        start = x + random_in_ball(x, eps, norm, seed) if random_start else x
+        return _ascend(
+            model_fn, x, y, clip_pixels(start, clip_min, clip_max),
+            dict(eps=eps, norm=norm, steps=steps, step_size=step_size,
+                 loss_fn=loss_fn, loss_scale=loss_scale, clip_min=clip_min,
+                 clip_max=clip_max),
+        )  # fmt: skip
 
     best = one_run()
     if isinstance(restarts, int) and restarts == 1:
         return best
+    return _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts)
+
+
+def _ascend(model_fn, x, y, start, settings: dict) -> tf.Tensor:
+    """`steps` projected steepest-ascent steps from `start`."""
+    eps, norm, steps = settings["eps"], settings["norm"], settings["steps"]
+    clip_min, clip_max = settings["clip_min"], settings["clip_max"]
+
+    def body(i, x_adv):
+        grad = input_gradient(
+            model_fn, x_adv, y, settings["loss_fn"], settings["loss_scale"]
+        )
+        # Clip, project, clip again: the order cleverhans uses, so the two
+        # backends agree for L2 too.
+        step = steepest_step(grad, settings["step_size"], norm)
+        moved = clip_pixels(x_adv + step, clip_min, clip_max)
+        delta = project(moved - x, eps, norm)
+        return i + 1, clip_pixels(x + delta, clip_min, clip_max)
+
+    _, x_adv = tf.while_loop(
+        lambda i, _: i < steps,
+        body,
+        (tf.constant(0), start),
+        maximum_iterations=steps,
+    )
+    return tf.stop_gradient(x_adv)
+
+
+def _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts):
+    """Runs `one_run` until `restarts` runs are done; keeps per example the
+    worst case: misclassified beats correct, among equals the higher loss."""
+    rank = best.shape.rank
 
     def restart(i, best, best_wrong, best_loss):
         candidate = one_run()
         wrong, loss = _outcome(model_fn, candidate, y, loss_fn)
-        # Misclassified beats correct; among equals the higher loss wins.
         better = (wrong & ~best_wrong) | (
             tf.equal(wrong, best_wrong) & (loss > best_loss)
         )
-        mask = tf.reshape(better, [-1] + [1] * (x.shape.rank - 1))
+        mask = tf.reshape(better, [-1] + [1] * (rank - 1))
         return (
             i + 1,
             tf.where(mask, candidate, best),

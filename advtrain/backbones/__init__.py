@@ -4,10 +4,7 @@ Registered: small_cnn, mnist_cnn, resnet50, inception_v3, mobilenet_v2, efficien
 """
 
 from advtrain.backbones import (  # noqa: F401  (each module registers itself)
-    efficientnet,
-    inception,
-    mobilenet,
-    resnet,
+    applications,
     small_cnn,
 )
 from advtrain.backbones.registry import (

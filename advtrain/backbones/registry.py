@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
-from typing import Optional
+from typing import Any, Optional
 
 from advtrain.registry import Registry
 
@@ -14,10 +15,12 @@ class BackboneSpec:
     """What the classifier must know to feed a backbone correctly.
 
     Attributes:
-        builder: `(input_shape, cfg, weights) -> keras.Model` mapping
-            preprocessed images to a feature map or vector; `weights` is
-            None or one of `pretrained` (a weights file is loaded by the
-            classifier afterwards, not by the builder).
+        builder: `(input_shape, *, weights=None, **model_keys) ->
+            keras.Model` mapping preprocessed images to a feature map or
+            vector; `weights` is None or one of `pretrained` (a weights
+            file is loaded by the classifier afterwards, not by the
+            builder). It declares the recipe's model keys it uses, by name
+            (e.g. `width`); `build` passes those and no others.
         preprocess: `BackbonePreprocess` mode applied inside the model to
             [0, 1] pixels: "none", "caffe", "tf", "torch" or "pixels255".
         channels: channels the backbone expects (3 for ImageNet models);
@@ -38,6 +41,14 @@ class BackboneSpec:
     pretrained: tuple[str, ...] = ()
     weights_file: Optional[str] = None
 
+    def build(self, input_shape, *, weights: Optional[str] = None, **options: Any):
+        """Calls the builder with `weights` and the `options` it declares."""
+        parameters = inspect.signature(self.builder).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            names = {p.name for p in parameters}
+            options = {k: v for k, v in options.items() if k in names}
+        return self.builder(tuple(input_shape), weights=weights, **options)
+
 
 backbones: Registry[BackboneSpec] = Registry("backbone")
 
@@ -49,9 +60,9 @@ def register_backbone(name: str, **facts) -> Callable:
 
     ```python
     @register_backbone("tiny", preprocess="none", min_size=8)
-    def tiny(input_shape, cfg, weights=None):
+    def tiny(input_shape, *, weights=None, width=32):
         inputs = keras.Input(input_shape)
-        return keras.Model(inputs, keras.layers.Conv2D(8, 3)(inputs))
+        return keras.Model(inputs, keras.layers.Conv2D(width, 3)(inputs))
     ```
     """
 

@@ -10,11 +10,12 @@ from advtrain.backbones.registry import register_backbone
 
 
 @register_backbone("small_cnn", preprocess="none")
-def small_cnn(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
+def small_cnn(
+    input_shape, *, weights: Optional[str] = None, width: int = 32
+) -> keras.Model:
     """Three conv blocks (width, 2*width, 4*width); pooling only where the
     image is large enough, so 8x8 digits and 32x32 signs both work."""
     del weights  # No pretrained weights; a weights file is loaded later.
-    width = cfg.width
     inputs = keras.Input(shape=input_shape)
     x = inputs
     size = min(input_shape[0], input_shape[1])
@@ -31,14 +32,15 @@ def small_cnn(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
 
 
 @register_backbone("mnist_cnn", preprocess="none", min_size=4)
-def mnist_cnn(input_shape, cfg, weights: Optional[str] = None) -> keras.Model:
+def mnist_cnn(
+    input_shape, *, weights: Optional[str] = None, width: int = 32
+) -> keras.Model:
     """The BatchNorm-free MNIST CNN of Wong, Rice and Kolter (2020) and
     Madry et al.'s line of work: conv 4x4 stride 2 (width / 2 filters),
     conv 4x4 stride 2 (width filters), dense 100; the classifier adds the
     logits. With the default width 32 it is the paper's model (16 and 32
     filters), so published MNIST numbers compare like for like."""
     del weights
-    width = cfg.width
     inputs = keras.Input(shape=input_shape)
     x = inputs
     for i, filters in enumerate((max(1, width // 2), width)):

@@ -1,63 +1,384 @@
-"""In-memory numpy arrays as DataSplits, with seeded stratified splits."""
+"""Source `arrays`: `.npy` files streamed from disk, never loaded whole.
+
+`data.path` names either
+
+* a directory holding `x_train.npy` and `y_train.npy`, and optionally
+  `x_test.npy` and `y_test.npy`; or
+* a prefix `PATH` of the pair `PATH_x.npy` and `PATH_y.npy`.
+
+Without a test pair, `data.test_fraction` of the examples is held out as the
+test split (stratified, seeded by `data.seed`); `data.val_fraction` of what
+remains becomes the validation split the same way.
+
+Images `x` are `(N, H, W)` or `(N, H, W, C)`, uint8 0..255 or float in
+[0, 1] (float16 / float64 are read as float32). Labels `y` are integers
+`(N,)` or `(N, 1)` in 0..K-1, K = 1 + the largest training label; they are
+read into memory (8 bytes an example). Images are opened with
+`np.load(mmap_mode="r")`, which gives their shape, dtype and offset, and a
+`tf.data` generator copies a few MB of rows at a time out of the file with
+plain reads (not through the map, whose touched pages would count as
+resident memory), so host memory does not grow with N and nothing is ever
+copied whole to the device. Each epoch reads the training rows in a fresh
+random order (seeded by `data.seed` and a per-epoch seed from tf.data),
+the same sequence again in a resumed run.
+
+Example:
+
+```python
+np.save("/data/x_train.npy", x)  # or np.lib.format.open_memmap(...)
+np.save("/data/y_train.npy", y)
+splits = load_splits("arrays", path="/data")
+```
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from advtrain.config import DataConfig
+from advtrain.data.errors import DataError
 from advtrain.data.pipeline import DataSplits
+from advtrain.data.sources import register_source
+from advtrain.data.splits import hold_out, limit, require
+from advtrain.errors import one_line
+
+logger = logging.getLogger(__name__)
+
+# Rows read per generator step.
+_CHUNK_BYTES = 4 << 20
 
 
-def stratified_split(
-    labels: np.ndarray, fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Splits indices so each class keeps `fraction` of its examples aside."""
-    rng = np.random.default_rng(seed)
-    keep, held = [], []
-    for cls in np.unique(labels):
-        idx = np.flatnonzero(labels == cls)
-        rng.shuffle(idx)
-        n_held = int(round(len(idx) * fraction))
-        held.append(idx[:n_held])
-        keep.append(idx[n_held:])
-    return np.sort(np.concatenate(keep)), np.sort(np.concatenate(held))
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
+    """Returns (shape, dtype, fortran_order, data offset) of a .npy file."""
+    try:
+        with path.open("rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = (
+                np.lib.format.read_array_header_1_0
+                if major == 1
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read(f)
+            return shape, dtype, fortran, f.tell()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror}).") from None
+    except ValueError as exc:
+        raise DataError(f"{path}: not a .npy file ({one_line(exc)}).") from None
 
 
-def _limit(x: np.ndarray, y: np.ndarray, n: Optional[int]):
-    return (x, y) if n is None else (x[:n], y[:n])
+def read_rows(
+    path: Path,
+    offset: int,
+    row_shape: tuple[int, ...],
+    dtype: np.dtype,
+    index: np.ndarray,
+) -> np.ndarray:
+    """Copies rows `index` (sorted) of the C-order array of `row_shape`
+    rows stored from byte `offset` of `path` into a new array.
+
+    The rows are read with plain file reads, one per run of consecutive
+    rows, not through a memory map: every page-cache page touched through
+    a mapping counts as this process's resident memory while mapped, and
+    with large page cache folios one scattered 12 KB row can map
+    megabytes. Reads copy only the rows, so memory stays flat whatever the
+    file's size.
+    """
+    out = np.empty((len(index), *row_shape), dtype)
+    raw = out.reshape(len(index), -1).view(np.uint8)
+    row_bytes = raw.shape[1]
+    breaks = np.flatnonzero(np.diff(index) != 1) + 1
+    starts = np.concatenate([[0], breaks]).astype(np.int64)
+    ends = np.concatenate([breaks, [len(index)]]).astype(np.int64)
+    with open(path, "rb", buffering=0) as f:
+        for start, end in zip(starts, ends, strict=True):
+            f.seek(offset + int(index[start]) * row_bytes)
+            view = memoryview(raw[start:end]).cast("B")
+            while view.nbytes:
+                got = f.readinto(view)
+                if not got:
+                    raise DataError(
+                        f"{path}: file ended while reading row "
+                        f"{index[start]}; was it changed during training?"
+                    )
+                view = view[got:]
+    return out
 
 
-def splits_from_arrays(
-    train: tuple[np.ndarray, np.ndarray],
-    test: tuple[np.ndarray, np.ndarray],
-    cfg: DataConfig,
-    num_classes: int,
-    class_names: Optional[list[str]] = None,
+class _Rows:
+    """Rows of a .npy file read through a memory map, `rows` of them usable."""
+
+    def __init__(self, path: Path, partial: bool):
+        self.path = path
+        shape, dtype, fortran, offset = _npy_header(path)
+        if dtype.hasobject:
+            raise DataError(
+                f"{path}: expected a numeric array. Received: dtype={dtype}"
+            )
+        if not shape:
+            raise DataError(
+                f"{path}: expected an array of examples. Received: a scalar"
+            )
+        self.shape, self.dtype, self._offset = shape, dtype, offset
+        self._fortran = fortran
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        self.row_bytes = max(1, row_bytes)
+        size = path.stat().st_size
+        complete = (size - offset) // self.row_bytes if row_bytes else shape[0]
+        self.rows = min(shape[0], complete)
+        if self.rows < shape[0] and not partial:
+            expected = offset + shape[0] * row_bytes
+            raise DataError(
+                f"{path}: truncated .npy: expected {expected} bytes for "
+                f"shape {shape} {dtype}. Received: {size}"
+            )
+        # Opened once the way numpy opens it, which also checks the header.
+        self._open()
+
+    def _open(self):
+        if self.rows == self.shape[0]:
+            return np.load(self.path, mmap_mode="r", allow_pickle=False)
+        # Truncated under on_corrupt: skip: map the complete rows only.
+        return np.memmap(
+            self.path,
+            self.dtype,
+            "r",
+            self._offset,
+            (self.rows, *self.shape[1:]),
+            "F" if self._fortran else "C",
+        )
+
+    def read(self, index: np.ndarray) -> np.ndarray:
+        """Copies the rows at sorted `index` into a new array (`read_rows`)."""
+        if self._fortran:  # rows are not contiguous on disk
+            return np.array(self._open()[index])
+        return read_rows(self.path, self._offset, self.shape[1:], self.dtype, index)
+
+    def read_all(self) -> np.ndarray:
+        return np.array(self._open())
+
+
+def _labels(path: Path, partial: bool) -> tuple[np.ndarray, int]:
+    rows = _Rows(path, partial)
+    y = rows.read_all()
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(
+            f"{path}: expected integer labels of shape (N,) or (N, 1). "
+            f"Received: {y.dtype} {y.shape}"
+        )
+    return y.astype(np.int64), rows.shape[0] - rows.rows
+
+
+class _Part:
+    """One x / y pair: image rows on disk, labels in memory, usable indices."""
+
+    def __init__(self, x_path: Path, y_path: Path, partial: bool):
+        self.x = _Rows(x_path, partial)
+        self.y, missing_y = _labels(y_path, partial)
+        shape = self.x.shape
+        if len(shape) not in (3, 4) or (len(shape) == 4 and shape[3] not in (1, 3, 4)):
+            raise DataError(
+                f"{x_path}: expected images (N, H, W) or (N, H, W, C) with C "
+                f"1, 3 or 4. Received: shape={shape}"
+            )
+        if not (self.x.dtype == np.uint8 or np.issubdtype(self.x.dtype, np.floating)):
+            raise DataError(
+                f"{x_path}: expected uint8 or float images. "
+                f"Received: dtype={self.x.dtype}"
+            )
+        declared_x, declared_y = shape[0], len(self.y) + missing_y
+        if declared_x != declared_y:
+            raise DataError(
+                f"{y_path}: expected {declared_x} labels, one per image in "
+                f"{x_path.name}. Received: {declared_y}"
+            )
+        n = min(self.x.rows, len(self.y))
+        self.index = np.arange(n)
+        self.skipped = declared_x - n
+        self.y_path = y_path
+
+    def drop_out_of_range(self, num_classes: int, partial: bool, name: str):
+        y = self.y[self.index]
+        bad = (y < 0) | (y >= num_classes)
+        if not bad.any():
+            return
+        first = self.index[np.argmax(bad)]
+        if not partial:
+            raise DataError(
+                f"{self.y_path} index {first}: label out of range: expected "
+                f"0..{num_classes - 1} ({name}). Received: {self.y[first]}"
+            )
+        self.index = self.index[~bad]
+        self.skipped += int(bad.sum())
+
+
+def _stream(
+    rows: _Rows,
+    labels: np.ndarray,
+    index: np.ndarray,
+    shuffle_seed: Optional[int],
+) -> tf.data.Dataset:
+    """The examples at `index`, read from disk a few MB at a time.
+
+    With `shuffle_seed`, each pass (epoch) draws its order from a seed that
+    tf.data's `Dataset.random(rerandomize_each_iteration=True)` gives that
+    pass: a new pipeline built with the same seeds replays the same
+    sequence of epochs, which is what lets a resumed run see the batches an
+    uninterrupted one would. The permutation lives in numpy (8 bytes an
+    example), not in a tf.data shuffle buffer.
+    """
+    shape = rows.shape[1:] if len(rows.shape) == 4 else (*rows.shape[1:], 1)
+    dtype = np.uint8 if rows.dtype == np.uint8 else np.float32
+    chunk = max(1, _CHUNK_BYTES // rows.row_bytes)
+
+    def generate(epoch_seed):
+        order, rng = index, None
+        if shuffle_seed is not None:
+            rng = np.random.default_rng([shuffle_seed, int(epoch_seed) % 2**63])
+            order = rng.permutation(index)
+        for start in range(0, len(order), chunk):
+            # Sorted reads walk the file forward; the rows are put back in
+            # random order after reading.
+            idx = np.sort(order[start : start + chunk])
+            x = rows.read(idx).astype(dtype, copy=False).reshape(-1, *shape)
+            y = labels[idx]
+            if rng is not None:
+                perm = rng.permutation(len(idx))
+                x, y = x[perm], y[perm]
+            yield x, y
+
+    signature = (
+        tf.TensorSpec((None, *shape), tf.as_dtype(dtype)),
+        tf.TensorSpec((None,), tf.int64),
+    )
+    seeds = tf.data.Dataset.random(
+        seed=shuffle_seed or 0, rerandomize_each_iteration=True
+    ).take(1)
+    ds = seeds.flat_map(
+        lambda s: tf.data.Dataset.from_generator(
+            generate, args=(s,), output_signature=signature
+        )
+    )
+    ds = ds.unbatch()
+    return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
+
+
+def _layout(
+    path: Path,
+) -> tuple[tuple[Path, Path], Optional[tuple[Path, Path]]]:
+    if path.is_dir():
+        train = (path / "x_train.npy", path / "y_train.npy")
+        test = (path / "x_test.npy", path / "y_test.npy")
+        for p in train:
+            if not p.is_file():
+                raise DataError(
+                    f"{path}: expected x_train.npy and y_train.npy (and "
+                    f"optionally x_test.npy, y_test.npy). Missing: {p.name}"
+                )
+        present = [p.is_file() for p in test]
+        if any(present) and not all(present):
+            missing = test[present.index(False)]
+            raise DataError(
+                f"{path}: x_test.npy and y_test.npy go together. "
+                f"Missing: {missing.name}"
+            )
+        return train, test if all(present) else None
+    pair = (Path(f"{path}_x.npy"), Path(f"{path}_y.npy"))
+    if not pair[0].parent.is_dir():
+        raise DataError(
+            f"{path}: arrays directory not found (data.path). Expected a "
+            "directory with x_train.npy, y_train.npy or a prefix of "
+            "PREFIX_x.npy, PREFIX_y.npy."
+        )
+    for p in pair:
+        if not p.is_file():
+            raise DataError(
+                f"{p}: not found. Expected data.path to be a directory with "
+                "x_train.npy, y_train.npy or a prefix of PREFIX_x.npy, "
+                "PREFIX_y.npy."
+            )
+    return pair, None
+
+
+def _read_parts(path: Path, partial: bool):
+    """(train, test or None, num_classes) of the files at `path`."""
+    train_paths, test_paths = _layout(path)
+    train = _Part(*train_paths, partial)
+    num_classes = int(train.y[train.index].max()) + 1 if len(train.index) else 0
+    if num_classes < 1:
+        raise DataError(f"{train_paths[1]}: expected at least one example.")
+    train.drop_out_of_range(num_classes, partial, "labels start at 0")
+    test = None
+    if test_paths is not None:
+        test = _Part(*test_paths, partial)
+        if test.x.shape[1:] != train.x.shape[1:]:
+            raise DataError(
+                f"{test_paths[0]}: expected images of shape "
+                f"{train.x.shape[1:]} like {train_paths[0].name}. "
+                f"Received: {test.x.shape[1:]}"
+            )
+        test.drop_out_of_range(
+            num_classes, partial, f"classes seen in {train_paths[1].name}"
+        )
+    return train, test, num_classes
+
+
+@register_source("arrays")
+def arrays_splits(
+    *,
+    path: Optional[str] = None,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    limit_train: Optional[int] = None,
+    limit_test: Optional[int] = None,
+    on_corrupt: str = "error",
+    seed: int = 0,
 ) -> DataSplits:
-    """Builds DataSplits from arrays, holding out `cfg.val_fraction`."""
-    x_train, y_train = train
-    val = None
-    if cfg.val_fraction > 0:
-        keep, held = stratified_split(y_train, cfg.val_fraction, seed=cfg.seed)
-        val = (x_train[held], y_train[held])
-        x_train, y_train = x_train[keep], y_train[keep]
-    x_train, y_train = _limit(x_train, y_train, cfg.limit_train)
-    x_test, y_test = _limit(*test, cfg.limit_test)
-
-    def to_ds(x, y):
-        return tf.data.Dataset.from_tensor_slices((x, y))
-
+    """Streams `.npy` images from disk; see the module docstring."""
+    path = require("arrays", "path", path, "a directory or a file prefix")
+    train, test, num_classes = _read_parts(
+        Path(path).expanduser(), on_corrupt == "skip"
+    )
+    keep, val, held = hold_out(
+        train.y[train.index],
+        test_fraction=test_fraction if test is None else None,
+        val_fraction=val_fraction,
+        seed=seed,
+        val_seed=seed + 1,
+    )
+    train_index = limit(train.index[keep], limit_train)
+    val_index = None if val is None else train.index[val]
+    test_part = train if test is None else test
+    test_index = limit(
+        test.index if test is not None else train.index[held], limit_test
+    )
+    skipped = train.skipped + (test.skipped if test is not None else 0)
+    if skipped:
+        logger.warning(
+            "arrays: skipped %d corrupt example(s) (on_corrupt: skip).", skipped
+        )
+    shape = train.x.shape[1:]
+    image_shape = tuple(shape) if len(shape) == 3 else (*shape, 1)
+    train_fn = functools.partial(
+        _stream, train.x, train.y, train_index, shuffle_seed=seed
+    )
     return DataSplits(
-        train=to_ds(x_train, y_train),
-        test=to_ds(x_test, y_test),
-        val=None if val is None else to_ds(*val),
+        train=train_fn(),
+        train_fn=train_fn,
+        test=_stream(test_part.x, test_part.y, test_index, shuffle_seed=None),
+        val=None
+        if val_index is None
+        else _stream(train.x, train.y, val_index, shuffle_seed=None),
         num_classes=num_classes,
-        image_shape=tuple(x_train.shape[1:]),
-        train_size=len(y_train),
-        test_size=len(y_test),
-        val_size=0 if val is None else len(val[1]),
-        class_names=class_names,
+        image_shape=image_shape,
+        train_size=len(train_index),
+        test_size=len(test_index),
+        val_size=0 if val_index is None else len(val_index),
+        skipped=skipped,
     )

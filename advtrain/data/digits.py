@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
-from advtrain.config import DataConfig
-from advtrain.data.arrays import splits_from_arrays, stratified_split
+from advtrain.data.pipeline import DataSplits
 from advtrain.data.sources import register_source
+from advtrain.data.splits import splits_from_arrays, stratified_split
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
@@ -20,13 +22,24 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 
 @register_source("digits")
-def digits_splits(cfg: DataConfig):
+def digits_splits(
+    *,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    limit_train: Optional[int] = None,
+    limit_test: Optional[int] = None,
+    seed: int = 0,
+) -> DataSplits:
+    """The digits, `test_fraction` held out as test (always the same split)."""
     images, labels = load_digits_arrays()
-    train_idx, test_idx = stratified_split(labels, cfg.test_fraction, seed=1234)
+    train_idx, test_idx = stratified_split(labels, test_fraction, seed=1234)
     return splits_from_arrays(
         (images[train_idx], labels[train_idx]),
         (images[test_idx], labels[test_idx]),
-        cfg,
         num_classes=10,
         class_names=[str(i) for i in range(10)],
+        val_fraction=val_fraction,
+        limit_train=limit_train,
+        limit_test=limit_test,
+        seed=seed,
     )

@@ -19,8 +19,7 @@ its name instead of mid-epoch.
 Example:
 
 ```python
-cfg = DataConfig(source="folder", path="/data/signs", image_size=(64, 64))
-splits = load_splits(cfg)
+splits = load_splits("folder", path="/data/signs", image_size=(64, 64))
 ```
 """
 
@@ -33,10 +32,10 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from advtrain.config import DataConfig, RecipeError
-from advtrain.data.arrays import stratified_split
+from advtrain.data.errors import DataError
 from advtrain.data.pipeline import DataSplits
 from advtrain.data.sources import register_source
+from advtrain.data.splits import hold_out, limit, require
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +88,7 @@ def _list_tree(
                 f"{', '.join(class_names)}"
             )
             if not partial:
-                raise RecipeError(message)
+                raise DataError(message)
             n = sum(1 for p in folder.iterdir() if p.suffix.lower() in EXTENSIONS)
             logger.warning("folder: skipping %d image(s): %s", n, message)
             skipped += n
@@ -101,7 +100,7 @@ def _list_tree(
             if problem is not None:
                 message = f"{path.relative_to(shown_root)}: {problem}"
                 if not partial:
-                    raise RecipeError(message)
+                    raise DataError(message)
                 logger.warning("folder: skipping %s", message)
                 skipped += 1
                 continue
@@ -129,74 +128,93 @@ def _decoder(channels: int, size: tuple[int, int]):
     return load
 
 
-@register_source("folder")
-def folder_splits(cfg: DataConfig) -> DataSplits:
-    """Class-per-folder images; see the module docstring."""
-    if cfg.path is None:
-        raise RecipeError(
-            "data.path: source folder needs an image directory. Received: path=None"
-        )
-    root = Path(cfg.path).expanduser()
+def _read_trees(root: Path, partial: bool):
+    """(class names, (train paths, labels), (test paths, labels) or None,
+    skipped) of the tree at `root`."""
     if not root.is_dir():
-        raise RecipeError(
+        raise DataError(
             f"{root}: image directory not found (data.path). Expected "
             "root/train/<class>/*.png or root/<class>/*.png."
         )
-    partial = cfg.on_corrupt == "skip"
     train_root = root / "train" if (root / "train").is_dir() else root
     test_root = root / "test" if train_root != root else None
     class_names = [p.name for p in _class_dirs(train_root)]
     if not class_names:
-        raise RecipeError(
+        raise DataError(
             f"{train_root}: expected one folder per class "
             "(root/train/<class>/*.png or root/<class>/*.png). Received: none"
         )
     paths, labels, skipped = _list_tree(train_root, class_names, root, partial)
     if not paths:
-        raise RecipeError(
+        raise DataError(
             f"{train_root}: expected {', '.join(EXTENSIONS)} images in the "
             "class folders. Received: none"
         )
-    paths_arr, labels_arr = np.array(paths), np.array(labels, np.int64)
+    test = None
     if test_root is not None and test_root.is_dir():
         test_paths, test_labels, n = _list_tree(test_root, class_names, root, partial)
         skipped += n
         test = (np.array(test_paths), np.array(test_labels, np.int64))
-    else:
-        keep, held = stratified_split(labels_arr, cfg.test_fraction, seed=cfg.seed)
-        test = (paths_arr[held], labels_arr[held])
-        paths_arr, labels_arr = paths_arr[keep], labels_arr[keep]
-    val = None
-    if cfg.val_fraction > 0:
-        keep, held = stratified_split(labels_arr, cfg.val_fraction, seed=cfg.seed + 1)
-        val = (paths_arr[held], labels_arr[held])
-        paths_arr, labels_arr = paths_arr[keep], labels_arr[keep]
-    # Class folders are listed in order; mix them once so a shuffle buffer
-    # smaller than the data set still sees every class.
-    order = np.random.default_rng(cfg.seed).permutation(len(paths_arr))
-    train = (paths_arr[order], labels_arr[order])
-    if cfg.limit_train is not None:
-        train = (train[0][: cfg.limit_train], train[1][: cfg.limit_train])
-    if cfg.limit_test is not None:
-        test = (test[0][: cfg.limit_test], test[1][: cfg.limit_test])
+    train = (np.array(paths), np.array(labels, np.int64))
+    return class_names, train, test, skipped
 
+
+def _image_format(root: Path, first: str, image_size) -> tuple[int, tuple[int, int]]:
+    """(channels, (height, width)) the images are decoded to: those of the
+    first image, resized to `image_size` when it is set."""
     try:
-        first = tf.io.decode_image(tf.io.read_file(paths[0]), expand_animations=False)
+        image = tf.io.decode_image(tf.io.read_file(first), expand_animations=False)
     except tf.errors.OpError as exc:
-        raise RecipeError(
-            f"{Path(paths[0]).relative_to(root)}: cannot decode image "
+        raise DataError(
+            f"{Path(first).relative_to(root)}: cannot decode image "
             f"({exc.message.splitlines()[0]})."
         ) from None
-    channels = 1 if first.shape[-1] in (1, 2) else 3
-    size = tuple(cfg.image_size or first.shape[:2])
-    if cfg.image_size is None:
+    channels = 1 if image.shape[-1] in (1, 2) else 3
+    size = tuple(image_size or image.shape[:2])
+    if image_size is None:
         logger.info(
             "folder: images resized to %dx%d, the size of %s "
             "(set data.image_size to choose).",
             size[0],
             size[1],
-            paths[0],
+            first,
         )
+    return channels, size
+
+
+@register_source("folder")
+def folder_splits(
+    *,
+    path: Optional[str] = None,
+    image_size: Optional[tuple[int, int]] = None,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    limit_train: Optional[int] = None,
+    limit_test: Optional[int] = None,
+    on_corrupt: str = "error",
+    seed: int = 0,
+) -> DataSplits:
+    """Class-per-folder images; see the module docstring."""
+    root = Path(require("folder", "path", path, "an image directory")).expanduser()
+    partial = on_corrupt == "skip"
+    class_names, (paths, labels), test, skipped = _read_trees(root, partial)
+    train, val, held = hold_out(
+        labels,
+        test_fraction=test_fraction if test is None else None,
+        val_fraction=val_fraction,
+        seed=seed,
+        val_seed=seed + 1,
+    )
+    if test is None:
+        test = (paths[held], labels[held])
+    if val is not None:
+        val = (paths[val], labels[val])
+    # Class folders are listed in order; mix them once so a shuffle buffer
+    # smaller than the data set still sees every class.
+    train = train[np.random.default_rng(seed).permutation(len(train))]
+    train = (limit(paths[train], limit_train), limit(labels[train], limit_train))
+    test = (limit(test[0], limit_test), limit(test[1], limit_test))
+    channels, size = _image_format(root, paths[0], image_size)
     load = _decoder(channels, size)
 
     def to_ds(pair):

@@ -60,11 +60,13 @@ import tensorflow_datasets as tfds
 from etils import epath
 from PIL import Image
 
-from advtrain.config import DataConfig, RecipeError
+from advtrain.data.errors import DataError
 from advtrain.data.pipeline import DataSplits
 from advtrain.data.ppm import open_ppm
 from advtrain.data.sources import register_source
+from advtrain.data.splits import require
 from advtrain.downloads import check_reachable
+from advtrain.errors import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -232,8 +234,8 @@ class _ZipTree:
             self._zip = zipfile.ZipFile(path)
             names = self._zip.namelist()
         except (OSError, zipfile.BadZipFile) as exc:
-            raise RecipeError(
-                f"{path.name}: not a readable zip archive ({_one_line(exc)})."
+            raise DataError(
+                f"{path.name}: not a readable zip archive ({one_line(exc)})."
             ) from None
         self._files = {n for n in names if not n.endswith("/")}
         self._dirs: set[str] = set()
@@ -264,12 +266,7 @@ class _ZipTree:
         try:
             return self._zip.read(rel)
         except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-            raise OSError(f"corrupt archive member ({_one_line(exc)})") from None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+            raise OSError(f"corrupt archive member ({one_line(exc)})") from None
 
 
 def _listing(root: Path, limit: int = 8) -> str:
@@ -292,12 +289,12 @@ def _find_tree(root: Path, rel_dir: str, archive: str):
     if (root / archive).is_file():
         tree = _ZipTree(root / archive)
         if not tree.is_dir(rel_dir):
-            raise RecipeError(
+            raise DataError(
                 f"{archive}: expected the folder {rel_dir}/ inside "
                 "(official GTSRB archive layout)."
             )
         return tree
-    raise RecipeError(
+    raise DataError(
         f"{root}: expected {rel_dir}/ or {archive} (official GTSRB layout). "
         f"Received: {_listing(root)}"
     )
@@ -314,7 +311,7 @@ def _find_gt(root: Path):
             return _FolderTree(root), rel
     if (root / ARCHIVES["test_gt"]).is_file():
         return _gt_in_zip(_ZipTree(root / ARCHIVES["test_gt"]))
-    raise RecipeError(
+    raise DataError(
         f"{root}: expected {TEST_GT} (test labels) or {ARCHIVES['test_gt']}. "
         f"Received: {_listing(root)}"
     )
@@ -324,13 +321,13 @@ def _gt_in_zip(tree: _ZipTree):
     for rel in sorted(tree._files):
         if rel.split("/")[-1] == TEST_GT:
             return tree, rel
-    raise RecipeError(f"{tree.path.name}: expected {TEST_GT} inside.")
+    raise DataError(f"{tree.path.name}: expected {TEST_GT} inside.")
 
 
 def locate_manual_dir(root: Path) -> _Layout:
     """Finds the train images, test images and test labels under `root`."""
     if not root.is_dir():
-        raise RecipeError(
+        raise DataError(
             f"{root}: GTSRB directory not found. Expected the official zips "
             "or their extracted GTSRB/ folder there (data.path)."
         )
@@ -364,7 +361,7 @@ class _Problems:
 
     def report(self, message: str) -> None:
         if self.on_corrupt != "skip":
-            raise RecipeError(message)
+            raise DataError(message)
         self.messages.append(message)
         logger.warning("gtsrb: skipping example: %s", message)
 
@@ -375,7 +372,7 @@ def _read_csv(tree, rel: str) -> list[tuple[int, str]]:
     try:
         raw = tree.read(rel)
     except OSError as exc:
-        raise RecipeError(f"{name}: cannot read CSV ({_one_line(exc)}).") from None
+        raise DataError(f"{name}: cannot read CSV ({one_line(exc)}).") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -383,7 +380,7 @@ def _read_csv(tree, rel: str) -> list[tuple[int, str]]:
     lines = text.splitlines()
     header = lines[0].strip() if lines else ""
     if tuple(header.split(";")) != CSV_HEADER:
-        raise RecipeError(
+        raise DataError(
             f"{name}: expected the header {';'.join(CSV_HEADER)}. "
             f"Received: {header[:100]!r}"
         )
@@ -397,7 +394,7 @@ def _parse_row(csv_name: str, n: int, line: str):
             raise ValueError
         values = [int(v) for v in fields[1:]]
     except ValueError:
-        raise RecipeError(
+        raise DataError(
             f"{csv_name} row {n}: expected {len(CSV_HEADER)} ';'-separated "
             f"fields with integers after Filename. Received: {line[:100]!r}"
         ) from None
@@ -450,42 +447,42 @@ def _examples(
             if expected_class is not None:
                 stem = filename.rsplit(".", 1)[0].split("_")
                 if len(stem) != 2 or not all(s.isdigit() for s in stem):
-                    raise RecipeError(
+                    raise DataError(
                         f"{where}: expected a file named XXXXX_YYYYY.ppm "
                         f"(track_frame). Received: {filename}"
                     )
                 track = int(stem[0])
             if not 0 <= label < NUM_CLASSES:
-                raise RecipeError(
+                raise DataError(
                     f"{where}: ClassId out of range: expected "
                     f"0..{NUM_CLASSES - 1}. Received: {label}"
                 )
             if expected_class is not None and label != expected_class:
-                raise RecipeError(
+                raise DataError(
                     f"{where}: ClassId {label} does not match its folder: "
                     f"expected {expected_class}."
                 )
             rel = f"{folder}/{filename}"
             if not tree.is_file(rel):
-                raise RecipeError(f"{where}: file {filename} not found")
+                raise DataError(f"{where}: file {filename} not found")
             try:
                 data = tree.read(rel)
             except OSError as exc:
-                raise RecipeError(
-                    f"{tree.name(rel)}: cannot read ({_one_line(exc)})."
+                raise DataError(
+                    f"{tree.name(rel)}: cannot read ({one_line(exc)})."
                 ) from None
             image = open_ppm(data, tree.name(rel))
             if image.size != (width, height):
-                raise RecipeError(
+                raise DataError(
                     f"{where}: {filename} is {image.size[0]}x{image.size[1]}"
                     f" (width x height), the CSV says {width}x{height}."
                 )
             if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
-                raise RecipeError(
+                raise DataError(
                     f"{where}: ROI ({x1}, {y1}, {x2}, {y2}) is not inside the "
                     f"{width}x{height} image."
                 )
-        except RecipeError as exc:
+        except DataError as exc:
             problems.report(str(exc))
             continue
         if cfg.roi_crop:
@@ -510,19 +507,17 @@ def _train_examples(layout: _Layout, cfg, problems):
     tree = layout.train
     class_dirs = tree.subdirs(TRAIN_DIR)
     if not class_dirs:
-        raise RecipeError(
-            f"{tree.name(TRAIN_DIR)}: expected class folders 00000..00042."
-        )
+        raise DataError(f"{tree.name(TRAIN_DIR)}: expected class folders 00000..00042.")
     for name in class_dirs:
         if not (len(name) == 5 and name.isdigit()):
-            raise RecipeError(
+            raise DataError(
                 f"{tree.name(TRAIN_DIR + '/' + name)}: expected a class folder "
                 f"named 00000..000{NUM_CLASSES - 1}."
             )
         folder = f"{TRAIN_DIR}/{name}"
         csv_rel = f"{folder}/GT-{name}.csv"
         if not tree.is_file(csv_rel):
-            raise RecipeError(f"{tree.name(folder)}: GT-{name}.csv not found")
+            raise DataError(f"{tree.name(folder)}: GT-{name}.csv not found")
         yield from _examples(tree, folder, tree, csv_rel, cfg, problems, int(name))
 
 
@@ -554,7 +549,7 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
     """TFDS builder for GTSRB; see the module docstring.
 
     Args:
-        on_corrupt: "error" raises a one-line RecipeError on the first bad
+        on_corrupt: "error" raises a one-line `DataError` on the first bad
             CSV row or image; "skip" leaves them out, logs each at WARNING
             and records the count in `info.metadata["skipped"]`.
         **kwargs: `tfds.core.DatasetBuilder` arguments (data_dir, config).
@@ -592,8 +587,16 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
                 f"Received: on_corrupt={on_corrupt!r}"
             )
         self._on_corrupt = on_corrupt
+        self._init_kwargs = {"on_corrupt": on_corrupt, **kwargs}
         super().__init__(**kwargs)
-        self._original_state["on_corrupt"] = on_corrupt
+
+    # A builder is pickled to be rebuilt elsewhere (TFDS's own __getstate__
+    # keeps data_dir, config and version only, and would drop on_corrupt).
+    def __getstate__(self) -> dict:
+        return {"init_kwargs": self._init_kwargs}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state["init_kwargs"])
 
     def _info(self) -> tfds.core.DatasetInfo:
         size = self.builder_config.image_size
@@ -641,11 +644,11 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
             # TFDS would retry an unreachable host for minutes.
             check_reachable(base)
             return _locate_downloaded(dl_manager.download(urls))
-        except RecipeError:
+        except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 (any network failure)
-            raise RecipeError(
-                f"gtsrb: could not download {base} ({_one_line(exc)}). Offline,"
+            raise DataError(
+                f"gtsrb: could not download {base} ({one_line(exc)}). Offline,"
                 f" put {', '.join(ARCHIVES.values())} or their extracted "
                 "folders in a directory and name it in data.path "
                 "(TFDS manual_dir)."
@@ -695,19 +698,30 @@ def split_by_track(
     return held
 
 
-def prepare_gtsrb(cfg: DataConfig) -> tfds.core.DatasetBuilder:
-    """Prepares (once) and returns the GTSRB builder for the recipe."""
+def prepare_gtsrb(
+    *,
+    path: Optional[str] = None,
+    tfds_data_dir: Optional[str] = None,
+    image_size: Optional[tuple[int, int]] = None,
+    roi_crop: bool = True,
+    on_corrupt: str = "error",
+) -> tfds.core.DatasetBuilder:
+    """Prepares (once) and returns the GTSRB builder for these options.
+
+    `path` is the TFDS manual directory (the official zips or their
+    extracted folders); without it the archives are downloaded.
+    """
     builder = tfds.builder(
         "gtsrb",
-        data_dir=cfg.tfds_data_dir,
-        config=gtsrb_config(cfg.roi_crop, cfg.image_size),
-        on_corrupt=cfg.on_corrupt,
+        data_dir=tfds_data_dir,
+        config=gtsrb_config(roi_crop, image_size),
+        on_corrupt=on_corrupt,
     )
     if builder.is_prepared():
         return builder
     manual = None
-    if cfg.path is not None:
-        manual = Path(cfg.path).expanduser()
+    if path is not None:
+        manual = Path(path).expanduser()
         # Checked here: TFDS would take a missing manual dir as "download".
         locate_manual_dir(manual)
     builder.download_and_prepare(
@@ -716,10 +730,10 @@ def prepare_gtsrb(cfg: DataConfig) -> tfds.core.DatasetBuilder:
     return builder
 
 
-def _skipped(builder, cfg: DataConfig) -> int:
+def _skipped(builder, on_corrupt: str) -> int:
     skipped = int((builder.info.metadata or {}).get("skipped", 0))
-    if skipped and cfg.on_corrupt == "error":
-        raise RecipeError(
+    if skipped and on_corrupt == "error":
+        raise DataError(
             f"{builder.data_dir}: prepared with on_corrupt: skip ({skipped} "
             "example(s) left out); on_corrupt: error expects every example. "
             "Delete that folder to prepare it again."
@@ -733,18 +747,8 @@ def _skipped(builder, cfg: DataConfig) -> int:
     return skipped
 
 
-@register_source("gtsrb")
-def gtsrb_splits(cfg: DataConfig) -> DataSplits:
-    """GTSRB train / test, with a validation split of whole tracks."""
-    if cfg.image_size is None:
-        raise RecipeError(
-            "data.image_size: gtsrb images are 15..250 px and not square; "
-            "batches need one size, e.g. image_size: [32, 32]. "
-            "Received: image_size=None"
-        )
-    builder = prepare_gtsrb(cfg)
-    skipped = _skipped(builder, cfg)
-    # Labels and tracks only: the images are not decoded for this pass.
+def _labels_and_tracks(builder) -> tuple[np.ndarray, np.ndarray]:
+    """The training labels and track ids, without decoding the images."""
     keys = builder.as_dataset(
         split="train",
         decoders=tfds.decode.PartialDecoding({"label": True, "track": True}),
@@ -755,53 +759,87 @@ def gtsrb_splits(cfg: DataConfig) -> DataSplits:
         tracks.append(batch["track"])
     labels = np.concatenate(labels) if labels else np.zeros(0, np.int64)
     tracks = np.concatenate(tracks) if tracks else np.zeros(0, np.int32)
-    held = split_by_track(labels, tracks, cfg.val_fraction, cfg.seed)
+    return labels, tracks
+
+
+def _train_by_track(builder, held_keys: np.ndarray, want_held: bool):
+    """The training examples whose (label, track) key is (or is not) held."""
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(held_keys, tf.int64),
+            tf.ones(len(held_keys), tf.int64),
+        ),
+        default_value=0,
+    )
+
+    def keep(ex):
+        key = tf.cast(ex["label"], tf.int64) * 100_000 + tf.cast(ex["track"], tf.int64)
+        return tf.equal(table.lookup(key), 1) == want_held
+
+    ds = builder.as_dataset(split="train", shuffle_files=False)
+    return ds.filter(keep).map(
+        lambda ex: (ex["image"], tf.cast(ex["label"], tf.int64)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+
+
+@register_source("gtsrb")
+def gtsrb_splits(
+    *,
+    path: Optional[str] = None,
+    tfds_data_dir: Optional[str] = None,
+    image_size: Optional[tuple[int, int]] = None,
+    roi_crop: bool = True,
+    val_fraction: float = 0.0,
+    limit_train: Optional[int] = None,
+    limit_test: Optional[int] = None,
+    on_corrupt: str = "error",
+    seed: int = 0,
+) -> DataSplits:
+    """GTSRB train / test, with a validation split of whole tracks."""
+    image_size = require(
+        "gtsrb",
+        "image_size",
+        image_size,
+        "one image size, e.g. image_size: [32, 32] (its images are 15..250 "
+        "px and not square)",
+    )
+    builder = prepare_gtsrb(
+        path=path,
+        tfds_data_dir=tfds_data_dir,
+        image_size=image_size,
+        roi_crop=roi_crop,
+        on_corrupt=on_corrupt,
+    )
+    skipped = _skipped(builder, on_corrupt)
+    labels, tracks = _labels_and_tracks(builder)
+    held = split_by_track(labels, tracks, val_fraction, seed)
 
     def supervised(split):
         # ClassLabel decodes to int64 already: no extra map per element.
         return builder.as_dataset(split=split, shuffle_files=False, as_supervised=True)
 
-    def by_track(want_held: bool):
-        # The key is unique per physical sign: track ids restart per class.
-        val_keys = np.unique(labels[held] * 100_000 + tracks[held])
-        table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(
-                tf.constant(val_keys, tf.int64),
-                tf.ones(len(val_keys), tf.int64),
-            ),
-            default_value=0,
-        )
-
-        def keep(ex):
-            key = tf.cast(ex["label"], tf.int64) * 100_000 + tf.cast(
-                ex["track"], tf.int64
-            )
-            return tf.equal(table.lookup(key), 1) == want_held
-
-        ds = builder.as_dataset(split="train", shuffle_files=False)
-        return ds.filter(keep).map(
-            lambda ex: (ex["image"], tf.cast(ex["label"], tf.int64)),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-
     n_val = int(held.sum())
     if n_val:
-        train, val = by_track(False), by_track(True)
+        # The key is unique per physical sign: track ids restart per class.
+        held_keys = np.unique(labels[held] * 100_000 + tracks[held])
+        train = _train_by_track(builder, held_keys, want_held=False)
+        val = _train_by_track(builder, held_keys, want_held=True)
     else:
         train, val = supervised("train"), None
     train_size = len(labels) - n_val
     test_size = builder.info.splits["test"].num_examples
-    if cfg.limit_train is not None and cfg.limit_train < train_size:
-        train, train_size = train.take(cfg.limit_train), cfg.limit_train
+    if limit_train is not None and limit_train < train_size:
+        train, train_size = train.take(limit_train), limit_train
     test = supervised("test")
-    if cfg.limit_test is not None and cfg.limit_test < test_size:
-        test, test_size = test.take(cfg.limit_test), cfg.limit_test
+    if limit_test is not None and limit_test < test_size:
+        test, test_size = test.take(limit_test), limit_test
     return DataSplits(
         train=train,
         test=test,
         val=val,
         num_classes=NUM_CLASSES,
-        image_shape=(*cfg.image_size, 3),
+        image_shape=(*image_size, 3),
         train_size=train_size,
         test_size=test_size,
         val_size=n_val,

@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import zlib
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 
-from advtrain.config import DataConfig, RecipeError
-from advtrain.data.arrays import splits_from_arrays
+from advtrain.data.errors import DataError
 from advtrain.data.pipeline import DataSplits
 from advtrain.data.sources import register_source
+from advtrain.data.splits import splits_from_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def _read_bytes(path: Path) -> tuple[bytes, bool]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise RecipeError(f"{path}: cannot read ({exc.strerror}).") from None
+        raise DataError(f"{path}: cannot read ({exc.strerror}).") from None
     if path.suffix != ".gz":
         return raw, True
     # A decompressobj returns what a truncated stream holds instead of
@@ -53,7 +53,7 @@ def _read_bytes(path: Path) -> tuple[bytes, bool]:
     try:
         data = inflater.decompress(raw)
     except zlib.error as exc:
-        raise RecipeError(f"{path}: not a readable gzip file ({exc}).") from None
+        raise DataError(f"{path}: not a readable gzip file ({exc}).") from None
     return data, inflater.eof
 
 
@@ -61,21 +61,21 @@ def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
     """Returns the complete records and the count the header declares."""
     data, complete = _read_bytes(path)
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
-        raise RecipeError(
+        raise DataError(
             f"{path}: not an IDX file: expected magic 00 00 <type> <ndim>. "
             f"Received: {data[:4].hex(' ') or 'empty file'}"
         )
     dtype, ndim = _IDX_TYPES[data[2]], data[3]
     offset = 4 + 4 * ndim
     if ndim < 1 or len(data) < offset:
-        raise RecipeError(f"{path}: truncated IDX header ({ndim} dimensions).")
+        raise DataError(f"{path}: truncated IDX header ({ndim} dimensions).")
     shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     record = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     have = (len(data) - offset) // record if record else shape[0]
     if not complete or have < shape[0]:
         if not partial:
             reason = "gzip stream ends early" if not complete else "file ends early"
-            raise RecipeError(
+            raise DataError(
                 f"{path}: truncated IDX: expected {shape[0]} records of shape "
                 f"{tuple(shape[1:])}, {reason}. Received: {min(have, shape[0])}"
             )
@@ -90,7 +90,7 @@ def read_idx(path: Union[str, Path]) -> np.ndarray:
     """Reads an IDX file (plain or .gz) into a numpy array.
 
     Raises:
-        RecipeError: the file is missing, not IDX, or truncated.
+        DataError: the file is missing, not IDX, or truncated.
 
     Example:
 
@@ -105,7 +105,7 @@ def _find(directory: Path, name: str) -> Path:
     for candidate in (directory / name, directory / f"{name}.gz"):
         if candidate.is_file():
             return candidate
-    raise RecipeError(f"{directory}: expected {name} or {name}.gz (MNIST IDX files).")
+    raise DataError(f"{directory}: expected {name} or {name}.gz (MNIST IDX files).")
 
 
 def _load_split(directory: Path, split: str, partial: bool):
@@ -114,16 +114,16 @@ def _load_split(directory: Path, split: str, partial: bool):
     images, n_images = _read_idx(images_path, partial)
     labels, n_labels = _read_idx(labels_path, partial)
     if images.ndim != 3 or images.dtype != np.uint8:
-        raise RecipeError(
+        raise DataError(
             f"{images_path}: expected uint8 images of shape (N, rows, cols). "
             f"Received: {images.dtype} {images.shape}"
         )
     if labels.ndim != 1:
-        raise RecipeError(
+        raise DataError(
             f"{labels_path}: expected labels of shape (N,). Received: {labels.shape}"
         )
     if n_images != n_labels:
-        raise RecipeError(
+        raise DataError(
             f"{labels_path}: expected {n_images} labels, one per image in "
             f"{images_path.name}. Received: {n_labels}"
         )
@@ -133,7 +133,7 @@ def _load_split(directory: Path, split: str, partial: bool):
     bad = np.flatnonzero((labels < 0) | (labels > 9))
     if len(bad):
         if not partial:
-            raise RecipeError(
+            raise DataError(
                 f"{labels_path} index {bad[0]}: label out of range: expected "
                 f"0..9. Received: {labels[bad[0]]}"
             )
@@ -162,7 +162,7 @@ def load_mnist_idx(
     """
     directory = Path(directory).expanduser()
     if not directory.is_dir():
-        raise RecipeError(
+        raise DataError(
             f"{directory}: MNIST directory not found (data.path). Expected "
             "the four IDX files there."
         )
@@ -175,19 +175,43 @@ def load_mnist_idx(
 
 
 @register_source("mnist")
-def mnist_splits(cfg: DataConfig) -> DataSplits:
-    """MNIST from IDX files in `data.path`, else TFDS `mnist`."""
-    if cfg.path is None:
+def mnist_splits(
+    *,
+    path: Optional[str] = None,
+    tfds_data_dir: Optional[str] = None,
+    image_size: Optional[tuple[int, int]] = None,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    limit_train: Optional[int] = None,
+    limit_test: Optional[int] = None,
+    on_corrupt: str = "error",
+    seed: int = 0,
+) -> DataSplits:
+    """MNIST from IDX files in `path`, else TFDS `mnist` (in `tfds_data_dir`,
+    resized to `image_size` when set)."""
+    held_out = dict(
+        val_fraction=val_fraction,
+        limit_train=limit_train,
+        limit_test=limit_test,
+    )
+    if path is None:
         from advtrain.data.tfds_source import load_tfds_splits
 
-        return load_tfds_splits("mnist", cfg)
-    arrays, skipped = load_mnist_idx(cfg.path, cfg.on_corrupt)
+        return load_tfds_splits(
+            "mnist",
+            tfds_data_dir=tfds_data_dir,
+            image_size=image_size,
+            test_fraction=test_fraction,
+            **held_out,
+        )
+    arrays, skipped = load_mnist_idx(path, on_corrupt)
     splits = splits_from_arrays(
         arrays["train"],
         arrays["test"],
-        cfg,
         num_classes=10,
         class_names=[str(i) for i in range(10)],
+        seed=seed,
+        **held_out,
     )
     splits.skipped = skipped
     return splits

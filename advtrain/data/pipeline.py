@@ -11,13 +11,13 @@ augmentation and shuffling all run in tf.data on the host CPU, in parallel
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import inspect
 from collections.abc import Callable
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import tensorflow as tf
 
-from advtrain.config import DataConfig
+from advtrain.data.sources import LOAD_OPTIONS, sources
 
 
 @dataclasses.dataclass
@@ -48,35 +48,67 @@ class DataSplits:
         return self.train_fn() if self.train_fn is not None else self.train
 
 
-# The module that registers each source; imported only when asked for, so
-# a recipe on digits never pays for importing tensorflow_datasets.
-_SOURCE_MODULES = {
-    "digits": "advtrain.data.digits",
-    "mnist": "advtrain.data.mnist",
-    "gtsrb": "advtrain.data.gtsrb",
-    "arrays": "advtrain.data.npy",
-    "folder": "advtrain.data.folder",
-    "tfds": "advtrain.data.tfds_source",
-}
-
 # Sources whose whole (decoded) data fits in host memory.
 _BOUNDED_SOURCES = ("digits", "mnist", "gtsrb")
 
+# The recipe's data keys `make_input` takes (besides its own arguments).
+INPUT_OPTIONS = (
+    "seed",
+    "shuffle_buffer",
+    "cache",
+    "deterministic",
+    "augment",
+    "source",
+)
+AUGMENT_DEFAULTS = {
+    "random_crop_pad": 0,
+    "brightness": 0.0,
+    "contrast": 0.0,
+    "horizontal_flip": False,
+}
 
-def load_splits(cfg: DataConfig) -> DataSplits:
-    """Loads the source the recipe's `data.source` names.
+
+def load_splits(source: str = "digits", /, **options: Any) -> DataSplits:
+    """Loads data source `source` with the recipe's data options.
+
+    Args:
+        source: a registered source name (`register_source`): digits,
+            mnist, gtsrb, arrays, folder, tfds or one a plugin registers.
+        **options: data keys named like the recipe's (`LOAD_OPTIONS`:
+            path, tfds_name, tfds_data_dir, image_size, test_fraction,
+            val_fraction, limit_train, limit_test, roi_crop, on_corrupt,
+            seed); the source receives those its signature names.
 
     Raises:
-        RecipeError: one line naming the file and what was expected, for a
-            missing directory, a wrong layout, or a corrupt example (unless
-            `on_corrupt: skip`).
-    """
-    from advtrain.data.sources import sources
+        ValueError: one line naming the file and what was expected, for a
+            wrong layout or a corrupt example (unless `on_corrupt="skip"`);
+            FileNotFoundError for a missing file or directory.
+        TypeError: an option that neither the recipe nor the source knows.
 
-    module = _SOURCE_MODULES.get(cfg.source)
-    if module is not None:
-        importlib.import_module(module)
-    return sources.get(cfg.source)(cfg)
+    Example:
+
+    ```python
+    splits = load_splits("digits", val_fraction=0.1, seed=0)
+    splits.num_classes  # 10
+    ```
+    """
+    fn = sources.get(source)
+    return fn(**_accepted(fn, source, options))
+
+
+def _accepted(fn: Callable, source: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options `fn` takes; an option nobody takes is an error."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return options
+    unknown = sorted(set(options) - set(params) - set(LOAD_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"Unknown data option for source {source}: expected one of "
+            f"{', '.join(sorted({*LOAD_OPTIONS, *params}))}. "
+            f"Received: {unknown[0]}={options[unknown[0]]!r}"
+        )
+    return {key: value for key, value in options.items() if key in params}
 
 
 def to_unit_pixels(image, label):
@@ -84,46 +116,57 @@ def to_unit_pixels(image, label):
     return tf.image.convert_image_dtype(image, tf.float32), label
 
 
-def _augment(cfg: DataConfig):
+def augment_options(augment: Any) -> dict[str, Any]:
+    """The augmentation settings, defaults filled in (None: none)."""
+    augment = dict(augment or {})
+    unknown = sorted(set(augment) - set(AUGMENT_DEFAULTS))
+    if unknown:
+        raise TypeError(
+            f"augment: expected keys {', '.join(AUGMENT_DEFAULTS)}. "
+            f"Received: {unknown[0]}={augment[unknown[0]]!r}"
+        )
+    return {**AUGMENT_DEFAULTS, **augment}
+
+
+def has_augmentation(augment: Any) -> bool:
+    """Whether `augment` (a dict of `AUGMENT_DEFAULTS` keys) changes images."""
+    return any(augment_options(augment).values())
+
+
+def _augment(*, random_crop_pad, brightness, contrast, horizontal_flip):
     """Stateless random ops: the same seed gives the same augmentation."""
-    aug = cfg.augment
 
     def apply(element, seed):
         image, label = element
         seeds = tf.random.experimental.stateless_split(seed, num=4)
-        if aug.random_crop_pad:
+        if random_crop_pad:
             shape = tf.shape(image)
-            pad = aug.random_crop_pad
+            pad = random_crop_pad
             image = tf.image.pad_to_bounding_box(
                 image, pad, pad, shape[0] + 2 * pad, shape[1] + 2 * pad
             )
             image = tf.image.stateless_random_crop(image, shape, seed=seeds[0])
-        if aug.brightness:
+        if brightness:
             image = tf.image.stateless_random_brightness(
-                image, aug.brightness, seed=seeds[1]
+                image, brightness, seed=seeds[1]
             )
-        if aug.contrast:
+        if contrast:
             image = tf.image.stateless_random_contrast(
-                image, 1.0 - aug.contrast, 1.0 + aug.contrast, seed=seeds[2]
+                image, 1.0 - contrast, 1.0 + contrast, seed=seeds[2]
             )
-        if aug.horizontal_flip:
+        if horizontal_flip:
             image = tf.image.stateless_random_flip_left_right(image, seed=seeds[3])
         return tf.clip_by_value(image, 0.0, 1.0), label
 
     return apply
 
 
-def _has_augmentation(cfg: DataConfig) -> bool:
-    aug = cfg.augment
-    return bool(
-        aug.random_crop_pad or aug.brightness or aug.contrast or aug.horizontal_flip
-    )
-
-
-def _cache_mode(cfg: DataConfig) -> str:
-    if cfg.cache == "auto":
-        return "memory" if cfg.source in _BOUNDED_SOURCES else "none"
-    return cfg.cache
+def cache_mode(cache: str = "auto", source: Optional[str] = None) -> str:
+    """`cache` with "auto" resolved: "memory" for the sources of bounded
+    size (digits, mnist, gtsrb), else "none"."""
+    if cache == "auto":
+        return "memory" if source in _BOUNDED_SOURCES else "none"
+    return cache
 
 
 # A shuffle buffer holds whole decoded examples: 10,000 images of 224 px
@@ -142,42 +185,52 @@ def _shuffle_buffer(ds: tf.data.Dataset, requested: int) -> int:
 
 def make_input(
     ds: tf.data.Dataset,
-    cfg: DataConfig,
     *,
     batch_size: int,
     training: bool,
-    seed: Optional[int] = None,
+    seed: int = 0,
+    shuffle_buffer: int = 10_000,
+    cache: str = "auto",
+    deterministic: bool = False,
+    augment: Optional[dict[str, Any]] = None,
+    source: Optional[str] = None,
 ) -> tf.data.Dataset:
     """Batches `ds` with the global batch size, ready for `Model.fit`.
 
     Args:
         ds: unbatched `(image, label)` elements.
-        cfg: the recipe's data section (cache, shuffle, augmentation).
         batch_size: the global batch; a strategy splits it across replicas.
         training: shuffle, augment and drop the last partial batch.
-        seed: shuffle and augmentation seed; defaults to `cfg.seed`.
+        seed: shuffle and augmentation seed.
+        shuffle_buffer, cache, deterministic: as the recipe's data keys;
+            `cache="auto"` keeps the elements in memory when `source` is
+            one of bounded size (`cache_mode`).
+        augment: None, or a dict of `AUGMENT_DEFAULTS` keys (the recipe's
+            `data.augment`), applied when `training`.
+        source: the data source `ds` came from, for `cache="auto"`.
 
     Example:
 
     ```python
-    splits = load_splits(cfg)
-    train = make_input(splits.train, cfg, batch_size=128, training=True)
+    splits = load_splits("digits")
+    train = make_input(splits.train, batch_size=128, training=True,
+                       source="digits", augment={"brightness": 0.1})
     ```
     """
-    seed = cfg.seed if seed is None else seed
     options = tf.data.Options()
-    options.deterministic = cfg.deterministic or not training
+    options.deterministic = deterministic or not training
     ds = ds.with_options(options)
     # Cache the raw (often uint8) elements: 4x smaller than float pixels.
-    cache = _cache_mode(cfg)
+    cache = cache_mode(cache, source)
     if cache == "memory":
         ds = ds.cache()
     elif cache != "none":
         ds = ds.cache(cache)
-    buffer = _shuffle_buffer(ds, cfg.shuffle_buffer)
+    buffer = _shuffle_buffer(ds, shuffle_buffer)
     if training and buffer > 1:
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    if training and _has_augmentation(cfg):
+    augment = augment_options(augment)
+    if training and any(augment.values()):
         ds = ds.map(to_unit_pixels, num_parallel_calls=tf.data.AUTOTUNE)
         # One seed pair per element, drawn afresh each epoch: parallel map
         # order cannot change which image gets which augmentation.
@@ -185,7 +238,7 @@ def make_input(
             seed=seed, rerandomize_each_iteration=True
         ).batch(2)
         ds = tf.data.Dataset.zip((ds, seeds)).map(
-            _augment(cfg), num_parallel_calls=tf.data.AUTOTUNE
+            _augment(**augment), num_parallel_calls=tf.data.AUTOTUNE
         )
         ds = ds.batch(batch_size, drop_remainder=training)
     else:
@@ -201,25 +254,25 @@ DatasetOrFn = Union[tf.data.Dataset, Callable[[], tf.data.Dataset]]
 
 def make_replica_input(
     ds: DatasetOrFn,
-    cfg: DataConfig,
     input_context: tf.distribute.InputContext,
     *,
     global_batch: int,
     training: bool,
-    seed: Optional[int] = None,
+    seed: int = 0,
+    **input_options: Any,
 ) -> tf.data.Dataset:
     """The dataset of one input pipeline: its shard, per-replica batches.
 
     Args:
         ds: unbatched `(image, label)` elements, or a function that builds
             them (called here, so each worker builds its own pipeline).
-        cfg: the recipe's data section.
         input_context: from `strategy.distribute_datasets_from_function`.
         global_batch: the recipe's batch; each replica gets
             `global_batch / num_replicas_in_sync`.
         training: as in `make_input`.
         seed: base seed; each pipeline folds in its id so their
             augmentations differ.
+        **input_options: the other arguments of `make_input`.
 
     Raises:
         ValueError: if the global batch does not split evenly.
@@ -234,26 +287,25 @@ def make_replica_input(
     if not isinstance(ds, tf.data.Dataset):
         ds = ds()
     ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    base = cfg.seed if seed is None else seed
     return make_input(
         ds,
-        cfg,
         batch_size=per_replica,
         training=training,
-        seed=base + 1_000_003 * input_context.input_pipeline_id,
+        seed=seed + 1_000_003 * input_context.input_pipeline_id,
+        **input_options,
     )
 
 
 def make_distributed_input(
     ds_or_fn: DatasetOrFn,
-    cfg: DataConfig,
     strategy: tf.distribute.Strategy,
+    *,
     global_batch: int,
     training: bool,
-    seed: Optional[int] = None,
-    *,
+    seed: int = 0,
     repeat: bool = False,
     skip_steps: int = 0,
+    **input_options: Any,
 ) -> tf.distribute.DistributedDataset:
     """Feeds every replica its own examples, batched per replica.
 
@@ -263,23 +315,26 @@ def make_distributed_input(
     replicas see the same example in a step. `repeat` repeats each
     pipeline; `skip_steps` drops the first steps' batches (one per local
     replica each), which is how a resumed run starts where it stopped.
+    `**input_options` are the other arguments of `make_input`.
 
     Example:
 
     ```python
     strategy = tf.distribute.MirroredStrategy()
-    dist = make_distributed_input(splits.train, cfg, strategy, 256, True)
+    dist = make_distributed_input(
+        splits.train, strategy, global_batch=256, training=True
+    )
     ```
     """
 
     def dataset_fn(input_context: tf.distribute.InputContext):
         ds = make_replica_input(
             ds_or_fn,
-            cfg,
             input_context,
             global_batch=global_batch,
             training=training,
             seed=seed,
+            **input_options,
         )
         if repeat:
             ds = ds.repeat()

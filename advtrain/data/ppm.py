@@ -12,7 +12,8 @@ import io
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from advtrain.config import RecipeError
+from advtrain.data.errors import DataError
+from advtrain.errors import one_line
 
 
 def open_ppm(data: bytes, name: str = "image") -> Image.Image:
@@ -26,7 +27,7 @@ def open_ppm(data: bytes, name: str = "image") -> Image.Image:
         name: how errors name the file.
 
     Raises:
-        RecipeError: one line naming the file, for anything but a complete
+        DataError: one line naming the file, for anything but a complete
             P6 image.
 
     Example:
@@ -37,22 +38,21 @@ def open_ppm(data: bytes, name: str = "image") -> Image.Image:
     ```
     """
     if data[:2] != b"P6":
-        raise RecipeError(
+        raise DataError(
             f"{name}: not a binary PPM: expected magic 'P6'. Received: {data[:2]!r}"
         )
     try:
         image = Image.open(io.BytesIO(data), formats=["PPM"])
         image.load()
     except UnidentifiedImageError:
-        raise RecipeError(
+        raise DataError(
             f"{name}: bad PPM header: expected 'P6 width height maxval' with "
             f"width, height >= 1. Received: {data[:32]!r}"
         ) from None
     except (OSError, ValueError, SyntaxError) as exc:
-        lines = str(exc).strip().splitlines()
-        raise RecipeError(
+        raise DataError(
             f"{name}: truncated or bad PPM: expected a complete P6 image. "
-            f"Received: {lines[0] if lines else type(exc).__name__}"
+            f"Received: {one_line(exc)}"
         ) from None
     return image
 
@@ -61,7 +61,7 @@ def decode_ppm(data: bytes, name: str = "image") -> np.ndarray:
     """Decodes a binary PPM (P6) into a `(H, W, 3)` uint8 array.
 
     Raises:
-        RecipeError: as `open_ppm`.
+        DataError: as `open_ppm`.
 
     Example:
 

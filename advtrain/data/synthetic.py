@@ -9,7 +9,7 @@ Example:
 
 ```python
 written = write_gtsrb(tmp_dir, classes=(0, 3), tracks_per_class=2)
-cfg = DataConfig(source="gtsrb", path=str(tmp_dir), image_size=(32, 32))
+splits = load_splits("gtsrb", path=str(tmp_dir), image_size=(32, 32))
 ```
 """
 
@@ -109,30 +109,60 @@ def write_gtsrb(
         extracted: write the extracted folders.
         seed: random seed.
     """
-    root = Path(root)
     rng = np.random.default_rng(seed)
     files: dict[str, bytes] = {}
     written: list[GtsrbImage] = []
-    lo, hi = sizes
     for cls in classes:
-        folder = f"GTSRB/Final_Training/Images/{cls:05d}"
-        rows = [_HEADER]
-        for track in range(tracks_per_class):
-            # Like the real tracks: the last frame's size is log-uniform
-            # (most signs stay small), the first is 2.5x smaller.
-            end = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
-            start = max(lo, end / 2.5)
-            step = (end - start) / max(1, frames_per_track - 1)
-            for frame in range(frames_per_track):
-                size = int(round(start + step * frame))
-                image, roi = _gtsrb_image(rng, size, pattern)
-                name = f"{track:05d}_{frame:05d}.ppm"
-                files[f"{folder}/{name}"] = encode_ppm(image)
-                rows.append(_csv_row(name, image, roi, cls))
-                written.append(
-                    GtsrbImage("train", f"{folder}/{name}", cls, track, roi, image)
-                )
-        files[f"{folder}/GT-{cls:05d}.csv"] = _csv(rows)
+        _write_train_class(
+            files, written, rng, cls, tracks_per_class, frames_per_track, sizes, pattern
+        )
+    gt_csv = _write_test(files, written, rng, classes, test_per_class, sizes, pattern)
+    root = Path(root)
+    if extracted:
+        for rel, data in files.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        (root / "GT-final_test.csv").write_bytes(gt_csv)
+    if archives:
+        root.mkdir(parents=True, exist_ok=True)
+        train = {k: v for k, v in files.items() if "Final_Training" in k}
+        test = {k: v for k, v in files.items() if "Final_Test" in k}
+        _write_zip(root / "GTSRB_Final_Training_Images.zip", train)
+        _write_zip(root / "GTSRB_Final_Test_Images.zip", test)
+        _write_zip(root / "GTSRB_Final_Test_GT.zip", {"GT-final_test.csv": gt_csv})
+    return written
+
+
+def _write_train_class(
+    files, written, rng, cls, tracks_per_class, frames_per_track, sizes, pattern
+) -> None:
+    """Adds class `cls`'s training images and CSV to `files`."""
+    lo, hi = sizes
+    folder = f"GTSRB/Final_Training/Images/{cls:05d}"
+    rows = [_HEADER]
+    for track in range(tracks_per_class):
+        # Like the real tracks: the last frame's size is log-uniform
+        # (most signs stay small), the first is 2.5x smaller.
+        end = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+        start = max(lo, end / 2.5)
+        step = (end - start) / max(1, frames_per_track - 1)
+        for frame in range(frames_per_track):
+            size = int(round(start + step * frame))
+            image, roi = _gtsrb_image(rng, size, pattern)
+            name = f"{track:05d}_{frame:05d}.ppm"
+            files[f"{folder}/{name}"] = encode_ppm(image)
+            rows.append(_csv_row(name, image, roi, cls))
+            written.append(
+                GtsrbImage("train", f"{folder}/{name}", cls, track, roi, image)
+            )
+    files[f"{folder}/GT-{cls:05d}.csv"] = _csv(rows)
+
+
+def _write_test(files, written, rng, classes, test_per_class, sizes, pattern) -> bytes:
+    """Adds the test images and their unlabelled CSV to `files`; returns
+    the labelled GT-final_test.csv."""
+    lo, hi = sizes
     test_rows, gt_rows = [_HEADER.rsplit(";", 1)[0]], [_HEADER]
     index = 0
     for _ in range(test_per_class):
@@ -148,21 +178,7 @@ def write_gtsrb(
             test_rows.append(row.rsplit(";", 1)[0])
             written.append(GtsrbImage("test", path, cls, -1, roi, image))
     files["GTSRB/Final_Test/Images/GT-final_test.test.csv"] = _csv(test_rows)
-    gt_csv = _csv(gt_rows)
-    if extracted:
-        for rel, data in files.items():
-            path = root / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        (root / "GT-final_test.csv").write_bytes(gt_csv)
-    if archives:
-        root.mkdir(parents=True, exist_ok=True)
-        train = {k: v for k, v in files.items() if "Final_Training" in k}
-        test = {k: v for k, v in files.items() if "Final_Test" in k}
-        _write_zip(root / "GTSRB_Final_Training_Images.zip", train)
-        _write_zip(root / "GTSRB_Final_Test_Images.zip", test)
-        _write_zip(root / "GTSRB_Final_Test_GT.zip", {"GT-final_test.csv": gt_csv})
-    return written
+    return _csv(gt_rows)
 
 
 def _csv_row(name, image, roi, cls) -> str:

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import urllib.parse
 from pathlib import Path
+from typing import Optional
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from advtrain.config import DataConfig, RecipeError
+from advtrain.data.errors import DataError
 from advtrain.data.pipeline import DataSplits
 from advtrain.data.sources import register_source
+from advtrain.data.splits import require
 from advtrain.downloads import check_reachable
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+from advtrain.errors import one_line
 
 
 def _check_hosts(builder: tfds.core.DatasetBuilder) -> None:
@@ -43,22 +41,29 @@ def _check_hosts(builder: tfds.core.DatasetBuilder) -> None:
         check_reachable(url)
 
 
-def load_tfds_splits(name: str, cfg: DataConfig) -> DataSplits:
-    """Prepares TFDS dataset `name` and returns its DataSplits."""
+def prepare_tfds(
+    name: str, *, path: Optional[str] = None, tfds_data_dir: Optional[str] = None
+) -> tfds.core.DatasetBuilder:
+    """Downloads and prepares TFDS dataset `name` once; returns its builder.
+
+    Raises:
+        DataError: one line naming the dataset, for an unknown name or a
+            failed download (with what to do offline).
+    """
     try:
-        builder = tfds.builder(name, data_dir=cfg.tfds_data_dir)
+        builder = tfds.builder(name, data_dir=tfds_data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-        raise RecipeError(
+        raise DataError(
             f"data.tfds_name: unknown TFDS dataset. Received: tfds_name={name!r}"
         ) from None
-    manual = None if cfg.path is None else str(Path(cfg.path).expanduser())
+    manual = None if path is None else str(Path(path).expanduser())
     try:
         if not builder.is_prepared():
             _check_hosts(builder)
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(manual_dir=manual)
         )
-    except RecipeError:
+    except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 (network, disk, TFDS errors)
         hint = (
@@ -68,47 +73,67 @@ def load_tfds_splits(name: str, cfg: DataConfig) -> DataSplits:
             f"{builder.data_dir} to the same path here (data.tfds_data_dir), "
             "or put the files TFDS expects in data.path (manual_dir)."
         )
-        raise RecipeError(
+        raise DataError(
             f"tfds {name}: could not download or prepare into "
-            f"{builder.data_dir} ({type(exc).__name__}: {_one_line(exc)})."
+            f"{builder.data_dir} ({type(exc).__name__}: {one_line(exc)})."
             f"{hint}"
         ) from None
-    info = builder.info
+    return builder
+
+
+def _class_label(name: str, info: tfds.core.DatasetInfo):
+    """(image key, label feature) of a supervised classification dataset."""
     if info.supervised_keys is None or len(info.supervised_keys) != 2:
-        raise RecipeError(
+        raise DataError(
             f"data.tfds_name: {name} has no (image, label) supervised keys."
         )
     image_key, label_key = info.supervised_keys
     label = info.features[label_key]
-    num_classes = getattr(label, "num_classes", None)
-    if num_classes is None:
-        raise RecipeError(
+    if getattr(label, "num_classes", None) is None:
+        raise DataError(
             f"data.tfds_name: {name} labels are not class labels. "
             f"Received: {type(label).__name__}"
         )
+    return image_key, label
+
+
+def load_tfds_splits(
+    name: str,
+    *,
+    path: Optional[str] = None,
+    tfds_data_dir: Optional[str] = None,
+    image_size: Optional[tuple[int, int]] = None,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    limit_train: Optional[int] = None,
+    limit_test: Optional[int] = None,
+) -> DataSplits:
+    """Prepares TFDS dataset `name` and returns its DataSplits."""
+    builder = prepare_tfds(name, path=path, tfds_data_dir=tfds_data_dir)
+    info = builder.info
+    image_key, label = _class_label(name, info)
     n_train = info.splits["train"].num_examples
     if "test" in info.splits:
         test_spec, n_test = "test", info.splits["test"].num_examples
         train_end = n_train
     else:
-        n_test = int(round(n_train * cfg.test_fraction))
+        n_test = int(round(n_train * test_fraction))
         train_end = n_train - n_test
         test_spec = f"train[{train_end}:]"
-    n_val = int(round(train_end * cfg.val_fraction))
+    n_val = int(round(train_end * val_fraction))
     n_fit = train_end - n_val
-    if cfg.limit_train is not None:
-        n_fit = min(n_fit, cfg.limit_train)
-    if cfg.limit_test is not None:
-        n_test = min(n_test, cfg.limit_test)
+    if limit_train is not None:
+        n_fit = min(n_fit, limit_train)
+    if limit_test is not None:
+        n_test = min(n_test, limit_test)
 
     image_shape = tuple(info.features[image_key].shape)
-    size = cfg.image_size
-    if size is not None:
-        image_shape = (*size, image_shape[-1])
+    if image_size is not None:
+        image_shape = (*image_size, image_shape[-1])
 
     def convert(x, y):
-        if size is not None:
-            x = tf.image.resize(x, size, antialias=True)
+        if image_size is not None:
+            x = tf.image.resize(x, image_size, antialias=True)
             x = tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8)
         return x, tf.cast(y, tf.int64)
 
@@ -116,12 +141,11 @@ def load_tfds_splits(name: str, cfg: DataConfig) -> DataSplits:
         ds = builder.as_dataset(split=split, as_supervised=True)
         return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
-    test = load(test_spec).take(n_test)
     return DataSplits(
         train=load(f"train[{n_val}:{n_val + n_fit}]"),
-        test=test,
+        test=load(test_spec).take(n_test),
         val=load(f"train[:{n_val}]") if n_val else None,
-        num_classes=int(num_classes),
+        num_classes=int(label.num_classes),
         image_shape=image_shape,
         train_size=n_fit,
         test_size=n_test,
@@ -131,10 +155,26 @@ def load_tfds_splits(name: str, cfg: DataConfig) -> DataSplits:
 
 
 @register_source("tfds")
-def tfds_splits(cfg: DataConfig) -> DataSplits:
-    if not cfg.tfds_name:
-        raise RecipeError(
-            "data.tfds_name: source tfds needs a TFDS dataset name, e.g. "
-            "mnist. Received: tfds_name=None"
-        )
-    return load_tfds_splits(cfg.tfds_name, cfg)
+def tfds_splits(
+    *,
+    tfds_name: Optional[str] = None,
+    path: Optional[str] = None,
+    tfds_data_dir: Optional[str] = None,
+    image_size: Optional[tuple[int, int]] = None,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.0,
+    limit_train: Optional[int] = None,
+    limit_test: Optional[int] = None,
+) -> DataSplits:
+    """TFDS dataset `tfds_name`; the options as in `load_tfds_splits`."""
+    name = require("tfds", "tfds_name", tfds_name, "a TFDS dataset name, e.g. mnist")
+    return load_tfds_splits(
+        name,
+        path=path,
+        tfds_data_dir=tfds_data_dir,
+        image_size=image_size,
+        test_fraction=test_fraction,
+        val_fraction=val_fraction,
+        limit_train=limit_train,
+        limit_test=limit_test,
+    )

@@ -141,64 +141,10 @@ class AdversarialModel(keras.Model):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        if not (
-            batchnorm_momentum in ("auto", None)
-            or isinstance(batchnorm_momentum, float)
-            and 0.0 < batchnorm_momentum < 1.0
-        ):
-            raise ValueError(
-                "batchnorm_momentum must be 'auto', a number in (0, 1) or None. "
-                f"Received: batchnorm_momentum={batchnorm_momentum!r}"
-            )
-        if isinstance(attack, dict):
-            attack = Attack.from_config(attack)
-        if attack is not None and not isinstance(attack, Attack):
-            raise TypeError(
-                "attack must be an advtrain.attacks.Attack or its config dict. "
-                f"Received: attack={attack!r}"
-            )
-        if not isinstance(adv_weight, (int, float)) or not 0 <= adv_weight <= 1:
-            raise ValueError(
-                "adv_weight must be between 0.0 and 1.0. "
-                f"Received: adv_weight={adv_weight!r}"
-            )
-        if adv_weight > 0 and attack is None:
-            raise ValueError("adv_weight > 0 needs an attack. Received: attack=None")
-        if (
-            isinstance(eps_ramp_steps, bool)
-            or not isinstance(eps_ramp_steps, int)
-            or eps_ramp_steps < 0
-        ):
-            raise ValueError(
-                "eps_ramp_steps must be an integer >= 0. "
-                f"Received: eps_ramp_steps={eps_ramp_steps!r}"
-            )
-        if eps_ramp_steps and attack is None:
-            raise ValueError(
-                "eps_ramp_steps > 0 needs an attack. Received: attack=None"
-            )
-        if attack_mode not in ATTACK_MODES:
-            raise ValueError(
-                f"attack_mode must be one of {', '.join(ATTACK_MODES)}. "
-                f"Received: attack_mode={attack_mode!r}"
-            )
-        overridden = [
-            h
-            for h in HOOKS
-            if getattr(type(self), h) is not getattr(AdversarialModel, h)
-        ]
-        if fused and overridden:
-            raise ValueError(
-                "fused=True needs the default generate_adversarial and "
-                f"adversarial_loss hooks (the fused step calls neither); "
-                f"{type(self).__name__} overrides {', '.join(overridden)}. "
-                "Received: fused=True"
-            )
-        if fused and (attack is None or not attack.single_step):
-            raise ValueError(
-                "fused=True needs a single-step attack (method fgsm or "
-                f"fgsm_rs, backend advtrain). Received: attack={attack!r}"
-            )
+        attack = _checked_arguments(
+            attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
+        )
+        self._check_fused(fused, attack)
         self.classifier = classifier
         self.fused_batchnorm = bool(fused_batchnorm)
         if self.fused_batchnorm:
@@ -224,6 +170,25 @@ class AdversarialModel(keras.Model):
         # float16 an unscaled loss underflows and FGSM silently stops.
         self.zero_grad_tracker = _MeasuredMean(name="zero_grad_fraction")
         self._zero_grad = None
+
+    def _check_fused(self, fused: bool, attack: Optional[Attack]) -> None:
+        overridden = [
+            h
+            for h in HOOKS
+            if getattr(type(self), h) is not getattr(AdversarialModel, h)
+        ]
+        if fused and overridden:
+            raise ValueError(
+                "fused=True needs the default generate_adversarial and "
+                f"adversarial_loss hooks (the fused step calls neither); "
+                f"{type(self).__name__} overrides {', '.join(overridden)}. "
+                "Received: fused=True"
+            )
+        if fused and (attack is None or not attack.single_step):
+            raise ValueError(
+                "fused=True needs a single-step attack (method fgsm or "
+                f"fgsm_rs, backend advtrain). Received: attack={attack!r}"
+            )
 
     def call(self, inputs, training=False):
         return self.classifier(inputs, training=training)
@@ -518,14 +483,9 @@ class AdversarialModel(keras.Model):
             # from an inference pass; it takes no part in the gradient.
             y_pred = self(x, training=False)
             if not self.clean_loss_tracker.measured:
-                clean = self.compute_loss(
-                    x=x,
-                    y=y,
-                    y_pred=y_pred,
-                    sample_weight=sample_weight,
-                    training=False,
+                self.track_losses(
+                    clean=self._inference_loss(x, y, y_pred, sample_weight)
                 )
-                self.track_losses(clean=clean)
         logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return self._measured(logs, "train")
 
@@ -536,26 +496,24 @@ class AdversarialModel(keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         self._begin_measuring()
         y_pred = self(x, training=False)
-        loss = self.compute_loss(
-            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
-        )
+        loss = self._inference_loss(x, y, y_pred, sample_weight)
         self._track_loss(loss, x)
         self.track_losses(clean=loss)
         if self.attack is not None:
             x_adv = self.generate_adversarial(x, y)
             self._track_zero_gradients()
             y_pred_adv = self(x_adv, training=False)
-            adv = self.compute_loss(
-                x=x_adv,
-                y=y,
-                y_pred=y_pred_adv,
-                sample_weight=sample_weight,
-                training=False,
-            )
+            adv = self._inference_loss(x_adv, y, y_pred_adv, sample_weight)
             self.track_losses(adv=adv)
             self.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
         logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return self._measured(logs, "test")
+
+    def _inference_loss(self, x, y, y_pred, sample_weight):
+        """The compiled loss of a pass that takes no part in the gradient."""
+        return self.compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
+        )
 
     @contextlib.contextmanager
     def _ramped_attack(self):
@@ -635,3 +593,50 @@ class AdversarialModel(keras.Model):
             config["classifier"], custom_objects=custom_objects
         )
         return cls(**config)
+
+
+def _checked_arguments(
+    attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
+) -> Optional[Attack]:
+    """Validates `AdversarialModel`'s arguments; returns the `Attack` (a
+    config dict turned into one)."""
+    if not (
+        batchnorm_momentum in ("auto", None)
+        or isinstance(batchnorm_momentum, float)
+        and 0.0 < batchnorm_momentum < 1.0
+    ):
+        raise ValueError(
+            "batchnorm_momentum must be 'auto', a number in (0, 1) or None. "
+            f"Received: batchnorm_momentum={batchnorm_momentum!r}"
+        )
+    if isinstance(attack, dict):
+        attack = Attack.from_config(attack)
+    if attack is not None and not isinstance(attack, Attack):
+        raise TypeError(
+            "attack must be an advtrain.attacks.Attack or its config dict. "
+            f"Received: attack={attack!r}"
+        )
+    if not isinstance(adv_weight, (int, float)) or not 0 <= adv_weight <= 1:
+        raise ValueError(
+            "adv_weight must be between 0.0 and 1.0. "
+            f"Received: adv_weight={adv_weight!r}"
+        )
+    if adv_weight > 0 and attack is None:
+        raise ValueError("adv_weight > 0 needs an attack. Received: attack=None")
+    if (
+        isinstance(eps_ramp_steps, bool)
+        or not isinstance(eps_ramp_steps, int)
+        or eps_ramp_steps < 0
+    ):
+        raise ValueError(
+            "eps_ramp_steps must be an integer >= 0. "
+            f"Received: eps_ramp_steps={eps_ramp_steps!r}"
+        )
+    if eps_ramp_steps and attack is None:
+        raise ValueError("eps_ramp_steps > 0 needs an attack. Received: attack=None")
+    if attack_mode not in ATTACK_MODES:
+        raise ValueError(
+            f"attack_mode must be one of {', '.join(ATTACK_MODES)}. "
+            f"Received: attack_mode={attack_mode!r}"
+        )
+    return attack

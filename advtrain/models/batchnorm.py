@@ -27,13 +27,12 @@ inference mode even when the model is called with `training=True`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any, Optional, Union
 
 import keras
 import numpy as np
-
-from advtrain.config import BatchNormConfig
 
 # Keras's own BatchNormalization momentum: the Python API treats a layer
 # still at this value as not chosen by the user.
@@ -133,34 +132,37 @@ def resolve_momentum(
 
 def apply_batchnorm_policy(
     model: keras.layers.Layer,
-    cfg: BatchNormConfig,
+    *,
     total_steps: Optional[int] = None,
+    momentum: Union[str, float, None] = "auto",
+    fused_kernel: bool = True,
 ) -> int:
-    """Applies the recipe's BN momentum to every BN layer and, with
-    `cfg.fused_kernel`, switches plain Keras BN layers to the fused kernel;
-    returns the BN layer count.
+    """Applies the BN momentum to every BN layer and, with `fused_kernel`,
+    switches plain Keras BN layers to the fused kernel; returns the BN
+    layer count.
 
-    `cfg.momentum: auto` is `auto_momentum(total_steps)` (the run's
-    epochs x steps per epoch). `cfg.trainable` is applied by
-    `advtrain.models.freezing.apply_phase`, which decides what trains;
-    recalibration and the gap report run after training
+    The keywords are the recipe's `model.batchnorm` keys, with its
+    defaults. `momentum="auto"` is `auto_momentum(total_steps)` (the run's
+    epochs x steps per epoch); None keeps each layer's own. `trainable` is
+    applied by `advtrain.models.freezing.apply_phase`, which decides what
+    trains; recalibration and the gap report run after training
     (`settle_batchnorm`).
 
     Example:
 
     ```python
-    apply_batchnorm_policy(classifier, BatchNormConfig(), total_steps=660)
+    apply_batchnorm_policy(classifier, total_steps=660, momentum="auto")
     classifier.compile(...)
     ```
     """
-    if cfg.fused_kernel:
+    if fused_kernel:
         from advtrain.models.fused_batchnorm import fuse_batchnorm
 
         fuse_batchnorm(model)
-    momentum = resolve_momentum(cfg.momentum, total_steps)
-    if momentum is None:
+    value = resolve_momentum(momentum, total_steps)
+    if value is None:
         return len(batchnorm_layers(model))
-    return set_batchnorm_momentum(model, momentum)
+    return set_batchnorm_momentum(model, value)
 
 
 def adapt_momentum(
@@ -289,44 +291,60 @@ def recalibrate_batchnorm(
     layers = [layer for layer in all_bn if include_frozen or layer.trainable]
     if not layers:
         return 0
-    saved = [(layer, layer.momentum, layer.trainable) for layer in layers]
-    # A frozen BN layer only computes batch statistics once trainable;
-    # setting it on the layer alone leaves its parents as they are.
-    untouched = [
-        (layer, layer.moving_mean.numpy(), layer.moving_variance.numpy())
-        for layer in all_bn
-        if layer not in layers
-    ]
-    sums = [
-        [np.zeros(layer.moving_mean.shape, "float64") for _ in range(2)]
-        for layer in layers
-    ]
-    count = 0
-    try:
-        for layer in layers:
-            layer.momentum = 0.0
-            layer.trainable = True
-        for batch in dataset:
-            if count >= num_batches:
-                break
-            model(_batch_inputs(batch), training=True)
-            for layer, (mean_sum, var_sum) in zip(layers, sums, strict=True):
-                mean_sum += layer.moving_mean.numpy()
-                var_sum += layer.moving_variance.numpy()
-            count += 1
-    finally:
-        for layer, momentum, trainable in saved:
-            layer.momentum = momentum
-            layer.trainable = trainable
-        for layer, mean, variance in untouched:
-            layer.moving_mean.assign(mean)
-            layer.moving_variance.assign(variance)
+    untouched = [layer for layer in all_bn if layer not in layers]
+    with _batch_statistics_mode(layers, untouched):
+        sums, count = _sum_batch_statistics(model, layers, dataset, num_batches)
     if count == 0:
         raise ValueError("recalibrate_batchnorm: the dataset yielded no batch.")
     for layer, (mean_sum, var_sum) in zip(layers, sums, strict=True):
         layer.moving_mean.assign((mean_sum / count).astype("float32"))
         layer.moving_variance.assign((var_sum / count).astype("float32"))
     return count
+
+
+@contextlib.contextmanager
+def _batch_statistics_mode(layers: list, untouched: list):
+    """`layers` trainable at momentum 0 (their moving statistics become
+    each batch's); on exit their settings and the moving statistics of
+    the `untouched` BN layers are restored."""
+    saved = [(layer, layer.momentum, layer.trainable) for layer in layers]
+    # A frozen BN layer only computes batch statistics once trainable;
+    # setting it on the layer alone leaves its parents as they are.
+    kept = [
+        (layer, layer.moving_mean.numpy(), layer.moving_variance.numpy())
+        for layer in untouched
+    ]
+    try:
+        for layer in layers:
+            layer.momentum = 0.0
+            layer.trainable = True
+        yield
+    finally:
+        for layer, momentum, trainable in saved:
+            layer.momentum = momentum
+            layer.trainable = trainable
+        for layer, mean, variance in kept:
+            layer.moving_mean.assign(mean)
+            layer.moving_variance.assign(variance)
+
+
+def _sum_batch_statistics(model, layers, dataset, num_batches):
+    """Sums of each layer's per-batch mean and variance over up to
+    `num_batches` batches, and how many batches were summed."""
+    sums = [
+        [np.zeros(layer.moving_mean.shape, "float64") for _ in range(2)]
+        for layer in layers
+    ]
+    count = 0
+    for batch in dataset:
+        if count >= num_batches:
+            break
+        model(_batch_inputs(batch), training=True)
+        for layer, (mean_sum, var_sum) in zip(layers, sums, strict=True):
+            mean_sum += layer.moving_mean.numpy()
+            var_sum += layer.moving_variance.numpy()
+        count += 1
+    return sums, count
 
 
 def _accuracy(logits: np.ndarray, y: np.ndarray) -> float:
@@ -476,14 +494,15 @@ def settle_batchnorm(
     y: Any,
     batch_size: int,
     train_batches: Iterable,
+    *,
     recalibrate: Union[bool, str] = "auto",
-    threshold: float = 0.05,
-    num_batches: int = 50,
+    gap_threshold: float = 0.05,
+    recalibrate_batches: int = 50,
 ) -> dict[str, Any]:
     """After training: measure the BN gap, recalibrate when the policy
     says so, measure again.
 
-    `recalibrate`: "auto" recalibrates when |gap| > `threshold`, True
+    `recalibrate`: "auto" recalibrates when |gap| > `gap_threshold`, True
     always, False never. Only a model with trainable BN layers is
     recalibrated (nothing else would change).
 
@@ -492,9 +511,8 @@ def settle_batchnorm(
         x, y: held-out images and labels for `bn_gap`.
         batch_size: training-mode batch size for `bn_gap`.
         train_batches: clean training batches for `recalibrate_batchnorm`.
-        recalibrate, threshold, num_batches: the policy
-            (`model.batchnorm.recalibrate`, `gap_threshold`,
-            `recalibrate_batches`).
+        recalibrate, gap_threshold, recalibrate_batches: the policy, the
+            recipe's `model.batchnorm` keys.
 
     Returns:
         `bn_gap`'s dict for the final weights, plus `recalibrated` (the
@@ -512,15 +530,17 @@ def settle_batchnorm(
     before = bn_gap(model, x, y, batch_size=batch_size)
     trains_bn = any(layer.trainable for layer in batchnorm_layers(model))
     wanted = recalibrate is True or (
-        recalibrate == "auto" and abs(before["gap"]) > threshold
+        recalibrate == "auto" and abs(before["gap"]) > gap_threshold
     )
     after, batches = before, 0
     if wanted and trains_bn:
-        batches = recalibrate_batchnorm(model, train_batches, num_batches=num_batches)
+        batches = recalibrate_batchnorm(
+            model, train_batches, num_batches=recalibrate_batches
+        )
         after = bn_gap(model, x, y, batch_size=batch_size)
     warning = bn_gap_warning(
         after["gap"],
-        threshold,
+        gap_threshold,
         momentum=layer_momentum(model),
         recalibrated=batches > 0,
     )

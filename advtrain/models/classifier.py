@@ -10,12 +10,12 @@ sizes and clipping are in pixel units whatever the backbone, and a saved
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Optional
 
 import keras
 
 from advtrain.backbones import BackboneSpec, backbones
-from advtrain.config import ModelConfig, RecipeError
 from advtrain.models.layers import BackbonePreprocess, ResizeTo, ToChannels
 from advtrain.models.weights import (
     build_backbone,
@@ -25,28 +25,34 @@ from advtrain.models.weights import (
 
 
 def backbone_spec(name: str) -> BackboneSpec:
-    """The registry entry for `name`; RecipeError listing the known ones."""
+    """The registry entry for `name`; ValueError listing the known ones."""
     if name not in backbones:
-        raise RecipeError(f"model.backbone: {backbones.unknown_message(name)}")
+        raise ValueError(f"model.backbone: {backbones.unknown_message(name)}")
     return backbones.get(name)
 
 
 def backbone_input_size(
-    cfg: ModelConfig, spec: BackboneSpec, height: int, width: int
+    backbone: str,
+    height: int,
+    width: int,
+    *,
+    input_size: Optional[Sequence[int]] = None,
+    weights: Optional[str] = None,
 ) -> tuple[int, int]:
-    """The (height, width) the backbone sees.
+    """The (height, width) the backbone named `backbone` sees.
 
-    `cfg.input_size` when set (it must reach the backbone's minimum);
+    `input_size` when set (it must reach the backbone's minimum);
     otherwise the native size, scaled up with its aspect ratio kept when
     its short side is below the minimum: to the backbone's default size
     when pretrained weights are loaded (the scale they were trained at),
     else to the minimum (cheapest).
     """
-    if cfg.input_size is not None:
-        size = (int(cfg.input_size[0]), int(cfg.input_size[1]))
+    spec = backbone_spec(backbone)
+    if input_size is not None:
+        size = (int(input_size[0]), int(input_size[1]))
         if min(size) < spec.min_size:
-            raise RecipeError(
-                f"model.input_size: {cfg.backbone} needs sides >= "
+            raise ValueError(
+                f"model.input_size: {backbone} needs sides >= "
                 f"{spec.min_size}. Received: input_size={list(size)}"
             )
         return size
@@ -54,7 +60,7 @@ def backbone_input_size(
     if short >= spec.min_size:
         return (height, width)
     target = spec.min_size
-    if cfg.weights is not None and spec.default_size:
+    if weights is not None and spec.default_size:
         target = max(target, spec.default_size)
     scale = target / short
     return (
@@ -64,9 +70,14 @@ def backbone_input_size(
 
 
 def build_classifier(
-    cfg: ModelConfig,
-    image_shape: tuple[int, int, int],
+    image_shape: Sequence[int],
     num_classes: int,
+    *,
+    backbone: str = "small_cnn",
+    weights: Optional[str] = None,
+    input_size: Optional[Sequence[int]] = None,
+    width: int = 32,
+    dropout: float = 0.0,
 ) -> keras.Model:
     """Builds a classifier taking raw pixels and returning float32 logits.
 
@@ -74,27 +85,30 @@ def build_classifier(
     `to_channels` (grayscale to RGB, when needed) -> `resize` (when the
     backbone needs another size, see `backbone_input_size`) -> `preprocess`
     (the backbone's mode) -> backbone (the one nested model) -> `pool` ->
-    `dropout` (when `cfg.dropout`) -> `logits`.
+    `dropout` (when `dropout`) -> `logits`.
 
-    Weights follow `cfg.weights` (see `advtrain.models.weights`). Freezing
-    and the BatchNorm policy are applied afterwards by
+    Freezing and the BatchNorm policy are applied afterwards by
     `advtrain.models.freezing.apply_phase` and
     `advtrain.models.batchnorm.apply_batchnorm_policy`.
 
     Args:
-        cfg: the recipe's model section.
         image_shape: the dataset's native (height, width, channels).
         num_classes: number of logits.
+        backbone: a registered backbone name (`advtrain.backbones`).
+        weights: None (random), "imagenet", or a weights file (see
+            `advtrain.models.weights`).
+        input_size: (height, width) the backbone sees; None: derived.
+        width: base width of the builders that take one (small_cnn...).
+        dropout: dropout rate before the logits (0: no dropout layer).
 
     Raises:
-        RecipeError: unknown backbone, input size below the backbone's
+        ValueError: unknown backbone, input size below the backbone's
             minimum, or weights that cannot be fetched or loaded.
 
     Example:
 
     ```python
-    from advtrain.config import ModelConfig
-    model = build_classifier(ModelConfig(width=8), (8, 8, 1), 10)
+    model = build_classifier((8, 8, 1), 10, backbone="small_cnn", width=8)
     model(np.zeros((2, 8, 8, 1), "float32")).shape  # (2, 10)
     ```
     """
@@ -105,37 +119,43 @@ def build_classifier(
         )
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1. Received: {num_classes}")
-    spec = backbone_spec(cfg.backbone)
-    height, width, channels = (int(v) for v in image_shape)
+    spec = backbone_spec(backbone)
+    height, side, channels = (int(v) for v in image_shape)
 
     # Input adapter: raw [0, 1] pixels to the backbone's channels and size.
-    inputs = keras.Input(
-        shape=(height, width, channels), name="pixels", dtype="float32"
+    inputs = keras.Input(shape=(height, side, channels), name="pixels", dtype="float32")
+    size = backbone_input_size(
+        backbone, height, side, input_size=input_size, weights=weights
     )
-    x = inputs
+    x, target_channels = _input_adapter(inputs, spec, size)
+
+    # Backbone and head.
+    trunk = build_backbone(
+        backbone, spec, (*size, target_channels), weights=weights, width=width
+    )
+    features = trunk(x)
+    if len(features.shape) == 4:
+        features = keras.layers.GlobalAveragePooling2D(name="pool")(features)
+    if dropout:
+        features = keras.layers.Dropout(dropout, name="dropout")(features)
+    logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(features)
+    model = keras.Model(inputs, logits, name=f"{backbone}_classifier")
+
+    if weights is not None and not is_pretrained_name(weights):
+        load_weights_file(model, trunk, weights)
+    return model
+
+
+def _input_adapter(inputs, spec: BackboneSpec, size: tuple[int, int]):
+    """Layers from raw pixels to the backbone's channels, size and
+    preprocessing; returns the output and its channel count."""
+    x, channels = inputs, inputs.shape[-1]
     target_channels = spec.channels or channels
     if target_channels != channels:
         x = ToChannels(target_channels, name="to_channels")(x)
-    size = backbone_input_size(cfg, spec, height, width)
-    if size != (height, width):
+    if size != tuple(inputs.shape[1:3]):
         x = ResizeTo(size[0], size[1], name="resize")(x)
-    x = BackbonePreprocess(spec.preprocess, name="preprocess")(x)
-
-    # Backbone and head.
-    backbone = build_backbone(
-        cfg.backbone, spec, (size[0], size[1], target_channels), cfg
-    )
-    features = backbone(x)
-    if len(features.shape) == 4:
-        features = keras.layers.GlobalAveragePooling2D(name="pool")(features)
-    if cfg.dropout:
-        features = keras.layers.Dropout(cfg.dropout, name="dropout")(features)
-    logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(features)
-    model = keras.Model(inputs, logits, name=f"{cfg.backbone}_classifier")
-
-    if cfg.weights is not None and not is_pretrained_name(cfg.weights):
-        load_weights_file(model, backbone, cfg.weights)
-    return model
+    return BackbonePreprocess(spec.preprocess, name="preprocess")(x), target_channels
 
 
 def classifier_head(model: keras.Model) -> list[keras.layers.Layer]:

@@ -17,12 +17,13 @@ its moving statistics and never updates them. So:
 - `all_trainable`: everything trains; BN layers too unless
   `model.batchnorm.trainable: false`.
 
-The schedule: `phases(cfg, epochs)` splits training into a head-only warmup
-of `cfg.head_only_epochs` epochs and a fine-tune phase under `cfg.freeze` at
-`learning_rate * cfg.finetune_lr_factor`. The runner calls, per phase:
+The schedule: `phases(epochs, head_only_epochs=..., freeze=...)` splits
+training into a head-only warmup of `head_only_epochs` epochs and a
+fine-tune phase under `freeze` at `learning_rate * finetune_lr_factor`.
+The runner calls, per phase:
 
 ```python
-for phase in phases(recipe.model, recipe.train.epochs):
+for phase in phases(epochs, head_only_epochs=2, freeze="top_k", top_k=10):
     apply_phase(classifier, phase)
     model.compile(optimizer=make_optimizer(lr * phase.lr_factor), ...)
     model.fit(..., initial_epoch=phase.start_epoch, epochs=phase.end_epoch)
@@ -40,7 +41,6 @@ from typing import Literal, Optional
 
 import keras
 
-from advtrain.config import ModelConfig
 from advtrain.models.batchnorm import walk_layers
 
 FreezeMode = Literal["all_trainable", "frozen", "top_k"]
@@ -84,46 +84,43 @@ def resolve_bn_trainable(freeze: str, bn_trainable: Optional[bool]) -> bool:
     return bn_trainable
 
 
-def phases(cfg: ModelConfig, epochs: int) -> list[Phase]:
-    """The training schedule for a recipe's model section.
+def phases(
+    epochs: int,
+    *,
+    head_only_epochs: int = 0,
+    freeze: FreezeMode = "all_trainable",
+    top_k: int = 0,
+    finetune_lr_factor: float = 0.1,
+    bn_trainable: Optional[bool] = None,
+) -> list[Phase]:
+    """The training schedule: `epochs` (the recipe's `train.epochs`) and
+    the recipe's model keys, with its defaults (`bn_trainable` is
+    `model.batchnorm.trainable`).
 
     - `head_only_epochs == 0` or `freeze == "frozen"`: one phase, "train",
-      under `cfg.freeze` at the recipe's learning rate.
-    - otherwise: "warmup", `min(head_only_epochs, epochs)` head-only epochs at
-      the recipe's learning rate, then "finetune" for the remaining epochs
-      under `cfg.freeze` at `learning_rate * cfg.finetune_lr_factor`
+      under `freeze` at the recipe's learning rate.
+    - otherwise: "warmup", `min(head_only_epochs, epochs)` head-only epochs
+      at the recipe's learning rate, then "finetune" for the remaining
+      epochs under `freeze` at `learning_rate * finetune_lr_factor`
       (omitted when no epoch remains).
-
-    Args:
-        cfg: the recipe's model section.
-        epochs: the recipe's `train.epochs`.
 
     Example:
 
     ```python
-    cfg = ModelConfig(backbone="resnet50", freeze="top_k", top_k=10,
-                      head_only_epochs=2, finetune_lr_factor=0.1)
-    phases(cfg, 5)  # warmup 0->2 (frozen, lr x1), finetune 2->5 (lr x0.1)
+    phases(5, freeze="top_k", top_k=10, head_only_epochs=2)
+    # warmup 0->2 (frozen, lr x1), finetune 2->5 (lr x0.1)
     ```
     """
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0. Received: epochs={epochs}")
-    bn = resolve_bn_trainable(cfg.freeze, cfg.batchnorm.trainable)
-    if cfg.head_only_epochs == 0 or cfg.freeze == "frozen":
-        return [Phase("train", 0, epochs, cfg.freeze, cfg.top_k, bn, 1.0)]
-    warm = min(cfg.head_only_epochs, epochs)
+    bn = resolve_bn_trainable(freeze, bn_trainable)
+    if head_only_epochs == 0 or freeze == "frozen":
+        return [Phase("train", 0, epochs, freeze, top_k, bn, 1.0)]
+    warm = min(head_only_epochs, epochs)
     schedule = [Phase("warmup", 0, warm, "frozen", 0, False, 1.0)]
     if epochs > warm:
         schedule.append(
-            Phase(
-                "finetune",
-                warm,
-                epochs,
-                cfg.freeze,
-                cfg.top_k,
-                bn,
-                cfg.finetune_lr_factor,
-            )
+            Phase("finetune", warm, epochs, freeze, top_k, bn, finetune_lr_factor)
         )
     return schedule
 
@@ -217,7 +214,7 @@ def apply_phase(model: keras.Model, phase: Phase) -> list[str]:
     Example:
 
     ```python
-    for phase in phases(recipe.model, recipe.train.epochs):
+    for phase in phases(5, head_only_epochs=2, freeze="all_trainable"):
         apply_phase(classifier, phase)
         classifier.compile(keras.optimizers.Adam(1e-3 * phase.lr_factor),
                            loss, metrics)

@@ -7,7 +7,6 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from advtrain.attacks import pgd
 from advtrain.models.adversarial import AdversarialModel
 
 
@@ -55,19 +54,13 @@ class TRADES(AdversarialModel):
         p_clean = tf.stop_gradient(
             tf.nn.softmax(tf.cast(self.attack_model_fn(x), tf.float32))
         )
-        a = self.attack
-        x_adv = pgd(
+        # The KL's maximiser is PGD on the advtrain backend, one start.
+        attack = self.attack.replace(method="pgd", backend="advtrain", restarts=1)
+        x_adv = attack(
             self.attack_model_fn,
             x,
             p_clean,
-            eps=a.eps,
-            steps=a.steps,
-            step_size=a.step_size,
-            norm=a.norm,
-            random_start=a.random_start,
             loss_fn=per_example_kl,
-            clip_min=a.clip_min,
-            clip_max=a.clip_max,
             loss_scale=self.attack_loss_scale(),
             seed=self.seed_generator,
         )

@@ -4,7 +4,7 @@
   (default `~/.keras/models/`) and reads it from there afterwards. Without
   network the download fails within seconds (a quick connection check
   before it, when the file is not cached) and the run stops with one
-  `RecipeError` line naming the file, the folder to place it in, and the
+  `ValueError` line naming the file, the folder to place it in, and the
   alternatives.
 - a path: built without weights, then loaded. `.weights.h5` or `.keras`
   files saved by Keras 3 from the whole classifier (same backbone, input
@@ -26,8 +26,8 @@ from typing import Optional
 import keras
 
 from advtrain.backbones.registry import BackboneSpec
-from advtrain.config import ModelConfig, RecipeError
 from advtrain.downloads import check_reachable
+from advtrain.errors import one_line
 
 PRETRAINED = ("imagenet",)
 # Where keras.applications downloads its ImageNet weights from.
@@ -39,13 +39,18 @@ _MOBILENET_SIDES = (96, 128, 160, 192, 224)
 
 
 def keras_models_dir() -> str:
-    """The folder Keras caches application weights in."""
-    try:
-        from keras.src.backend import config as keras_config
+    """The folder Keras caches application weights in.
 
-        home = keras_config.keras_home()
-    except (ImportError, AttributeError):
-        home = os.environ.get("KERAS_HOME", os.path.expanduser("~/.keras"))
+    Keras has no public accessor for its home; its documented setting is
+    the `KERAS_HOME` environment variable, else `~/.keras` (`/tmp/.keras`
+    when the home folder is not writable), as Keras resolves it.
+    """
+    home = os.environ.get("KERAS_HOME")
+    if home is None:
+        base = os.path.expanduser("~")
+        if not os.access(base, os.W_OK):
+            base = "/tmp"
+        home = os.path.join(base, ".keras")
     return os.path.join(home, "models")
 
 
@@ -61,12 +66,6 @@ def _socket_timeout(seconds: float):
     finally:
         if previous is None:
             socket.setdefaulttimeout(None)
-
-
-def _first_line(exc: BaseException, limit: int = 160) -> str:
-    text = str(exc).strip().splitlines()
-    line = text[0] if text else type(exc).__name__
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _download_failure(exc: BaseException) -> Optional[str]:
@@ -98,7 +97,7 @@ def offline_message(
     where = f" from {url}" if url else ""
     return (
         f"model.weights: cannot download the imagenet weights for {name}"
-        f"{where} ({_first_line(exc)}). Place {file} in "
+        f"{where} ({one_line(exc)}). Place {file} in "
         f"{keras_models_dir()}/ ($KERAS_HOME/models/, default "
         "~/.keras/models/), or set model.weights: PATH to a weights file, "
         "or model.weights: null to train from scratch. "
@@ -116,7 +115,7 @@ def _check_download(name: str, spec: BackboneSpec, side: int) -> None:
     try:
         check_reachable(WEIGHTS_URL)
     except OSError as exc:
-        raise RecipeError(offline_message(name, spec, exc, side)) from None
+        raise ValueError(offline_message(name, spec, exc, side)) from None
 
 
 def is_pretrained_name(weights: Optional[str]) -> bool:
@@ -127,23 +126,26 @@ def build_backbone(
     name: str,
     spec: BackboneSpec,
     input_shape: tuple[int, int, int],
-    cfg: ModelConfig,
+    *,
+    weights: Optional[str] = None,
+    **options,
 ) -> keras.Model:
     """Builds the backbone, fetching pretrained weights when named.
 
-    A weights path is not loaded here but by `load_weights_file`, once the
-    whole classifier exists (the file may hold the classifier).
+    `options` are the model keys the builder takes (e.g. `width`); see
+    `BackboneSpec.build`. A weights path is not loaded here but by
+    `load_weights_file`, once the whole classifier exists (the file may
+    hold the classifier).
 
     Raises:
-        RecipeError: pretrained weights unknown for this backbone, or their
+        ValueError: pretrained weights unknown for this backbone, or their
             download failed.
     """
-    weights = cfg.weights
     if not is_pretrained_name(weights):
-        return spec.builder(input_shape, cfg, None)
+        return spec.build(input_shape, weights=None, **options)
     if weights not in spec.pretrained:
         offered = ", ".join(spec.pretrained) or "none"
-        raise RecipeError(
+        raise ValueError(
             f"model.weights: backbone {name} has no '{weights}' weights "
             f"(pretrained: {offered}); use a weights file path or null. "
             f"Received: weights={weights}"
@@ -151,17 +153,17 @@ def build_backbone(
     _check_download(name, spec, input_shape[0])
     with _socket_timeout(DOWNLOAD_TIMEOUT_S):
         try:
-            return spec.builder(input_shape, cfg, weights)
+            return spec.build(input_shape, weights=weights, **options)
         except Exception as exc:  # noqa: BLE001 (get_file raises Exception)
             if _download_failure(exc) is not None:
-                raise RecipeError(
+                raise ValueError(
                     offline_message(name, spec, exc, input_shape[0])
                 ) from None
             if "corrupted file" in str(exc):
-                raise RecipeError(
+                raise ValueError(
                     f"model.weights: the cached imagenet weights for {name} "
                     f"in {keras_models_dir()}/ are corrupted "
-                    f"({_first_line(exc)}); delete the file to download "
+                    f"({one_line(exc)}); delete the file to download "
                     "it again. Received: weights=imagenet"
                 ) from None
             raise
@@ -227,12 +229,12 @@ def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str)
     files in `~/.keras/models/`) goes to the backbone.
 
     Raises:
-        RecipeError: missing file, unknown suffix, or weights that fit
+        ValueError: missing file, unknown suffix, or weights that fit
             neither.
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise RecipeError(
+        raise ValueError(
             "model.weights: expected 'imagenet', a weights file or null; "
             f"no such file. Received: weights={path}"
         )
@@ -244,27 +246,27 @@ def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str)
             return "classifier"
         except (ValueError, KeyError) as exc:
             classifier.set_weights(saved)
-            first = _first_line(exc)
+            first = one_line(exc)
         try:
             _strict_load(backbone, str(file))
             return "backbone"
         except (ValueError, KeyError) as exc:
             classifier.set_weights(saved)
-            raise RecipeError(
+            raise ValueError(
                 f"model.weights: {path} fits neither the classifier "
                 f"({first}) nor the {backbone.name} backbone "
-                f"({_first_line(exc)}). Received: weights={path}"
+                f"({one_line(exc)}). Received: weights={path}"
             ) from None
     if name.endswith((".h5", ".hdf5")):
         try:
             backbone.load_weights(str(file))
         except (ValueError, KeyError, OSError) as exc:
-            raise RecipeError(
+            raise ValueError(
                 f"model.weights: cannot load {path} into the {backbone.name} "
-                f"backbone ({_first_line(exc)}). Received: weights={path}"
+                f"backbone ({one_line(exc)}). Received: weights={path}"
             ) from None
         return "backbone"
-    raise RecipeError(
+    raise ValueError(
         "model.weights: a weights file must end in .weights.h5, .keras or "
         f".h5. Received: weights={path}"
     )

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from advtrain.backbones import backbones
-from advtrain.config import ModelConfig, RecipeError
 from advtrain.models.classifier import backbone_spec
 from advtrain.models.layers import BackbonePreprocess
 
@@ -38,11 +37,11 @@ def test_min_size_is_keras_minimum(name):
     side = spec.min_size - 1
     # Keras validates the shape before creating any layer: cheap.
     with pytest.raises(ValueError, match="(?i)input size|at least|should be"):
-        spec.builder((side, side, 3), ModelConfig(), None)
+        spec.build((side, side, 3), weights=None)
 
 
 def test_unknown_backbone_lists_known_names():
-    with pytest.raises(RecipeError) as info:
+    with pytest.raises(ValueError) as info:
         backbone_spec("resnet5")
     message = str(info.value)
     assert "\n" not in message
@@ -72,7 +71,7 @@ def test_mnist_cnn_is_the_papers_model():
     from advtrain.models.batchnorm import batchnorm_layers
     from advtrain.models.classifier import build_classifier
 
-    model = build_classifier(ModelConfig(backbone="mnist_cnn"), (28, 28, 1), 10)
+    model = build_classifier((28, 28, 1), 10, backbone="mnist_cnn")
     assert not batchnorm_layers(model)
     shapes = [tuple(w.shape) for w in model.trainable_weights]
     # conv 4x4 1->16, conv 4x4 16->32 (28 -> 14 -> 7), dense 1568->100, 100->10

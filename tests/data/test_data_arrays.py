@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from advtrain.config import DataConfig, RecipeError
+from advtrain.data import arrays as arrays_module
 from advtrain.data import load_splits, make_input
-from advtrain.data import npy as npy_module
 
 
 def _images(n, shape=(5, 4, 3), dtype=np.uint8):
@@ -45,8 +44,8 @@ def _read(ds):
 def test_directory_layout_streams_exact_values(tmp_path, monkeypatch):
     x, y, xt, yt = _save_dir(tmp_path / "d")
     # Small chunks: the generator reads several slices per epoch.
-    monkeypatch.setattr(npy_module, "_CHUNK_BYTES", 7 * x[0].nbytes)
-    splits = load_splits(DataConfig(source="arrays", path=str(tmp_path / "d")))
+    monkeypatch.setattr(arrays_module, "_CHUNK_BYTES", 7 * x[0].nbytes)
+    splits = load_splits("arrays", path=str(tmp_path / "d"))
     assert splits.image_shape == (5, 4, 3) and splits.num_classes == 4
     assert (splits.train_size, splits.test_size) == (40, 10)
     images, labels = _read(splits.test)
@@ -67,13 +66,9 @@ def test_prefix_layout_splits_test_and_validation(tmp_path):
     y = np.arange(50) % 5
     np.save(tmp_path / "set_x.npy", x)
     np.save(tmp_path / "set_y.npy", y.reshape(-1, 1))
-    cfg = DataConfig(
-        source="arrays",
-        path=str(tmp_path / "set"),
-        test_fraction=0.2,
-        val_fraction=0.25,
+    splits = load_splits(
+        "arrays", path=str(tmp_path / "set"), test_fraction=0.2, val_fraction=0.25
     )
-    splits = load_splits(cfg)
     assert splits.image_shape == (6, 6, 1)
     assert (splits.train_size, splits.val_size, splits.test_size) == (
         30,
@@ -92,31 +87,29 @@ def test_prefix_layout_splits_test_and_validation(tmp_path):
 
 def test_make_input_batches_the_stream(tmp_path):
     _save_dir(tmp_path / "d")
-    cfg = DataConfig(source="arrays", path=str(tmp_path / "d"))
-    splits = load_splits(cfg)
-    batches = list(make_input(splits.train, cfg, batch_size=16, training=True))
+    splits = load_splits("arrays", path=str(tmp_path / "d"))
+    batches = list(
+        make_input(splits.train, source="arrays", batch_size=16, training=True)
+    )
     assert [b[0].shape[0] for b in batches] == [16, 16]
     assert batches[0][0].dtype == tf.float32
 
 
-def _error(cfg) -> str:
-    with pytest.raises(RecipeError) as err:
-        load_splits(cfg)
+def _error(**options) -> str:
+    with pytest.raises(ValueError) as err:
+        load_splits("arrays", **options)
     assert "\n" not in str(err.value)
     return str(err.value)
 
 
 def test_layout_errors(tmp_path):
-    cfg = DataConfig(source="arrays", path=str(tmp_path / "none" / "p"))
-    assert "arrays directory not found" in _error(cfg)
+    assert "arrays directory not found" in _error(path=str(tmp_path / "none" / "p"))
     (tmp_path / "d").mkdir()
     np.save(tmp_path / "d" / "x_train.npy", _images(3))
-    assert _error(DataConfig(source="arrays", path=str(tmp_path / "d"))).endswith(
-        "Missing: y_train.npy"
-    )
+    assert _error(path=str(tmp_path / "d")).endswith("Missing: y_train.npy")
     np.save(tmp_path / "d" / "y_train.npy", np.arange(4))
     assert "expected 3 labels, one per image in x_train.npy. Received: 4" in _error(
-        DataConfig(source="arrays", path=str(tmp_path / "d"))
+        path=str(tmp_path / "d")
     )
 
 
@@ -124,11 +117,9 @@ def test_truncated_file_and_skip(tmp_path):
     x, _, _, _ = _save_dir(tmp_path / "d")
     path = tmp_path / "d" / "x_train.npy"
     path.write_bytes(path.read_bytes()[: -x[0].nbytes - 3])
-    message = _error(DataConfig(source="arrays", path=str(tmp_path / "d")))
+    message = _error(path=str(tmp_path / "d"))
     assert message.startswith(f"{path}: truncated .npy: expected ")
-    splits = load_splits(
-        DataConfig(source="arrays", path=str(tmp_path / "d"), on_corrupt="skip")
-    )
+    splits = load_splits("arrays", path=str(tmp_path / "d"), on_corrupt="skip")
     assert splits.skipped == 2 and splits.train_size == 38
     images, _ = _read(splits.train)
     assert sorted(_row_ids(images)) == list(range(38))
@@ -138,13 +129,11 @@ def test_label_out_of_range(tmp_path):
     _, _, _, yt = _save_dir(tmp_path / "d")
     yt[6] = 4  # train labels are 0..3
     np.save(tmp_path / "d" / "y_test.npy", yt)
-    assert _error(DataConfig(source="arrays", path=str(tmp_path / "d"))) == (
+    assert _error(path=str(tmp_path / "d")) == (
         f"{tmp_path / 'd' / 'y_test.npy'} index 6: label out of range: "
         "expected 0..3 (classes seen in y_train.npy). Received: 4"
     )
-    splits = load_splits(
-        DataConfig(source="arrays", path=str(tmp_path / "d"), on_corrupt="skip")
-    )
+    splits = load_splits("arrays", path=str(tmp_path / "d"), on_corrupt="skip")
     assert splits.skipped == 1 and splits.test_size == 9
 
 
@@ -159,8 +148,8 @@ def test_reads_copy_rows_without_mapping_the_file(tmp_path, monkeypatch):
         opened.append(args[0])
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(npy_module.np, "load", counting_load)
-    rows = npy_module._Rows(path, partial=False)
+    monkeypatch.setattr(arrays_module.np, "load", counting_load)
+    rows = arrays_module._Rows(path, partial=False)
     for index in (np.arange(0, 64, 8), np.array([3, 4, 5, 9, 10, 63])):
         np.testing.assert_array_equal(rows.read(index), x[index])
         # No map of the file: its page-cache pages never count toward
@@ -175,8 +164,7 @@ def test_epoch_orders_replay_in_a_new_pipeline(tmp_path):
     # A resumed run builds its stream anew and skips the epochs already
     # trained: it must then see the order an uninterrupted run sees.
     _save_dir(tmp_path, n_train=60)
-    cfg = DataConfig(source="arrays", path=str(tmp_path), seed=3)
-    splits = load_splits(cfg)
+    splits = load_splits("arrays", path=str(tmp_path), seed=3)
     n = splits.train_size
 
     def epochs(count, skip_epochs=0):

@@ -8,7 +8,6 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from advtrain.config import DataConfig, RecipeError
 from advtrain.data import load_splits
 from advtrain.data.gtsrb import gtsrb_config, split_by_track
 
@@ -23,9 +22,9 @@ def _by_filename(ds):
     return {ex["filename"].decode(): ex for ex in tfds.as_numpy(ds)}
 
 
-def _cfg(path, data_dir, **kw):
+def _options(path, data_dir, **kw):
     kw.setdefault("image_size", (16, 12))
-    return DataConfig(source="gtsrb", path=str(path), tfds_data_dir=str(data_dir), **kw)
+    return dict(path=str(path), tfds_data_dir=str(data_dir), **kw)
 
 
 @pytest.mark.parametrize("layout", ["extracted", "zipped"])
@@ -115,7 +114,7 @@ def test_resized_records_match_tf_image_resize(gtsrb_written, tfds_dir):
 
 def test_source_resizes_and_describes_the_splits(gtsrb_written, tfds_dir):
     extracted, _, _ = gtsrb_written
-    splits = load_splits(_cfg(extracted, tfds_dir, image_size=(16, 12)))
+    splits = load_splits("gtsrb", **_options(extracted, tfds_dir, image_size=(16, 12)))
     assert splits.num_classes == 43
     assert splits.image_shape == (16, 12, 3)
     assert (splits.train_size, splits.val_size, splits.test_size) == (18, 0, 6)
@@ -129,8 +128,7 @@ def test_source_resizes_and_describes_the_splits(gtsrb_written, tfds_dir):
 
 def test_validation_holds_out_whole_tracks(gtsrb_written, tfds_dir):
     extracted, _, _ = gtsrb_written
-    cfg = _cfg(extracted, tfds_dir, val_fraction=0.34)
-    splits = load_splits(cfg)
+    splits = load_splits("gtsrb", **_options(extracted, tfds_dir, val_fraction=0.34))
     # Map each stored image back to its (class, track).
     config = gtsrb_config(roi_crop=True, image_size=(16, 12))
     builder = tfds.builder("gtsrb", config=config, data_dir=tfds_dir)
@@ -160,8 +158,8 @@ def test_split_by_track_keeps_each_track_on_one_side():
 
 def test_source_tfds_reads_a_tfds_dataset_by_name(gtsrb_written, tfds_dir):
     extracted, _, _ = gtsrb_written
-    cfg = DataConfig(
-        source="tfds",
+    splits = load_splits(
+        "tfds",
         tfds_name="gtsrb",
         path=str(extracted),
         tfds_data_dir=str(tfds_dir),
@@ -169,7 +167,6 @@ def test_source_tfds_reads_a_tfds_dataset_by_name(gtsrb_written, tfds_dir):
         limit_test=4,
         image_size=(10, 14),
     )
-    splits = load_splits(cfg)
     assert (splits.train_size, splits.val_size, splits.test_size) == (14, 4, 4)
     assert splits.num_classes == 43 and splits.image_shape == (10, 14, 3)
     assert len(list(splits.test)) == 4 and len(list(splits.val)) == 4
@@ -180,36 +177,36 @@ def test_source_tfds_reads_a_tfds_dataset_by_name(gtsrb_written, tfds_dir):
 # ------------------------------------------------------------------ errors
 
 
-def _error(cfg) -> str:
-    with pytest.raises(RecipeError) as err:
-        load_splits(cfg)
+def _error(options) -> str:
+    with pytest.raises(ValueError) as err:
+        load_splits("gtsrb", **options)
     message = str(err.value)
     assert "\n" not in message
     return message
 
 
 def test_missing_directory(tmp_path):
-    message = _error(_cfg(tmp_path / "nope", tmp_path / "tfds"))
+    message = _error(_options(tmp_path / "nope", tmp_path / "tfds"))
     assert message.startswith(f"{tmp_path / 'nope'}: GTSRB directory not found")
 
 
 def test_wrong_layout_names_what_was_expected(tmp_path):
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "signs.txt").write_text("x")
-    message = _error(_cfg(tmp_path / "raw", tmp_path / "tfds"))
+    message = _error(_options(tmp_path / "raw", tmp_path / "tfds"))
     assert "expected GTSRB/Final_Training/Images/ or " in message
     assert "GTSRB_Final_Training_Images.zip" in message
     assert message.endswith("Received: signs.txt")
 
 
 def test_image_size_is_required(gtsrb_written, tmp_path):
-    message = _error(_cfg(gtsrb_written[0], tmp_path, image_size=None))
+    message = _error(_options(gtsrb_written[0], tmp_path, image_size=None))
     assert message.startswith("data.image_size: ")
 
 
 def test_csv_row_with_missing_file(gtsrb_copy, tmp_path):
     (gtsrb_copy / TRAIN / "00003" / "00001_00001.ppm").unlink()
-    message = _error(_cfg(gtsrb_copy, tmp_path / "tfds"))
+    message = _error(_options(gtsrb_copy, tmp_path / "tfds"))
     assert message == (
         f"{TRAIN}/00003/GT-00003.csv row 4: file 00001_00001.ppm not found"
     )
@@ -217,14 +214,14 @@ def test_csv_row_with_missing_file(gtsrb_copy, tmp_path):
 
 def test_missing_class_csv(gtsrb_copy, tmp_path):
     (gtsrb_copy / TRAIN / "00042" / "GT-00042.csv").unlink()
-    message = _error(_cfg(gtsrb_copy, tmp_path / "tfds"))
+    message = _error(_options(gtsrb_copy, tmp_path / "tfds"))
     assert message == f"{TRAIN}/00042: GT-00042.csv not found"
 
 
 def test_truncated_image(gtsrb_copy, tmp_path):
     path = gtsrb_copy / TRAIN / "00000" / "00002_00001.ppm"
     path.write_bytes(path.read_bytes()[:-7])
-    message = _error(_cfg(gtsrb_copy, tmp_path / "tfds"))
+    message = _error(_options(gtsrb_copy, tmp_path / "tfds"))
     assert message.startswith(
         f"{TRAIN}/00000/00002_00001.ppm: truncated or bad PPM: expected "
     )
@@ -233,7 +230,7 @@ def test_truncated_image(gtsrb_copy, tmp_path):
 def test_unreadable_image(gtsrb_copy, tmp_path):
     path = gtsrb_copy / TRAIN / "00000" / "00000_00000.ppm"
     path.write_bytes(b"\x89PNG not a ppm")
-    message = _error(_cfg(gtsrb_copy, tmp_path / "tfds"))
+    message = _error(_options(gtsrb_copy, tmp_path / "tfds"))
     assert message.startswith(f"{TRAIN}/00000/00000_00000.ppm: not a binary PPM")
 
 
@@ -242,7 +239,7 @@ def test_label_out_of_range_in_test_csv(gtsrb_copy, tmp_path):
     lines = gt.read_text().splitlines()
     lines[1] = lines[1].rsplit(";", 1)[0] + ";43"
     gt.write_text("\n".join(lines) + "\n")
-    message = _error(_cfg(gtsrb_copy, tmp_path / "tfds"))
+    message = _error(_options(gtsrb_copy, tmp_path / "tfds"))
     assert message == (
         "GT-final_test.csv row 1: ClassId out of range: expected 0..42. Received: 43"
     )
@@ -259,7 +256,7 @@ def test_errors_inside_archives_name_the_archive(gtsrb_written, tmp_path):
         for info in source.infolist():
             if info.filename != missing:
                 out.writestr(info, source.read(info))
-    message = _error(_cfg(zipped, tmp_path / "tfds"))
+    message = _error(_options(zipped, tmp_path / "tfds"))
     assert message == (
         f"GTSRB_Final_Training_Images.zip:{TRAIN}/00003/GT-00003.csv row 2: "
         "file 00000_00001.ppm not found"
@@ -272,7 +269,9 @@ def test_skip_leaves_out_and_counts_corrupt_examples(gtsrb_copy, tmp_path, caplo
     bad.write_bytes(bad.read_bytes()[:20])
     data_dir = tmp_path / "tfds"
     with caplog.at_level(logging.WARNING):
-        splits = load_splits(_cfg(gtsrb_copy, data_dir, on_corrupt="skip"))
+        splits = load_splits(
+            "gtsrb", **_options(gtsrb_copy, data_dir, on_corrupt="skip")
+        )
     assert splits.skipped == 2
     assert (splits.train_size, splits.test_size) == (17, 5)
     assert len(list(splits.train)) == 17 and len(list(splits.test)) == 5
@@ -280,5 +279,17 @@ def test_skip_leaves_out_and_counts_corrupt_examples(gtsrb_copy, tmp_path, caplo
     assert any("00001_00001.ppm not found" in w for w in warnings)
     assert any("skipped 1 corrupt example" in w for w in warnings)
     # The same prepared data is refused where every example is expected.
-    message = _error(_cfg(gtsrb_copy, data_dir))
+    message = _error(_options(gtsrb_copy, data_dir))
     assert "prepared with on_corrupt: skip (2 example(s) left out)" in message
+
+
+def test_a_pickled_builder_keeps_on_corrupt(tfds_dir):
+    import pickle
+
+    builder = tfds.builder(
+        "gtsrb", data_dir=tfds_dir, config="roi_32x32", on_corrupt="skip"
+    )
+    copy = pickle.loads(pickle.dumps(builder))
+    assert copy._on_corrupt == "skip"
+    assert copy.builder_config.name == "roi_32x32"
+    assert str(copy.data_dir) == str(builder.data_dir)

@@ -4,20 +4,19 @@ import logging
 import numpy as np
 import pytest
 
-from advtrain.config import DataConfig, RecipeError
 from advtrain.data import load_splits
 from advtrain.data.mnist import read_idx
 from advtrain.data.synthetic import write_idx, write_mnist
 
 
-def _cfg(path, **kw):
-    return DataConfig(source="mnist", path=str(path), **kw)
+def _options(path, **kw):
+    return dict(path=str(path), **kw)
 
 
 @pytest.mark.parametrize("gz", [True, False])
 def test_reads_idx_pixels_and_labels_exactly(tmp_path, gz):
     written = write_mnist(tmp_path, n_train=12, n_test=7, gz=gz)
-    splits = load_splits(_cfg(tmp_path))
+    splits = load_splits("mnist", **_options(tmp_path))
     assert splits.image_shape == (28, 28, 1) and splits.num_classes == 10
     for name, ds in (("train", splits.train), ("test", splits.test)):
         x, y = written[name]
@@ -33,18 +32,18 @@ def test_read_idx_hand_written_header(tmp_path):
     np.testing.assert_array_equal(read_idx(tmp_path / "a"), [[0, 1, 2], [3, 4, 5]])
 
 
-def _one_line_error(cfg) -> str:
-    with pytest.raises(RecipeError) as err:
-        load_splits(cfg)
+def _one_line_error(options) -> str:
+    with pytest.raises(ValueError) as err:
+        load_splits("mnist", **options)
     assert "\n" not in str(err.value)
     return str(err.value)
 
 
 def test_missing_directory_and_file(tmp_path):
-    assert "MNIST directory not found" in _one_line_error(_cfg(tmp_path / "x"))
+    assert "MNIST directory not found" in _one_line_error(_options(tmp_path / "x"))
     write_mnist(tmp_path)
     (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
-    assert _one_line_error(_cfg(tmp_path)) == (
+    assert _one_line_error(_options(tmp_path)) == (
         f"{tmp_path}: expected t10k-labels-idx1-ubyte or "
         "t10k-labels-idx1-ubyte.gz (MNIST IDX files)."
     )
@@ -54,19 +53,19 @@ def test_truncated_gzip_and_plain_files(tmp_path):
     write_mnist(tmp_path, gz=True)
     path = tmp_path / "train-images-idx3-ubyte.gz"
     path.write_bytes(path.read_bytes()[:-40])
-    message = _one_line_error(_cfg(tmp_path))
+    message = _one_line_error(_options(tmp_path))
     assert message.startswith(f"{path}: truncated IDX: expected 20 records")
     plain = tmp_path / "plain"
     write_mnist(plain, gz=False)
     path = plain / "t10k-images-idx3-ubyte"
     path.write_bytes(path.read_bytes()[:-100])
-    assert "file ends early. Received: 9" in _one_line_error(_cfg(plain))
+    assert "file ends early. Received: 9" in _one_line_error(_options(plain))
 
 
 def test_not_idx(tmp_path):
     write_mnist(tmp_path, gz=False)
     (tmp_path / "train-labels-idx1-ubyte").write_bytes(b"hello")
-    assert "not an IDX file" in _one_line_error(_cfg(tmp_path))
+    assert "not an IDX file" in _one_line_error(_options(tmp_path))
 
 
 def test_label_out_of_range_and_skip(tmp_path, caplog):
@@ -74,7 +73,7 @@ def test_label_out_of_range_and_skip(tmp_path, caplog):
     y = written["train"][1].copy()
     y[3] = 12
     write_idx(tmp_path / "train-labels-idx1-ubyte.gz", y)
-    assert _one_line_error(_cfg(tmp_path)) == (
+    assert _one_line_error(_options(tmp_path)) == (
         f"{tmp_path / 'train-labels-idx1-ubyte.gz'} index 3: label out of "
         "range: expected 0..9. Received: 12"
     )
@@ -83,7 +82,7 @@ def test_label_out_of_range_and_skip(tmp_path, caplog):
     data = gzip.decompress(path.read_bytes())
     path.write_bytes(gzip.compress(data[: -28 * 28 - 5])[:-8])
     with caplog.at_level(logging.WARNING):
-        splits = load_splits(_cfg(tmp_path, on_corrupt="skip"))
+        splits = load_splits("mnist", **_options(tmp_path, on_corrupt="skip"))
     assert splits.skipped == 1 + 2
     assert (splits.train_size, splits.test_size) == (9, 8)
     x_train = np.stack([x for x, _ in splits.train.as_numpy_iterator()])

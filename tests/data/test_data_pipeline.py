@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from advtrain.config import AugmentConfig, DataConfig
-from advtrain.data import make_input, make_replica_input
+from advtrain.data import cache_mode, make_input, make_replica_input
 from advtrain.data.pipeline import _shuffle_buffer
 
 
@@ -20,8 +19,9 @@ def _dataset(n=40):
 
 
 def test_training_batches_are_shuffled_unit_floats():
-    cfg = DataConfig(shuffle_buffer=100)
-    batches = list(make_input(_dataset(), cfg, batch_size=16, training=True))
+    batches = list(
+        make_input(_dataset(), shuffle_buffer=100, batch_size=16, training=True)
+    )
     assert [b[0].shape for b in batches] == [(16, 8, 8, 3)] * 2  # drops 8
     images, labels = batches[0]
     assert images.dtype == tf.float32
@@ -38,25 +38,30 @@ def test_shuffle_buffer_is_capped_by_bytes():
 
 
 def test_evaluation_keeps_order_and_every_example():
-    cfg = DataConfig(cache="none")
-    batches = list(make_input(_dataset(), cfg, batch_size=16, training=False))
+    batches = list(make_input(_dataset(), cache="none", batch_size=16, training=False))
     labels = np.concatenate([b[1].numpy() for b in batches])
     np.testing.assert_array_equal(labels, np.arange(40))
 
 
 def test_file_cache(tmp_path):
-    cfg = DataConfig(cache=str(tmp_path / "cache"))
-    ds = make_input(_dataset(), cfg, batch_size=8, training=False)
+    cache = str(tmp_path / "cache")
+    ds = make_input(_dataset(), cache=cache, batch_size=8, training=False)
     assert len(list(ds)) == 5 and len(list(ds)) == 5
     assert any(p.name.startswith("cache") for p in tmp_path.iterdir())
 
 
 def test_deterministic_order_and_augmentation_repeat():
-    aug = AugmentConfig(random_crop_pad=2, brightness=0.2, contrast=0.3)
-    cfg = DataConfig(deterministic=True, augment=aug, seed=5)
+    aug = dict(random_crop_pad=2, brightness=0.2, contrast=0.3)
 
     def first_epoch():
-        ds = make_input(_dataset(), cfg, batch_size=10, training=True)
+        ds = make_input(
+            _dataset(),
+            deterministic=True,
+            augment=aug,
+            seed=5,
+            batch_size=10,
+            training=True,
+        )
         return [b[0].numpy() for b in ds], [b[1].numpy() for b in ds]
 
     (a, la), (b, lb) = first_epoch(), first_epoch()
@@ -70,9 +75,13 @@ def test_deterministic_order_and_augmentation_repeat():
 
 
 def test_epochs_reshuffle_and_reaugment():
-    aug = AugmentConfig(brightness=0.3)
-    cfg = DataConfig(augment=aug, deterministic=True)
-    ds = make_input(_dataset(), cfg, batch_size=40, training=True)
+    ds = make_input(
+        _dataset(),
+        augment={"brightness": 0.3},
+        deterministic=True,
+        batch_size=40,
+        training=True,
+    )
     (x1, y1), (x2, y2) = list(ds)[0], list(ds)[0]
     assert not np.array_equal(y1, y2)
     order = np.argsort(y2.numpy())
@@ -81,7 +90,6 @@ def test_epochs_reshuffle_and_reaugment():
 
 
 def test_replica_input_shards_per_pipeline():
-    cfg = DataConfig(cache="none", shuffle_buffer=1000)
     seen = []
     for pipeline in range(2):
         context = tf.distribute.InputContext(
@@ -89,7 +97,14 @@ def test_replica_input_shards_per_pipeline():
             input_pipeline_id=pipeline,
             num_replicas_in_sync=4,
         )
-        ds = make_replica_input(_dataset, cfg, context, global_batch=8, training=True)
+        ds = make_replica_input(
+            _dataset,
+            context,
+            global_batch=8,
+            training=True,
+            cache="none",
+            shuffle_buffer=1000,
+        )
         batches = list(ds)
         assert {b[1].shape[0] for b in batches} == {2}  # 8 / 4 replicas
         labels = np.concatenate([b[1].numpy() for b in batches])
@@ -102,9 +117,7 @@ def test_replica_input_shards_per_pipeline():
 def test_replica_input_rejects_uneven_batch():
     context = tf.distribute.InputContext(num_replicas_in_sync=3)
     with pytest.raises(ValueError, match="divisible by the 3 replicas"):
-        make_replica_input(
-            _dataset(), DataConfig(), context, global_batch=8, training=True
-        )
+        make_replica_input(_dataset(), context, global_batch=8, training=True)
 
 
 _MIRRORED = textwrap.dedent(
@@ -116,13 +129,12 @@ _MIRRORED = textwrap.dedent(
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2
     )
-    from advtrain.config import DataConfig
     from advtrain.data import make_distributed_input
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     images = np.zeros((32, 4, 4, 1), np.uint8)
     ds = tf.data.Dataset.from_tensor_slices((images, np.arange(32)))
-    dist = make_distributed_input(ds, DataConfig(), strategy, 8, True)
+    dist = make_distributed_input(ds, strategy, global_batch=8, training=True)
     steps = []
     for x, y in dist:
         per_replica = strategy.experimental_local_results(y)
@@ -153,3 +165,15 @@ def test_mirrored_replicas_get_distinct_examples():
         assert not set(step[0]) & set(step[1])
         labels += step[0] + step[1]
     assert sorted(labels) == list(range(32))
+
+
+def test_augment_rejects_an_unknown_key():
+    with pytest.raises(TypeError, match="Received: flip=True"):
+        make_input(_dataset(), augment={"flip": True}, batch_size=8, training=True)
+
+
+def test_cache_auto_keeps_bounded_sources_in_memory():
+    assert cache_mode("auto", "digits") == "memory"
+    assert cache_mode("auto", "arrays") == "none"
+    assert cache_mode("auto", None) == "none"
+    assert cache_mode("/tmp/c", "digits") == "/tmp/c"

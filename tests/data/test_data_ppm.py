@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-from advtrain.config import RecipeError
 from advtrain.data.ppm import decode_ppm, open_ppm
 from advtrain.data.synthetic import encode_ppm
 
@@ -51,7 +50,7 @@ def test_open_ppm_gives_a_loaded_rgb_image(rng):
     ],
 )
 def test_bad_files_raise_one_line_naming_the_file(data, message):
-    with pytest.raises(RecipeError, match=message) as err:
+    with pytest.raises(ValueError, match=message) as err:
         decode_ppm(data, "a/b.ppm")
     assert str(err.value).startswith("a/b.ppm: ")
     assert "\n" not in str(err.value)

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from advtrain.config import BatchNormConfig, ModelConfig
 from advtrain.models.batchnorm import (
     apply_batchnorm_policy,
     batchnorm_layers,
@@ -50,7 +49,7 @@ def test_momentum_override_reaches_nested_batchnorm():
         "inner_bn",
         "outer_bn",
     ]
-    assert apply_batchnorm_policy(model, BatchNormConfig(momentum=0.5)) == 3
+    assert apply_batchnorm_policy(model, momentum=0.5) == 3
     assert all(layer.momentum == 0.5 for layer in bns)
     # The traced train step uses it: from moving_mean 0, one step gives
     # (1 - 0.5) * batch mean at the first BN layer.
@@ -61,15 +60,15 @@ def test_momentum_override_reaches_nested_batchnorm():
     np.testing.assert_allclose(
         outer.moving_mean.numpy(), 0.5 * x.mean(axis=0), rtol=1e-5
     )
-    assert apply_batchnorm_policy(model, BatchNormConfig(momentum=None)) == 3
+    assert apply_batchnorm_policy(model, momentum=None) == 3
     assert all(layer.momentum == 0.5 for layer in bns)  # None keeps it
-    apply_batchnorm_policy(model, BatchNormConfig(), total_steps=1_000)
+    apply_batchnorm_policy(model, total_steps=1_000)
     assert all(layer.momentum == 0.98 for layer in bns)  # auto: the run's length
 
 
 def test_momentum_override_on_classifier():
-    model = build_classifier(ModelConfig(width=4), (8, 8, 1), 3)
-    apply_batchnorm_policy(model, BatchNormConfig(momentum=0.9))
+    model = build_classifier((8, 8, 1), 3, width=4)
+    apply_batchnorm_policy(model, momentum=0.9)
     assert [layer.momentum for layer in batchnorm_layers(model)] == [0.9] * 3
 
 
@@ -122,7 +121,7 @@ def test_recalibration_needs_data():
 
 def test_bn_gap_leaves_statistics_and_dropout_alone():
     keras.utils.set_random_seed(0)
-    model = build_classifier(ModelConfig(width=4, dropout=0.5), (8, 8, 1), 3)
+    model = build_classifier((8, 8, 1), 3, width=4, dropout=0.5)
     x = np.random.default_rng(0).random((12, 8, 8, 1)).astype("float32")
     before = [v.numpy().copy() for v in model.non_trainable_weights]
     report = bn_gap(model, x, np.zeros(12, "int64"), batch_size=4)
@@ -155,9 +154,8 @@ def _digits():
 
 def _train(momentum, x, y, steps):
     keras.utils.set_random_seed(0)
-    cfg = ModelConfig(width=8, batchnorm=BatchNormConfig(momentum=momentum))
-    model = build_classifier(cfg, (8, 8, 1), 10)
-    apply_batchnorm_policy(model, cfg.batchnorm)
+    model = build_classifier((8, 8, 1), 10, width=8)
+    apply_batchnorm_policy(model, momentum=momentum)
     model.compile(
         keras.optimizers.Adam(3e-3),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -7,8 +7,6 @@ import keras
 import numpy as np
 import pytest
 
-from advtrain.backbones import backbones
-from advtrain.config import ModelConfig, RecipeError
 from advtrain.models.batchnorm import batchnorm_layers
 from advtrain.models.classifier import (
     backbone_input_size,
@@ -26,13 +24,13 @@ def _pixels(shape, seed=0):
 @pytest.fixture(scope="module")
 def resnet_rgb():
     keras.utils.set_random_seed(1)
-    return build_classifier(ModelConfig(backbone="resnet50"), (32, 32, 3), 4)
+    return build_classifier((32, 32, 3), 4, backbone="resnet50")
 
 
 @pytest.fixture(scope="module")
 def resnet_gray():
     keras.utils.set_random_seed(2)
-    return build_classifier(ModelConfig(backbone="resnet50"), (28, 28, 1), 10)
+    return build_classifier((28, 28, 1), 10, backbone="resnet50")
 
 
 def _reference(model, module, resized):
@@ -72,7 +70,7 @@ def test_grayscale_below_minimum_is_resized(resnet_gray):
 
 
 def test_inception_v3_grayscale_mnist_parity():
-    model = build_classifier(ModelConfig(backbone="inception_v3"), (28, 28, 1), 10)
+    model = build_classifier((28, 28, 1), 10, backbone="inception_v3")
     assert model.get_layer("resize").height == 75
     x = _pixels((2, 28, 28, 1), seed=6)
     resized = keras.ops.image.resize(np.repeat(x, 3, axis=-1), (75, 75))
@@ -81,23 +79,19 @@ def test_inception_v3_grayscale_mnist_parity():
 
 
 def test_input_size_rules():
-    spec = backbones.get("inception_v3")
-    scratch = ModelConfig(backbone="inception_v3")
-    pretrained = ModelConfig(backbone="inception_v3", weights="imagenet")
-    assert backbone_input_size(scratch, spec, 28, 28) == (75, 75)
-    assert backbone_input_size(pretrained, spec, 28, 28) == (299, 299)
-    assert backbone_input_size(scratch, spec, 28, 56) == (75, 150)
-    assert backbone_input_size(scratch, spec, 80, 90) == (80, 90)
-    explicit = ModelConfig(backbone="inception_v3", input_size=(139, 139))
-    assert backbone_input_size(explicit, spec, 28, 28) == (139, 139)
-    too_small = ModelConfig(backbone="inception_v3", input_size=(64, 64))
-    with pytest.raises(RecipeError, match="needs sides >= 75"):
-        backbone_input_size(too_small, spec, 28, 28)
+    name = "inception_v3"
+    assert backbone_input_size(name, 28, 28) == (75, 75)
+    assert backbone_input_size(name, 28, 28, weights="imagenet") == (299, 299)
+    assert backbone_input_size(name, 28, 56) == (75, 150)
+    assert backbone_input_size(name, 80, 90) == (80, 90)
+    assert backbone_input_size(name, 28, 28, input_size=(139, 139)) == (139, 139)
+    with pytest.raises(ValueError, match="needs sides >= 75"):
+        backbone_input_size(name, 28, 28, input_size=(64, 64))
 
 
 def test_saved_model_serves_raw_pixels(tmp_path):
     # Gray 28x28 -> to_channels -> resize 32 -> tf mode -> MobileNetV2.
-    model = build_classifier(ModelConfig(backbone="mobilenet_v2"), (28, 28, 1), 10)
+    model = build_classifier((28, 28, 1), 10, backbone="mobilenet_v2")
     path = tmp_path / "classifier.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
@@ -121,15 +115,16 @@ def test_offline_imagenet_is_one_line_error(monkeypatch, tmp_path):
         raise urllib.error.URLError("[Errno -3] Temporary failure")
 
     # Empty cache, and the download Keras would attempt fails at once.
+    # (KERAS_HOME is read by Keras at import, by advtrain at each call.)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     monkeypatch.setattr(keras_config, "_KERAS_DIR", str(tmp_path))
     monkeypatch.setattr(file_utils, "urlretrieve", offline)
     # The reachability probe must not contact a real host either.
     from advtrain.models import weights
 
     monkeypatch.setattr(weights, "WEIGHTS_URL", "https://advtrain-offline.invalid/")
-    cfg = ModelConfig(backbone="resnet50", weights="imagenet")
-    with pytest.raises(RecipeError) as info:
-        build_classifier(cfg, (32, 32, 3), 4)
+    with pytest.raises(ValueError) as info:
+        build_classifier((32, 32, 3), 4, backbone="resnet50", weights="imagenet")
     message = str(info.value)
     assert "\n" not in message
     assert "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5" in message
@@ -140,15 +135,13 @@ def test_offline_imagenet_is_one_line_error(monkeypatch, tmp_path):
 
 
 def test_imagenet_for_backbone_without_it():
-    cfg = ModelConfig(backbone="small_cnn", weights="imagenet")
-    with pytest.raises(RecipeError, match="has no 'imagenet' weights"):
-        build_classifier(cfg, (8, 8, 1), 3)
+    with pytest.raises(ValueError, match="has no 'imagenet' weights"):
+        build_classifier((8, 8, 1), 3, backbone="small_cnn", weights="imagenet")
 
 
 def test_weights_from_path_round_trip(tmp_path):
-    cfg = ModelConfig(width=4)
     keras.utils.set_random_seed(4)
-    source = build_classifier(cfg, (8, 8, 1), 3)
+    source = build_classifier((8, 8, 1), 3, width=4)
     # Non-default BN statistics, so that loading them is checked too.
     for variable in source.non_trainable_weights:
         variable.assign(np.full(variable.shape, 0.5, "float32"))
@@ -156,23 +149,19 @@ def test_weights_from_path_round_trip(tmp_path):
 
     whole = tmp_path / "classifier.weights.h5"
     source.save_weights(whole)
-    loaded = build_classifier(
-        cfg.model_copy(update={"weights": str(whole)}), (8, 8, 1), 3
-    )
+    loaded = build_classifier((8, 8, 1), 3, width=4, weights=str(whole))
     np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(source(x)))
 
     part = tmp_path / "backbone.weights.h5"
     get_backbone(source).save_weights(part)
     keras.utils.set_random_seed(5)
-    loaded = build_classifier(
-        cfg.model_copy(update={"weights": str(part)}), (8, 8, 1), 7
-    )
+    loaded = build_classifier((8, 8, 1), 7, width=4, weights=str(part))
     pairs = zip(get_backbone(loaded).weights, get_backbone(source).weights, strict=True)
     for ours, theirs in pairs:
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
     # Same class count: the head would fit, the file still is the backbone's.
-    target = build_classifier(cfg, (8, 8, 1), 3)
+    target = build_classifier((8, 8, 1), 3, width=4)
     assert load_weights_file(target, get_backbone(target), str(part)) == ("backbone")
     assert load_weights_file(target, get_backbone(target), str(whole)) == ("classifier")
 
@@ -184,15 +173,14 @@ def test_weights_load_across_batchnorm_kernels(tmp_path, saved_fused):
     # (plain Keras BatchNorm), and a plain one into a fused classifier.
     from advtrain.models.fused_batchnorm import FusedBatchNormalization, fuse_batchnorm
 
-    cfg = ModelConfig(backbone="small_cnn", width=4)
-    source = build_classifier(cfg, (8, 8, 1), 3)
+    source = build_classifier((8, 8, 1), 3, backbone="small_cnn", width=4)
     for layer in batchnorm_layers(source):
         layer.moving_mean.assign(np.full(layer.moving_mean.shape, 0.25, "float32"))
     if saved_fused:
         fuse_batchnorm(source)
     path = tmp_path / "source.keras"
     source.save(path)
-    target = build_classifier(cfg, (8, 8, 1), 3)
+    target = build_classifier((8, 8, 1), 3, backbone="small_cnn", width=4)
     if not saved_fused:
         fuse_batchnorm(target)
     kinds = [type(layer) for layer in batchnorm_layers(target)]
@@ -210,30 +198,26 @@ def test_weights_from_legacy_h5(tmp_path):
     # The format of the ImageNet files Keras caches in ~/.keras/models/.
     from keras.src.legacy.saving import legacy_h5_format
 
-    cfg = ModelConfig(width=4)
-    source = get_backbone(build_classifier(cfg, (8, 8, 1), 3))
+    source = get_backbone(build_classifier((8, 8, 1), 3, width=4))
     path = tmp_path / "notop.h5"
     with h5py.File(path, "w") as file:
         legacy_h5_format.save_weights_to_hdf5_group(file, source)
-    loaded = build_classifier(
-        cfg.model_copy(update={"weights": str(path)}), (8, 8, 1), 3
-    )
+    loaded = build_classifier((8, 8, 1), 3, width=4, weights=str(path))
     pairs = zip(get_backbone(loaded).weights, source.weights, strict=True)
     for ours, theirs in pairs:
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
 def test_weights_that_fit_nothing(tmp_path):
-    other = build_classifier(ModelConfig(width=8), (8, 8, 1), 3)
+    other = build_classifier((8, 8, 1), 3, width=8)
     path = tmp_path / "other.weights.h5"
     other.save_weights(path)
-    cfg = ModelConfig(width=4, weights=str(path))
-    with pytest.raises(RecipeError, match="fits neither") as info:
-        build_classifier(cfg, (8, 8, 1), 3)
+    with pytest.raises(ValueError, match="fits neither") as info:
+        build_classifier((8, 8, 1), 3, width=4, weights=str(path))
     assert "\n" not in str(info.value)
-    missing = ModelConfig(width=4, weights=str(tmp_path / "nope.weights.h5"))
-    with pytest.raises(RecipeError, match="no such file"):
-        build_classifier(missing, (8, 8, 1), 3)
+    missing = str(tmp_path / "nope.weights.h5")
+    with pytest.raises(ValueError, match="no such file"):
+        build_classifier((8, 8, 1), 3, width=4, weights=missing)
 
 
 def test_frozen_resnet50_is_bit_identical_after_fit(resnet_rgb):

@@ -4,7 +4,6 @@ import keras
 import numpy as np
 import pytest
 
-from advtrain.config import BatchNormConfig, ModelConfig
 from advtrain.models.classifier import build_classifier
 from advtrain.models.freezing import (
     Phase,
@@ -42,7 +41,7 @@ def _fit(model, x, y, lr=1e-2, **compile_kwargs):
 
 def _small(shape=(8, 8, 1)):
     keras.utils.set_random_seed(0)
-    return build_classifier(ModelConfig(width=4), shape, 3)
+    return build_classifier(shape, 3, width=4)
 
 
 def test_frozen_small_cnn_is_bit_identical_after_fit():
@@ -106,14 +105,8 @@ def test_top_k_changes_only_the_top_layers(bn_trainable, expected):
 
 
 def test_phases_schedule():
-    cfg = ModelConfig(
-        backbone="resnet50",
-        freeze="top_k",
-        top_k=10,
-        head_only_epochs=2,
-        finetune_lr_factor=0.1,
-    )
-    warmup, finetune = phases(cfg, 5)
+    cfg = dict(freeze="top_k", top_k=10, head_only_epochs=2, finetune_lr_factor=0.1)
+    warmup, finetune = phases(5, **cfg)
     assert (warmup.name, warmup.start_epoch, warmup.end_epoch) == (
         "warmup",
         0,
@@ -123,24 +116,19 @@ def test_phases_schedule():
     assert (finetune.start_epoch, finetune.end_epoch) == (2, 5)
     assert finetune.freeze == "top_k" and finetune.top_k == 10
     assert finetune.lr_factor == 0.1 and finetune.bn_trainable is False
-    assert [p.name for p in phases(cfg, 2)] == ["warmup"]
-    single = phases(ModelConfig(freeze="all_trainable"), 3)
+    assert [p.name for p in phases(2, **cfg)] == ["warmup"]
+    single = phases(3, freeze="all_trainable")
     assert single == [Phase("train", 0, 3, "all_trainable", 0, True, 1.0)]
-    frozen = phases(ModelConfig(freeze="frozen", head_only_epochs=2), 3)
+    frozen = phases(3, freeze="frozen", head_only_epochs=2)
     assert [(p.name, p.freeze) for p in frozen] == [("train", "frozen")]
-    bn = ModelConfig(
-        freeze="all_trainable",
-        head_only_epochs=1,
-        batchnorm=BatchNormConfig(trainable=False),
-    )
-    assert phases(bn, 3)[1].bn_trainable is False
+    bn = phases(3, freeze="all_trainable", head_only_epochs=1, bn_trainable=False)
+    assert bn[1].bn_trainable is False
 
 
 def test_two_phase_fit():
     model = _small()
     x, y = _data((8, 8, 1))
-    cfg = ModelConfig(freeze="all_trainable", head_only_epochs=1)
-    schedule = phases(cfg, 2)
+    schedule = phases(2, freeze="all_trainable", head_only_epochs=1)
     backbone = get_backbone(model)
     for phase in schedule:
         apply_phase(model, phase)

@@ -7,7 +7,6 @@ import pytest
 import tensorflow as tf
 from helpers import bn_classifier
 
-from advtrain.config import BatchNormConfig
 from advtrain.models.batchnorm import apply_batchnorm_policy, batchnorm_layers
 from advtrain.models.fused_batchnorm import (
     FusedBatchNormalization,
@@ -136,7 +135,7 @@ def test_fused_model_saves_and_loads(tmp_path):
 @pytest.mark.parametrize("fused", [True, False])
 def test_recipe_policy_applies_the_fused_kernel(fused):
     model = bn_classifier()
-    apply_batchnorm_policy(model, BatchNormConfig(fused=fused, momentum=0.8))
+    apply_batchnorm_policy(model, fused_kernel=fused, momentum=0.8)
     (layer,) = batchnorm_layers(model)
     assert isinstance(layer, FusedBatchNormalization) is fused
     assert layer.momentum == 0.8

@@ -1,0 +1,72 @@
+"""Workarounds for Keras bugs that no public API avoids. The only module
+in advtrain that touches private Keras attributes.
+
+Each workaround names its upstream issue, and tests/test_keras_workarounds.py
+has a test that reproduces the bug with the installed Keras: it fails once
+the bug is fixed upstream, the signal to delete the workaround.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+# Keras 3's `fit` under MultiWorkerMirroredStrategy fails in two places
+# (reproduced with TF 2.21 / Keras 3.15).
+MULTI_WORKER_FIT_ISSUE = "keras-team/keras#20585"
+
+
+def fit_under_multi_worker(
+    model: keras.Model, strategy: tf.distribute.Strategy
+) -> keras.Model:
+    """Lets `model.fit` run under `strategy` (a MultiWorkerMirroredStrategy).
+
+    Keras 3 fails (keras-team/keras#20585) in two places, replaced here for
+    this model only, after `compile` (which resets them):
+
+    * before the first step, Keras builds the model's state from a batch
+      it all-reduces across workers, which fails for any dataset; only
+      shapes and dtypes are needed, so this worker's local batch is used
+      (`Trainer._maybe_symbolic_build`, a private method: no public hook
+      takes the build batch);
+    * after each step, Keras reduces the step's scalar logs with `axis=0`,
+      which fails; they are averaged over all replicas (`axis=None`), as
+      Keras does under MirroredStrategy (`train_function`/`test_function`,
+      which `make_train_function` would rebuild with the failing reduce).
+
+    The train and test functions run one step per call
+    (`steps_per_execution=1`; see `advtrain.runtime.plan_batches`).
+    """
+
+    def local(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(value)[0]
+        return value
+
+    def maybe_symbolic_build(iterator=None, data_batch=None):
+        if iterator is not None:
+            for _, _, data in iterator:
+                data_batch = tf.nest.map_structure(local, next(data))
+                break
+        with strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+
+    def step_function(step):
+        @tf.function(reduce_retracing=True, jit_compile=model.jit_compile)
+        def one_step(data):
+            outputs = strategy.run(step, args=(data,))
+            return tf.nest.map_structure(
+                lambda v: strategy.reduce("MEAN", v, axis=None), outputs
+            )
+
+        return lambda iterator: one_step(next(iterator))
+
+    # object.__setattr__: functions, not model state Keras should track.
+    replacements = {
+        "_maybe_symbolic_build": maybe_symbolic_build,
+        "train_function": step_function(model.train_step),
+        "test_function": step_function(model.test_step),
+    }
+    for name, value in replacements.items():
+        object.__setattr__(model, name, value)
+    return model
