@@ -39,6 +39,7 @@ import tensorflow as tf
 from advtrain.attacks import Attack
 from advtrain.attacks.common import input_gradient
 from advtrain.evaluation import AttackRunner, evaluation_attacks, seeded_subset
+from advtrain.progress import Progress
 
 DEFAULT_EXAMPLES = 500
 LARGE_EPS = 0.5
@@ -177,12 +178,16 @@ def _measure(model, x_all, y_all, attacks, seed: int, batch_size: int):
     zero_fn = tf.function(
         lambda x, y: zero_gradient_mask(model, x, y), reduce_retracing=True
     )
-    for start in range(0, len(y_all), batch_size):
+    starts = range(0, len(y_all), batch_size)
+    bar = Progress("sanity checks", len(starts) * len(attacks), unit="attacks")
+    for start in starts:
         x = tf.convert_to_tensor(x_all[start : start + batch_size])
         y = tf.convert_to_tensor(y_all[start : start + batch_size].astype(np.int64))
         for name, attack in attacks.items():
             correct[name].append(runner(attack, x, y).numpy() == y.numpy())
+            bar.update(sum(map(len, correct.values())), name)
         zero.append(zero_fn(x, y).numpy())
+    bar.close()
     hit = {name: np.concatenate(parts) for name, parts in correct.items()}
     return hit, float(np.mean(np.concatenate(zero)))
 

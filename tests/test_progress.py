@@ -164,3 +164,23 @@ def test_cli_run_on_a_terminal_redraws_a_bar(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
     assert "\r\x1b[Kepoch 1/1  [" in text
     assert "] 3/3 steps (100%)" in text
+
+
+def test_sanity_checks_show_progress_per_attack(capsys):
+    import tensorflow as tf
+
+    from advtrain.sanity import run_sanity_checks
+
+    x = np.random.default_rng(0).random((6, 8, 8, 1)).astype("float32")
+    batches = tf.data.Dataset.from_tensor_slices((x, np.arange(6) % 10)).batch(3)
+    run_sanity_checks(
+        dense_classifier(), batches, default_eps=0.1, pgd_steps=1, batch_size=3
+    )
+    lines = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("sanity checks")
+    ]
+    # 2 batches x 5 attacks (fgsm, pgd, pgd_2x_steps, pgd_more_restarts, large_eps)
+    assert lines[0].startswith("sanity checks  1/10 attacks (10%)  fgsm"), lines
+    assert lines[-1].startswith("sanity checks  10/10 attacks (100%)"), lines
