@@ -201,19 +201,13 @@ def _naming(recipe_path: Path):
 
 
 def _guarded(action):
-    from advtrain.config import RecipeError
-
     debug = _DEBUG["on"]
 
     try:
         return action()
-    except (RecipeError, _BadInput) as exc:
-        if debug:
-            raise
-        _fail(one_line(exc), 2)
-    except (ValueError, TypeError, OSError) as exc:
-        # Library code raises these for values it cannot use: the user's
-        # input, so exit 2, in one line (advtrain.errors).
+    except (_BadInput, ValueError, TypeError, OSError) as exc:
+        # RecipeError is a ValueError; library code raises these for values
+        # it cannot use: the user's input, so exit 2, in one line.
         if debug:
             raise
         _fail(one_line(exc), 2)

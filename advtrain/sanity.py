@@ -180,12 +180,14 @@ def _measure(model, x_all, y_all, attacks, seed: int, batch_size: int):
     )
     starts = range(0, len(y_all), batch_size)
     bar = Progress("sanity checks", len(starts) * len(attacks), unit="attacks")
+    done = 0
     for start in starts:
         x = tf.convert_to_tensor(x_all[start : start + batch_size])
         y = tf.convert_to_tensor(y_all[start : start + batch_size].astype(np.int64))
         for name, attack in attacks.items():
             correct[name].append(runner(attack, x, y).numpy() == y.numpy())
-            bar.update(sum(map(len, correct.values())), name)
+            done += 1
+            bar.update(done, name)
         zero.append(zero_fn(x, y).numpy())
     bar.close()
     hit = {name: np.concatenate(parts) for name, parts in correct.items()}

@@ -37,6 +37,9 @@ DOWNLOAD_TIMEOUT_S = 30.0
 # Sides Keras has MobileNetV2 ImageNet files for; others get the 224 file.
 _MOBILENET_SIDES = (96, 128, 160, 192, 224)
 
+# Quoted error lines (a download or h5 failure) are cut to this length.
+_QUOTED = 160
+
 
 def keras_models_dir() -> str:
     """The folder Keras caches application weights in.
@@ -97,7 +100,7 @@ def offline_message(
     where = f" from {url}" if url else ""
     return (
         f"model.weights: cannot download the imagenet weights for {name}"
-        f"{where} ({one_line(exc)}). Place {file} in "
+        f"{where} ({one_line(exc, limit=_QUOTED)}). Place {file} in "
         f"{keras_models_dir()}/ ($KERAS_HOME/models/, default "
         "~/.keras/models/), or set model.weights: PATH to a weights file, "
         "or model.weights: null to train from scratch. "
@@ -163,7 +166,7 @@ def build_backbone(
                 raise ValueError(
                     f"model.weights: the cached imagenet weights for {name} "
                     f"in {keras_models_dir()}/ are corrupted "
-                    f"({one_line(exc)}); delete the file to download "
+                    f"({one_line(exc, limit=_QUOTED)}); delete the file to download "
                     "it again. Received: weights=imagenet"
                 ) from None
             raise
@@ -246,7 +249,7 @@ def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str)
             return "classifier"
         except (ValueError, KeyError) as exc:
             classifier.set_weights(saved)
-            first = one_line(exc)
+            first = one_line(exc, limit=_QUOTED)
         try:
             _strict_load(backbone, str(file))
             return "backbone"
@@ -255,7 +258,7 @@ def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str)
             raise ValueError(
                 f"model.weights: {path} fits neither the classifier "
                 f"({first}) nor the {backbone.name} backbone "
-                f"({one_line(exc)}). Received: weights={path}"
+                f"({one_line(exc, limit=_QUOTED)}). Received: weights={path}"
             ) from None
     if name.endswith((".h5", ".hdf5")):
         try:
@@ -263,7 +266,7 @@ def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str)
         except (ValueError, KeyError, OSError) as exc:
             raise ValueError(
                 f"model.weights: cannot load {path} into the {backbone.name} "
-                f"backbone ({one_line(exc)}). Received: weights={path}"
+                f"backbone ({one_line(exc, limit=_QUOTED)}). Received: weights={path}"
             ) from None
         return "backbone"
     raise ValueError(
