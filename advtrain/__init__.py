@@ -1,7 +1,8 @@
 """advtrain: adversarial training and transfer learning for Keras 3.
 
 Public API:
-    AdversarialModel, TRADES      keras.Model subclasses with a custom step
+    AdversarialModel, TRADES, GradAlign
+                                   keras.Model subclasses with a custom step
     Attack, fgsm, fgsm_random_start, pgd
     load_recipe, Recipe, RecipeError
     run                            train + evaluate a recipe
@@ -40,13 +41,14 @@ from advtrain.experiment import run  # noqa: E402
 # `fit` lives in `advtrain.fitting`, not `advtrain.fit`: a submodule named
 # `fit` would replace this function on the package with the module.
 from advtrain.fitting import fit  # noqa: E402
-from advtrain.models import TRADES, AdversarialModel  # noqa: E402
+from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
 
 __version__ = "0.2.0"
 
 __all__ = [
     "AdversarialModel",
     "Attack",
+    "GradAlign",
     "Recipe",
     "RecipeError",
     "TRADES",

@@ -265,11 +265,15 @@ class ModelConfig(_Section):
         return self
 
 
+# The built-in single-step attacks with a random start.
+_RANDOM_START = ("fgsm_rs", "n_fgsm", "zerograd")
+
+
 class AttackConfig(_Section):
     """The training attack. Pixel space: eps is in units of [0, 1] pixels."""
 
     # none, trades, or a registered attack (advtrain.attacks.register_attack):
-    # fgsm, fgsm_rs, pgd, or one a plugin registers.
+    # fgsm, fgsm_rs, n_fgsm, zerograd, pgd, or one a plugin registers.
     method: str = "fgsm_rs"
     eps: float = Field(8 / 255, ge=0.0, le=1.0)
     # FGSM random start step; default 1.25 * eps (Wong et al. 2020).
@@ -278,9 +282,14 @@ class AttackConfig(_Section):
     step_size: Optional[float] = Field(None, gt=0.0)
     norm: Literal["inf", "2"] = "inf"
     random_start: bool = True
-    # fgsm_rs: clip the random start to the pixel range before its gradient
-    # is taken (false: as drawn, like Wong et al.'s MNIST code).
+    # fgsm_rs, n_fgsm, zerograd: clip the random start to the pixel range
+    # before its gradient is taken (false: as drawn, like Wong et al.'s
+    # MNIST code).
     clip_start: bool = True
+    # n_fgsm: radius of the random start; default 2 * eps (de Jorge et al.).
+    noise: Optional[float] = Field(None, ge=0.0, le=2.0)
+    # zerograd: share of each example's smallest gradient entries zeroed.
+    zero_quantile: float = Field(0.35, ge=0.0, lt=1.0)
     backend: Literal["advtrain", "cleverhans"] = "advtrain"
     adv_weight: float = Field(0.5, ge=0.0, le=1.0)
     mode: Literal["inference", "train"] = "inference"
@@ -288,6 +297,9 @@ class AttackConfig(_Section):
     # and the attack's gradient (AdversarialModel(fused=True)).
     fused_step: bool = False
     beta: float = Field(6.0, ge=0.0)
+    # GradAlign (advtrain.models.GradAlign): weight of the gradient-alignment
+    # penalty; 0 (default) is off. About 3x the cost of an FGSM step.
+    grad_align: float = Field(0.0, ge=0.0)
     # Training only: eps, alpha and step_size grow linearly from ~0 to their
     # values over this many epochs, step by step (advtrain.models.eps_ramp);
     # 0: full eps from the first step. Evaluation always uses the full eps.
@@ -310,10 +322,10 @@ class AttackConfig(_Section):
                 "backend: cleverhans supports method fgsm or pgd. "
                 f"Received: method={self.method}"
             )
-        if not self.clip_start and self.method != "fgsm_rs":
+        if not self.clip_start and self.method not in _RANDOM_START:
             raise ValueError(
-                "clip_start: false applies to method fgsm_rs only. "
-                f"Received: method={self.method}"
+                f"clip_start: false applies to method {', '.join(_RANDOM_START)}"
+                f" only. Received: method={self.method}"
             )
         if self.eps_ramp_epochs and (
             self.method == "none" or self.backend != "advtrain"
@@ -326,6 +338,12 @@ class AttackConfig(_Section):
             raise ValueError(
                 "fused_step: true needs method fgsm or fgsm_rs. "
                 f"Received: method={self.method}"
+            )
+        if self.grad_align and (self.method in ("none", "trades") or self.fused_step):
+            raise ValueError(
+                "grad_align > 0 needs a training attack other than trades, "
+                f"without fused_step. Received: method={self.method}, "
+                f"fused_step={str(self.fused_step).lower()}"
             )
         return self
 

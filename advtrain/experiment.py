@@ -136,10 +136,11 @@ def input_options(recipe: Recipe, training: bool = False) -> dict[str, Any]:
 def build_training_model(
     recipe: Recipe, classifier: keras.Model, steps_per_epoch: Optional[int] = None
 ) -> keras.Model:
-    """AdversarialModel (or TRADES) around `classifier` per the recipe.
+    """AdversarialModel (or TRADES, GradAlign) around `classifier` per the recipe.
     `steps_per_epoch` turns `attack.eps_ramp_epochs` into steps (without
     it there is no ramp)."""
     from advtrain.models.adversarial import AdversarialModel
+    from advtrain.models.grad_align import GradAlign
     from advtrain.models.trades import TRADES
 
     cfg = recipe.attack
@@ -157,9 +158,11 @@ def build_training_model(
             eps_ramp_steps=ramp,
             **_RECIPE_OWNS_BATCHNORM,
         )
-    return AdversarialModel(
+    extra = {"grad_align": cfg.grad_align} if cfg.grad_align else {}
+    return (GradAlign if cfg.grad_align else AdversarialModel)(
         classifier,
         attack,
+        **extra,
         adv_weight=cfg.adv_weight if attack is not None else 0.0,
         attack_mode=cfg.mode,
         seed=recipe.train.seed,
@@ -379,8 +382,31 @@ def _describe(recipe: Recipe, splits, runtime, plan, echo: Echo) -> None:
         f"attack: {recipe.attack.method} eps={attack.eps:g} "
         f"norm={attack.norm} adv_weight={recipe.attack.adv_weight:g} "
         f"backend={attack.backend} mode={recipe.attack.mode}"
+        + _method_options(attack)
         + (f" eps_ramp_epochs={ramp:g}" if ramp else "")
+        + (
+            f" grad_align={recipe.attack.grad_align:g}"
+            if recipe.attack.grad_align
+            else ""
+        )
     )
+
+
+def _method_options(attack) -> str:
+    """The step settings the attack's method uses, e.g. " alpha=0.375"."""
+    if attack.method == "pgd":
+        size = "auto" if attack.step_size is None else f"{attack.step_size:g}"
+        return f" steps={attack.steps} step_size={size}"
+    if attack.method not in ("fgsm_rs", "n_fgsm", "zerograd"):
+        return ""
+    alpha = "eps" if attack.method == "n_fgsm" else "1.25*eps"
+    text = f" alpha={alpha if attack.alpha is None else format(attack.alpha, 'g')}"
+    if attack.method == "n_fgsm":
+        noise = attack.noise
+        text += f" noise={'2*eps' if noise is None else format(noise, 'g')}"
+    if attack.method == "zerograd":
+        text += f" zero_quantile={attack.zero_quantile:g}"
+    return text
 
 
 def _describe_momentum(recipe: Recipe, classifier: keras.Model, echo: Echo) -> None:

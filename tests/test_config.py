@@ -60,7 +60,7 @@ BAD = [
     (
         "attack: {method: pgd, clip_start: false}",
         [],
-        "clip_start: false applies to method fgsm_rs only",
+        "clip_start: false applies to method fgsm_rs, n_fgsm, zerograd only",
     ),
     ("model: {batchnorm: {fused_kernel: maybe}}", [], "'model.batchnorm.fused_kernel'"),
     ("data: {source: imagenet}", [], "'data.source'"),

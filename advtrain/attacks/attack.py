@@ -28,7 +28,8 @@ def register_attack(name: str) -> Callable[[Callable], Callable]:
     out. `Attack(name, ...)` then runs it, in training (`AdversarialModel`)
     and in evaluation, passing the keywords the function declares among
     the `Attack` fields (`eps`, `norm`, `alpha`, `steps`, `step_size`,
-    `random_start`, `restarts`, `clip_min`, `clip_max`, `clip_start`) and
+    `random_start`, `restarts`, `clip_min`, `clip_max`, `clip_start`,
+    `noise`, `zero_quantile`) and
     the call's `loss_fn`, `loss_scale` (mixed precision: multiply the loss
     before differentiating) and `seed` (a `keras.random` seed). A recipe
     names it as `attack.method: <name>`. A duplicate name is a ValueError.
@@ -60,8 +61,9 @@ class Attack:
     """An attack and its hyperparameters, in pixel space.
 
     Calling it runs the attack: `attack(model_fn, x, y)` returns adversarial
-    pixels. `method` names a registered attack ("fgsm", "fgsm_rs", "pgd",
-    "apgd_ce", "apgd_dlr", or one added with `register_attack`).
+    pixels. `method` names a registered attack ("fgsm", "fgsm_rs",
+    "n_fgsm", "zerograd", "pgd", "apgd_ce", "apgd_dlr", or one added with
+    `register_attack`).
 
     Example:
 
@@ -83,13 +85,25 @@ class Attack:
     backend: str = "advtrain"
     clip_min: Optional[float] = 0.0
     clip_max: Optional[float] = 1.0
-    # fgsm_rs: clip the random start to [clip_min, clip_max] before taking
-    # its gradient (see advtrain.attacks.fgsm.fgsm_random_start).
+    # fgsm_rs, n_fgsm, zerograd: clip the random start to [clip_min,
+    # clip_max] before taking its gradient (advtrain.attacks.fgsm).
     clip_start: bool = True
+    # n_fgsm: the random start's radius (default 2 * eps, de Jorge et al.).
+    noise: Optional[float] = None
+    # zerograd: the share of each example's smallest input-gradient entries
+    # set to zero before the step (Golgooni et al. 2021).
+    zero_quantile: float = 0.35
 
     def __post_init__(self):
         object.__setattr__(self, "norm", canonical_norm(self.norm))
         check_eps("eps", self.eps)
+        if self.noise is not None:
+            check_eps("noise", self.noise)
+        if not 0.0 <= self.zero_quantile < 1.0:
+            raise ValueError(
+                "zero_quantile must be in [0, 1). "
+                f"Received: zero_quantile={self.zero_quantile!r}"
+            )
         pgd.check_count("steps", self.steps)
         pgd.check_count("restarts", self.restarts)
         if self.backend not in BACKENDS:
@@ -138,7 +152,14 @@ class Attack:
 
     @property
     def single_step(self) -> bool:
-        """FGSM-type: one input gradient, at the clean point or a random one."""
+        """FGSM-type: one input gradient, at the clean point or a random one
+        (the attack can return it: `return_gradient=True`)."""
+        return self.backend == "advtrain" and self.method in SINGLE_STEP
+
+    @property
+    def fusable(self) -> bool:
+        """FGSM or FGSM-RS, which `step_from_gradient` (the fused training
+        step) can take from a gradient computed elsewhere."""
         return self.backend == "advtrain" and self.method in ("fgsm", "fgsm_rs")
 
     def step_from_gradient(self, x, grad, seed: Any = None) -> tf.Tensor:
@@ -157,7 +178,7 @@ class Attack:
             steepest_step,
         )
 
-        if not self.single_step:
+        if not self.fusable:
             raise ValueError(
                 "step_from_gradient needs method fgsm or fgsm_rs on the "
                 f"advtrain backend. Received: method={self.method!r}, "
@@ -185,6 +206,9 @@ class Attack:
         return cls(**config)
 
 
+# The built-in single-step attacks (advtrain backend).
+SINGLE_STEP = ("fgsm", "fgsm_rs", "n_fgsm", "zerograd")
+
 # The keyword arguments of `make_attack`: every `Attack` field but `method`.
 OPTION_KEYS = tuple(f.name for f in dataclasses.fields(Attack) if f.name != "method")
 
@@ -196,7 +220,7 @@ def make_attack(method: str = "fgsm_rs", /, **options: Any) -> Optional[Attack]:
     "trades" (TRADES's inner maximisation is PGD). `options` are the
     `Attack` fields by their recipe names: eps, norm, alpha, steps,
     step_size, random_start, restarts, backend, clip_start, clip_min,
-    clip_max. Unknown keys are a TypeError.
+    clip_max, noise, zero_quantile. Unknown keys are a TypeError.
 
     Example:
 
@@ -228,6 +252,8 @@ def _keywords(fn: Callable) -> Optional[frozenset[str]]:
 # The built-in methods; "cleverhans_" + method for that backend.
 register_attack("fgsm")(fgsm.fgsm)
 register_attack("fgsm_rs")(fgsm.fgsm_random_start)
+register_attack("n_fgsm")(fgsm.n_fgsm)
+register_attack("zerograd")(fgsm.zerograd)
 register_attack("pgd")(pgd.pgd)
 register_attack("apgd_ce")(apgd.apgd_ce)
 register_attack("apgd_dlr")(apgd.apgd_dlr)

@@ -2,7 +2,7 @@
 
 Importing this package registers every advtrain Keras object that a saved
 model can hold (the layers in `layers`, `FusedBatchNormalization`,
-`AdversarialModel`, `TRADES`).
+`AdversarialModel`, `TRADES`, `GradAlign`).
 """
 
 from advtrain.models import (  # noqa: F401  (register serializable layers)
@@ -10,6 +10,7 @@ from advtrain.models import (  # noqa: F401  (register serializable layers)
     layers,
 )
 from advtrain.models.adversarial import AdversarialModel
+from advtrain.models.grad_align import GradAlign
 from advtrain.models.trades import TRADES
 
-__all__ = ["AdversarialModel", "TRADES"]
+__all__ = ["AdversarialModel", "GradAlign", "TRADES"]

@@ -184,7 +184,7 @@ class AdversarialModel(keras.Model):
                 f"{type(self).__name__} overrides {', '.join(overridden)}. "
                 "Received: fused=True"
             )
-        if fused and (attack is None or not attack.single_step):
+        if fused and (attack is None or not attack.fusable):
             raise ValueError(
                 "fused=True needs a single-step attack (method fgsm or "
                 f"fgsm_rs, backend advtrain). Received: attack={attack!r}"

@@ -14,8 +14,9 @@ class EpsRamp:
 
     At optimizer step `t` (0-based: `optimizer.iterations` before the
     update) the scale is `min(1, (t + 1) / steps)`: 1/steps at the first
-    step, 1 from step `steps - 1` on. eps, the FGSM-RS step `alpha` and the
-    PGD `step_size` (where set; their defaults follow eps) are multiplied
+    step, 1 from step `steps - 1` on. eps, the FGSM-RS step `alpha`, the
+    PGD `step_size` and the N-FGSM `noise` (where set; their defaults
+    follow eps) are multiplied
     by it, so the perturbation's largest norm is `scale * eps`. The scale
     is computed in the graph from the step counter alone, so a resumed run
     (which restores `optimizer.iterations`) continues the same ramp with no
@@ -48,9 +49,10 @@ class EpsRamp:
 
     @staticmethod
     def scaled(attack: Attack, scale: Any) -> Attack:
-        """`attack` with eps, alpha and step_size (where set) times `scale`."""
+        """`attack` with eps, alpha, step_size and noise (where set) times
+        `scale`."""
         changes = {"eps": attack.eps * scale}
-        for name in ("alpha", "step_size"):
+        for name in ("alpha", "step_size", "noise"):
             value = getattr(attack, name)
             if value is not None:
                 changes[name] = value * scale
