@@ -247,15 +247,20 @@ def test_bench_quick_mode_runs_on_real_mnist(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    (row,) = summary["rows"]
-    assert row["method"] == "fgsm_rs" and row["seed"] == 0
+    # The default: the 10-epoch time reference and the shipped recipe.
+    reference, row = summary["rows"]
+    assert (reference["method"], row["method"]) == ("fgsm_rs", "mnist_fgsm_rs")
+    assert row["seed"] == 0 and reference["apgd_ce_accuracy"] is None
+    assert row["time_ratio"] == pytest.approx(
+        row["train_seconds"] / reference["train_seconds"]
+    )
     for key in ("clean_accuracy", "pgd_accuracy", "robust_accuracy_worst"):
         assert 0.0 <= row[key] <= 1.0
     assert row["robust_accuracy_worst"] <= min(
         row[k] for k in ("fgsm_accuracy", "pgd_accuracy", "apgd_dlr_accuracy")
     )
     assert "200 test images" in summary["title"]
-    metrics = json.loads((out / "fgsm_rs-seed0" / "metrics.json").read_text())
+    metrics = json.loads((out / "mnist_fgsm_rs-seed0" / "metrics.json").read_text())
     assert metrics["examples"] == 200 and "apgd_ce_accuracy" in metrics
     assert "| method | seed |" in (out / "table.md").read_text()
     assert "guard events" in proc.stdout
