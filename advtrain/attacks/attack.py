@@ -12,7 +12,13 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from advtrain.attacks import apgd, cleverhans_backend, fgsm, pgd
-from advtrain.attacks.common import LossFn, ModelFn, canonical_norm, check_eps
+from advtrain.attacks.common import (
+    LossFn,
+    ModelFn,
+    canonical_norm,
+    check_eps,
+    check_fraction,
+)
 from advtrain.registry import Registry
 
 attacks: Registry[Callable] = Registry("attack")
@@ -99,11 +105,7 @@ class Attack:
         check_eps("eps", self.eps)
         if self.noise is not None:
             check_eps("noise", self.noise)
-        if not 0.0 <= self.zero_quantile < 1.0:
-            raise ValueError(
-                "zero_quantile must be in [0, 1). "
-                f"Received: zero_quantile={self.zero_quantile!r}"
-            )
+        check_fraction("zero_quantile", self.zero_quantile)
         pgd.check_count("steps", self.steps)
         pgd.check_count("restarts", self.restarts)
         if self.backend not in BACKENDS:

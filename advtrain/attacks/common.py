@@ -46,6 +46,12 @@ def check_eps(name: str, value: Any, upper: Optional[float] = None) -> None:
         raise ValueError(f"{name} must be <= {upper}. Received: {name}={value}")
 
 
+def check_fraction(name: str, value: Any) -> None:
+    """Validates a share in [0, 1) up front (e.g. ZeroGrad's quantile)."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1). Received: {name}={value!r}")
+
+
 def per_example_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     """Cross-entropy per example; sparse int labels or probability rows."""
     logits = tf.cast(logits, tf.float32)

@@ -13,6 +13,7 @@ from advtrain.attacks.common import (
     Norm,
     attack_inputs,
     check_eps,
+    check_fraction,
     checked_norm,
     clip_pixels,
     input_gradient,
@@ -188,11 +189,7 @@ def zerograd(
     x_adv = zerograd(model_fn, x, y, eps=0.3, zero_quantile=0.35)
     ```
     """
-    if not 0.0 <= zero_quantile < 1.0:
-        raise ValueError(
-            "zero_quantile must be in [0, 1). "
-            f"Received: zero_quantile={zero_quantile!r}"
-        )
+    check_fraction("zero_quantile", zero_quantile)
     alpha = 1.25 * eps if alpha is None else alpha
     return _step_from_noise(
         model_fn, x, y, eps=eps, alpha=alpha, noise=eps, project_to_eps=True,

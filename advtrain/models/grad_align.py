@@ -7,7 +7,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from advtrain.attacks.common import per_example_cross_entropy, random_in_ball
+from advtrain.attacks.common import input_gradient, random_in_ball
 from advtrain.models.adversarial import (
     AdversarialModel,
     _MeasuredMean,
@@ -80,12 +80,12 @@ class GradAlign(AdversarialModel):
         return loss + self.grad_align * penalty
 
     def _input_gradient(self, x, y):
-        """grad_x of the summed cross-entropy, kept differentiable."""
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            logits = tf.cast(self.attack_model_fn(x), tf.float32)
-            loss = tf.reduce_sum(per_example_cross_entropy(y, logits))
-        return tape.gradient(loss, x)
+        """grad_x of the summed cross-entropy, kept differentiable (the
+        attacks' own helper; the loss scale only rescales the gradient,
+        which the cosine ignores)."""
+        return input_gradient(
+            self.attack_model_fn, x, y, loss_scale=self.attack_loss_scale()
+        )
 
     def get_config(self):
         return {**super().get_config(), "grad_align": self.grad_align}
