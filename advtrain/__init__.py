@@ -7,6 +7,7 @@ Public API:
     load_recipe, Recipe, RecipeError
     run                            train + evaluate a recipe
     fit                            any Keras model through the same runtime
+    evaluate                       AutoAttack-grade robust accuracy of a model
     register_attack, register_source, register_backbone
                                    extension points a recipe can name
                                    (its `plugins` key imports the module)
@@ -36,6 +37,7 @@ from advtrain.attacks import (  # noqa: E402
 from advtrain.backbones import register_backbone  # noqa: E402
 from advtrain.config import Recipe, RecipeError, load_recipe  # noqa: E402
 from advtrain.data import register_source  # noqa: E402
+from advtrain.evaluation import evaluate  # noqa: E402
 from advtrain.experiment import run  # noqa: E402
 
 # `fit` lives in `advtrain.fitting`, not `advtrain.fit`: a submodule named
@@ -52,6 +54,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "TRADES",
+    "evaluate",
     "fgsm",
     "fit",
     "fgsm_random_start",

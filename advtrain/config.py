@@ -293,9 +293,11 @@ class AttackConfig(_Section):
     backend: Literal["advtrain", "cleverhans"] = "advtrain"
     adv_weight: float = Field(0.5, ge=0.0, le=1.0)
     mode: Literal["inference", "train"] = "inference"
-    # fgsm/fgsm_rs: one training-mode forward pass gives both the clean loss
-    # and the attack's gradient (AdversarialModel(fused=True)).
-    fused_step: bool = False
+    # The fused step (AdversarialModel(fused=)): the clean training pass's
+    # own backward pass gives the attack's gradient (2 forward + 2 backward
+    # passes). auto: exactly for plain fgsm with 0 < adv_weight < 1 and no
+    # grad_align; true forces it (fgsm or fgsm_rs); false: never.
+    fused_step: Union[Literal["auto"], bool] = "auto"
     beta: float = Field(6.0, ge=0.0)
     # GradAlign (advtrain.models.GradAlign): weight of the gradient-alignment
     # penalty; 0 (default) is off. About 3x the cost of an FGSM step.
@@ -334,15 +336,17 @@ class AttackConfig(_Section):
                 "eps_ramp_epochs > 0 needs a training attack on the advtrain "
                 f"backend. Received: method={self.method}, backend={self.backend}"
             )
-        if self.fused_step and self.method not in ("fgsm", "fgsm_rs"):
+        if self.fused_step is True and self.method not in ("fgsm", "fgsm_rs"):
             raise ValueError(
                 "fused_step: true needs method fgsm or fgsm_rs. "
                 f"Received: method={self.method}"
             )
-        if self.grad_align and (self.method in ("none", "trades") or self.fused_step):
+        if self.grad_align and (
+            self.method in ("none", "trades") or self.fused_step is True
+        ):
             raise ValueError(
                 "grad_align > 0 needs a training attack other than trades, "
-                f"without fused_step. Received: method={self.method}, "
+                f"without fused_step: true. Received: method={self.method}, "
                 f"fused_step={str(self.fused_step).lower()}"
             )
         return self
@@ -396,14 +400,27 @@ class EvalConfig(_Section):
     pgd_steps: int = Field(20, ge=0, le=10_000)
     pgd_step_size: Optional[float] = Field(None, gt=0.0)
     pgd_restarts: int = Field(1, ge=1, le=1000)
-    # The attacks reported, e.g. [pgd, apgd_ce, apgd_dlr]; None: FGSM when
-    # `fgsm` is true and PGD when pgd_steps > 0. Given, the list alone
-    # decides (pgd uses the pgd_* settings). robust_accuracy_worst counts an
-    # example robust only if clean and every listed attack get it right.
-    attacks: Optional[list[Literal["fgsm", "pgd", "apgd_ce", "apgd_dlr"]]] = None
-    # APGD (Croce and Hein 2020): iterations per run, and random restarts;
-    # apgd_dlr is AutoAttack's targeted DLR over the 9 most likely wrong
-    # classes, one run per target and restart.
+    # The attacks reported: a list of fgsm, pgd, apgd_ce, apgd_dlr, square
+    # and autoattack (AutoAttack's ensemble APGD-CE, APGD-T, Square as a
+    # cascade), or autoattack alone. None: FGSM when `fgsm` is true, PGD
+    # when pgd_steps > 0, and autoattack. Given, the list alone decides
+    # (pgd uses the pgd_* settings). The headline robust_accuracy counts an
+    # example robust only if clean and every attack get it right.
+    attacks: Optional[
+        Union[
+            Literal["autoattack"],
+            list[Literal["fgsm", "pgd", "apgd_ce", "apgd_dlr", "square", "autoattack"]],
+        ]
+    ] = None
+    # AutoAttack's budget: standard (APGD 100 iterations, APGD-T over 9
+    # targets, Square 5,000 queries) or cheap (Square 1,000 queries).
+    budget: Literal["standard", "cheap"] = "standard"
+    # Square's queries per example (default: the budget's), for the
+    # ensemble and for a listed square.
+    square_queries: Optional[int] = Field(None, ge=1, le=1_000_000)
+    # APGD (Croce and Hein 2020) when listed on its own: iterations per
+    # run, and random restarts; apgd_dlr is AutoAttack's targeted DLR over
+    # the 9 most likely wrong classes, one run per target and restart.
     apgd_steps: int = Field(100, ge=1, le=10_000)
     apgd_restarts: int = Field(1, ge=1, le=1000)
     eps_sweep: list[float] = Field(default_factory=list)
@@ -420,7 +437,7 @@ class EvalConfig(_Section):
 
     @model_validator(mode="after")
     def _attacks_runnable(self) -> EvalConfig:
-        if self.attacks is None:
+        if self.attacks is None or isinstance(self.attacks, str):
             return self
         repeated = sorted({a for a in self.attacks if self.attacks.count(a) > 1})
         if repeated:

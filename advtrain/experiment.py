@@ -166,7 +166,7 @@ def build_training_model(
         adv_weight=cfg.adv_weight if attack is not None else 0.0,
         attack_mode=cfg.mode,
         seed=recipe.train.seed,
-        fused=cfg.fused_step and attack is not None,
+        fused=cfg.fused_step if attack is not None else False,
         eps_ramp_steps=ramp,
         **_RECIPE_OWNS_BATCHNORM,
     )
@@ -345,6 +345,9 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
             steps_per_epoch=plan.steps_per_epoch,
         )
     _describe_momentum(recipe, classifier, echo)
+    if recipe.attack.method != "none":
+        fused = str(recipe.attack.fused_step).lower()
+        echo(f"step: {model.step_note}; attack.fused_step: {fused}")
     monitor, monitor_mode = _monitor(recipe, model, splits.val is not None)
     state.restore(model, steps_per_epoch=plan.steps_per_epoch)
     state.open(
@@ -607,7 +610,7 @@ def finish(
         "final_train_metrics": {k: float(v[-1]) for k, v in history.items() if v},
     }
     metrics["sanity_checks"] = _sanity_checks(
-        classifier, test_ds, recipe, echo, runtime.strategy
+        classifier, test_ds, recipe, echo, runtime.strategy, evaluation
     )
     if trained.co_guard is not None:
         metrics["co_guard"] = trained.co_guard
@@ -673,8 +676,10 @@ def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> d
     return gap
 
 
-def _sanity_checks(classifier, test_ds, recipe: Recipe, echo: Echo, strategy=None):
-    from advtrain.sanity import format_sanity_checks, run_sanity_checks
+def _sanity_checks(
+    classifier, test_ds, recipe: Recipe, echo: Echo, strategy=None, evaluation=None
+):
+    from advtrain.sanity import format_sanity_checks, masking_check, run_sanity_checks
 
     cfg = recipe.eval
     if cfg.sanity_examples == 0:
@@ -693,6 +698,9 @@ def _sanity_checks(classifier, test_ds, recipe: Recipe, echo: Echo, strategy=Non
         max_examples=cfg.sanity_examples,
         strategy=strategy,
     )
+    masking = masking_check(evaluation or {})
+    if masking is not None:
+        checks.append(masking)
     echo(format_sanity_checks(checks))
     return checks
 
@@ -730,8 +738,14 @@ SUMMARY_KEYS = (
 
 
 def summary_table(metrics: dict[str, Any]) -> str:
-    """A two-column text table of the headline numbers."""
+    """A two-column text table: the headline (`robustness_headline`)
+    first, then the secondary numbers."""
     rows = []
+    if "robust_accuracy" in metrics:
+        from advtrain.report import robustness_headline
+
+        label, text = robustness_headline(metrics)
+        rows.append((label, text))
     for key, label in SUMMARY_KEYS:
         if key not in metrics:
             continue
@@ -823,7 +837,7 @@ def evaluate_saved(
         classifier, test_ds, **_evaluation_keys(recipe), num_classes=splits.num_classes
     )
     metrics["sanity_checks"] = _sanity_checks(
-        classifier, test_ds, recipe, lambda line: None
+        classifier, test_ds, recipe, lambda line: None, evaluation=metrics
     )
     if (model_path.parent / "recipe.yaml").is_file():
         atomic_write_json(model_path.parent / "eval-metrics.json", metrics)

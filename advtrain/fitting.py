@@ -82,6 +82,7 @@ def fit(
     runtime: Union[Runtime, RuntimeConfig, dict, None] = None,
     attack: Any = None,
     adv_weight: float = 0.5,
+    fused: Union[bool, str] = "auto",
     loss: Any = None,
     metrics: Optional[list] = None,
     optimizer: Any = "adam",
@@ -105,7 +106,13 @@ def fit(
     The batch is global (split across replicas), steps per epoch follow
     from it, epochs are never divided, and the arithmetic is printed first,
     as in `advtrain run`. With `attack`, the model (returning logits) is
-    wrapped in an `AdversarialModel`.
+    wrapped in an `AdversarialModel`, and the step it uses is printed.
+
+    Every training batch is checked: with an attack, pixels outside its
+    `[clip_min, clip_max]` raise `advtrain.input_guards.PixelRangeError`;
+    with a cross-entropy loss, labels outside [0, classes), one-hot labels
+    for a sparse loss and integer labels for a categorical one raise
+    `LabelError`; each one line, at the first bad batch.
 
     Args:
         model: a Keras model, or a function of no arguments that builds one:
@@ -119,6 +126,8 @@ def fit(
         attack: an `Attack`, its config dict, a method name, or None.
         adv_weight, loss, metrics: the adversarial loss weight; a Keras loss
             (default when attacking: cross-entropy from logits); metrics.
+        fused: `AdversarialModel`'s step choice: "auto" (the fused step for
+            plain FGSM with 0 < adv_weight < 1), True or False.
         optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
         learning_rate, scale_lr, reference_batch, warmup_epochs, epochs,
             steps_per_epoch, batch_size (the global batch, required for
@@ -144,15 +153,17 @@ def fit(
     train_ds, size, batch = _training_data(data, batch_size, shuffle, seed)
     plan, train = _plan(rt, size, batch, options, say)
     net, classifier = _compiled_model(rt, plan, train, bn, options, say)
-    history = net.fit(
-        train_ds,
-        epochs=plan.epochs,
-        steps_per_epoch=plan.steps_per_epoch,
-        validation_data=validation_data,
-        callbacks=callbacks,
-        verbose=verbose,
-        shuffle=False,  # shuffled above, in tf.data
-    )
+    train_ds, checks = _label_checked(train_ds, net, classifier, net.loss)
+    with checks.clean_errors():
+        history = net.fit(
+            train_ds,
+            epochs=plan.epochs,
+            steps_per_epoch=plan.steps_per_epoch,
+            validation_data=validation_data,
+            callbacks=callbacks,
+            verbose=verbose,
+            shuffle=False,  # shuffled above, in tf.data
+        )
     gap = _settle_batchnorm(classifier, bn, data, validation_data, train_ds, plan, say)
     return FitResult(net, history.history, plan, rt, gap)
 
@@ -209,9 +220,11 @@ def _compiled_model(rt, plan, train, bn, options, say):
                 attack,
                 adv_weight=options["adv_weight"],
                 seed=options["seed"],
+                fused=options["fused"],
                 fused_batchnorm=False,  # applied above with the policy
                 batchnorm_momentum=None,
             )
+            say(f"step: {net.step_note}")
             if loss is None:
                 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         if loss is None:
@@ -230,6 +243,32 @@ def _compiled_model(rt, plan, train, bn, options, say):
         )
         rt.prepare_model(net)
     return net, classifier
+
+
+def _label_checked(train_ds, net, classifier, loss):
+    """(the training stream, its `InputChecks`): an `AdversarialModel`
+    checks its batches itself; a plain model's labels are checked in the
+    stream, against the loss and the model's output (shapes now, values per
+    batch; `advtrain.input_guards`)."""
+    from advtrain.input_guards import InputChecks, label_kind, loss_name, output_shape
+
+    checks = InputChecks(
+        logits_shape=output_shape(classifier),
+        labels=label_kind(loss),
+        loss_name=loss_name(loss),
+    )
+    spec = train_ds.element_spec
+    if not checks.active or not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        return train_ds, checks
+    checks.check_label_shape(spec[1].shape)
+    if net is not classifier:  # AdversarialModel: its step checks the batch
+        return train_ds, checks
+
+    def checked(x, y, *weights):
+        x, y, _ = checks.attach(x, y)
+        return (x, y, *weights)
+
+    return train_ds.map(checked), checks
 
 
 # ---------------------------------------------------------------- batchnorm

@@ -304,7 +304,7 @@ def profile(
         device_kind=runtime.device_kind,
         precision=runtime.precision,
         jit_compile=runtime.jit_compile,
-        **_recipe_settings(recipe),
+        **_recipe_settings(recipe, model),
     )
     for line in report.lines():
         echo(line)
@@ -342,8 +342,9 @@ def _time_steps(model, stream, steps: int, rounds: int) -> tuple[float, float]:
     )
 
 
-def _recipe_settings(recipe) -> dict:
-    """The report's fields that come from the recipe as written."""
+def _recipe_settings(recipe, model) -> dict:
+    """The report's fields that come from the recipe as written (and the
+    step its model resolved `attack.fused_step` to)."""
     from advtrain.data import cache_mode, has_augmentation
 
     attack = recipe.attack
@@ -353,6 +354,6 @@ def _recipe_settings(recipe) -> dict:
         attack=attack.method
         + (" (cleverhans)" if attack.backend == "cleverhans" else ""),
         attack_steps=attack.steps,
-        fused=attack.fused_step,
+        fused=bool(getattr(model, "fused_step", False)),
         cpu_bf16=cpu_has_bfloat16(),
     )

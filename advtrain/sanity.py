@@ -14,6 +14,10 @@ Wagner (2018) and Croce and Hein (2020, AutoAttack):
 - `more_restarts_do_not_help_model`: twice the random restarts (worst case
   per example kept) lower the accuracy by at most the tolerance.
 - `input_gradients_nonzero`: few examples have an all-zero input gradient.
+- `gradient_free_not_stronger` (from the evaluation itself, when it ran a
+  gradient-free attack: `masking_check`): Square breaks no clearly larger
+  share of examples than the gradient attacks left standing. A score-only
+  attack beating APGD is the textbook sign of masked gradients.
 
 All checks run on one seeded random subset of the test split, so their
 numbers compare like with like.
@@ -251,6 +255,65 @@ def _verdicts(
             f"gradient (must be <= {_pct(max_zero_gradient_fraction)})",
         ),
     ]
+
+
+# Under no masking, a gradient-free attack run after APGD-CE and APGD-T
+# still breaks a few examples the gradient attacks missed (AutoAttack's
+# own tables: Square adds about 0 to 0.3 points on well-behaved models).
+# The check fires when its share is significantly above this rate.
+MASKING_BASE_RATE = 0.005
+MASKING_SIGNIFICANCE = 0.05
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(K >= k) for K ~ Binomial(n, p), summed in log space."""
+    if k <= 0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+        + i * log_p + (n - i) * log_q
+        for i in range(k, n + 1)
+    ]  # fmt: skip
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def masking_threshold(n: int) -> int:
+    """The fewest gradient-free-only breaks among `n` examples that are
+    significantly above `MASKING_BASE_RATE` (one-sided, 5%)."""
+    k = 1
+    while binomial_tail(k, n, MASKING_BASE_RATE) >= MASKING_SIGNIFICANCE:
+        k += 1
+    return k
+
+
+def masking_check(evaluation: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Flags gradient masking from an evaluation that ran a gradient-free
+    attack: the examples only it broke (`gradient_free_only`, out of
+    `examples`) against the count expected without masking, a tolerance
+    that follows from the sample size (`masking_threshold`). None when no
+    gradient-free attack ran."""
+    if "gradient_free_only" not in evaluation:
+        return None
+    n, k = int(evaluation["examples"]), int(evaluation["gradient_free_only"])
+    limit = masking_threshold(n)
+    passed = k < limit
+    detail = (
+        f"Square broke {k} of {n} examples ({_pct(k / n)}) that every "
+        f"gradient attack left standing (masking if >= {limit}, "
+        f"{_pct(limit / n)})"
+    )
+    if not passed:
+        detail += (
+            ": the gradients mislead the gradient attacks (gradient masking). "
+            "Quote the worst case, not PGD; train with a stronger or multi-step "
+            "attack (attack.method: pgd or trades), a longer eps ramp, or "
+            "GradAlign"
+        )
+    return _check("gradient_free_not_stronger", passed, detail)
 
 
 def format_sanity_checks(checks: list[dict[str, Any]]) -> str:

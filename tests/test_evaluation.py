@@ -113,14 +113,18 @@ def test_max_examples_is_a_seeded_random_subset(trained_dense, digits):
     assert len(result["pgd_per_class_accuracy"]) == 10
 
 
-def test_default_attacks_are_fgsm_and_pgd_with_their_worst_case(trained_dense, digits):
+def test_default_attacks_are_fgsm_pgd_and_autoattack(trained_dense, digits):
     x, y = digits[0][1500:1600], digits[1][1500:1600]
     result = evaluate_robustness(
-        trained_dense, _batches(x, y), pgd_steps=3, default_eps=0.1, num_classes=10
-    )
+        trained_dense, _batches(x, y), pgd_steps=3, default_eps=0.1,
+        num_classes=10, square_queries=100,
+    )  # fmt: skip
     assert not [key for key in result if key.startswith("apgd")]
-    assert result["robust_accuracy_worst_over"] == ["clean", "fgsm", "pgd"]
-    assert result["robust_accuracy_worst"] <= result["pgd_accuracy"]
+    assert result["robust_accuracy_over"] == [
+        "clean", "fgsm", "pgd", "apgd_ce", "apgd_t", "square",
+    ]  # fmt: skip
+    assert result["robust_accuracy"] <= result["pgd_accuracy"]
+    assert result["robust_accuracy_worst"] == result["robust_accuracy"]
 
 
 def test_apgd_attacks_are_selectable_and_no_weaker_than_pgd(trained_dense, digits):

@@ -75,8 +75,10 @@ def test_report_lists_each_attack_and_the_worst_case(tmp_path):
         "apgd_ce_attack": {"method": "apgd_ce", **apgd},
         "apgd_dlr_accuracy": 0.3,
         "apgd_dlr_attack": {"method": "apgd_dlr", "targets": 9, **apgd},
-        "robust_accuracy_worst": 0.25,
-        "robust_accuracy_worst_over": ["clean", "fgsm", "pgd", "apgd_ce", "apgd_dlr"],
+        "robust_accuracy": 0.25,
+        "robust_accuracy_over": ["clean", "fgsm", "pgd", "apgd_ce", "apgd_dlr"],
+        "robust_accuracy_ci95": [0.2, 0.3],
+        "robust_accuracy_ensemble": None,
     }
     text = write_report(
         tmp_path, recipe_from_dict(TINY).to_dict(), metrics, HISTORY, plots=False
@@ -89,10 +91,14 @@ def test_report_lists_each_attack_and_the_worst_case(tmp_path):
         "| APGD-DLR accuracy (targeted) (eps=0.1 norm=inf, 100 steps x 1 "
         "restart(s) x 9 targets) | 30.00% |"
     ) in text
-    assert (
-        "| **worst case per example** (over clean, FGSM, PGD, APGD-CE, APGD-DLR)"
-        " | **25.00%** |"
-    ) in text
+    headline = (
+        "robust accuracy (worst case over clean, FGSM, PGD, APGD-CE, APGD-DLR; "
+        "eps=0.1 inf) [no AutoAttack: may overstate robustness]"
+    )
+    value = "25.00% (95% CI 20.0-30.0%, 3 examples)"
+    assert f"| **{headline}** | **{value}** |" in text
+    # The report opens with it.
+    assert text.splitlines()[2] == f"**R{headline[1:]}: {value}**"
     rows = [line.split(" (")[0] for line in text.splitlines() if "accuracy (" in line]
     assert rows == [
         "| FGSM accuracy",
@@ -156,7 +162,7 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     attacked = [
         metrics[f"{n}_accuracy"] for n in ("fgsm", "pgd", "apgd_ce", "apgd_dlr")
     ]
-    assert 0 <= metrics["robust_accuracy_worst"] <= min(attacked)
+    assert 0 <= metrics["robust_accuracy"] <= min(attacked)
     guard = metrics["co_guard"]
     assert [p["epoch"] for p in guard["pgd_accuracy"]] == [1, 2]
     assert len(result.history["co_guard_pgd_accuracy"]) == 2
@@ -167,7 +173,7 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     report = (out / "report.md").read_text()
     assert "![training curves](training_curves.png)" in report
     assert "APGD-DLR accuracy (targeted)" in report
-    assert "**worst case per example**" in report
+    assert "**Robust accuracy (worst case over" in report.splitlines()[2]
     assert "![accuracy against eps](eps_sweep.png)" in report
     assert (out / "training_curves.png").is_file()
 

@@ -6,6 +6,7 @@ from advtrain.attacks.cleverhans_backend import cleverhans_fgsm, cleverhans_pgd
 from advtrain.attacks.common import canonical_norm, per_example_cross_entropy
 from advtrain.attacks.fgsm import fgsm, fgsm_random_start
 from advtrain.attacks.pgd import pgd
+from advtrain.attacks.square import square
 
 __all__ = [
     "apgd_ce",
@@ -21,4 +22,5 @@ __all__ = [
     "per_example_cross_entropy",
     "pgd",
     "register_attack",
+    "square",
 ]

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from advtrain.attacks import apgd, cleverhans_backend, fgsm, pgd
+from advtrain.attacks import apgd, cleverhans_backend, fgsm, pgd, square
 from advtrain.attacks.common import (
     LossFn,
     ModelFn,
@@ -35,7 +35,7 @@ def register_attack(name: str) -> Callable[[Callable], Callable]:
     and in evaluation, passing the keywords the function declares among
     the `Attack` fields (`eps`, `norm`, `alpha`, `steps`, `step_size`,
     `random_start`, `restarts`, `clip_min`, `clip_max`, `clip_start`,
-    `noise`, `zero_quantile`) and
+    `noise`, `zero_quantile`, `queries`) and
     the call's `loss_fn`, `loss_scale` (mixed precision: multiply the loss
     before differentiating) and `seed` (a `keras.random` seed). A recipe
     names it as `attack.method: <name>`. A duplicate name is a ValueError.
@@ -68,8 +68,8 @@ class Attack:
 
     Calling it runs the attack: `attack(model_fn, x, y)` returns adversarial
     pixels. `method` names a registered attack ("fgsm", "fgsm_rs",
-    "n_fgsm", "zerograd", "pgd", "apgd_ce", "apgd_dlr", or one added with
-    `register_attack`).
+    "n_fgsm", "zerograd", "pgd", "apgd_ce", "apgd_dlr", "square" (gradient-
+    free), or one added with `register_attack`).
 
     Example:
 
@@ -99,6 +99,8 @@ class Attack:
     # zerograd: the share of each example's smallest input-gradient entries
     # set to zero before the step (Golgooni et al. 2021).
     zero_quantile: float = 0.35
+    # square: model queries per image and restart (AutoAttack: 5,000).
+    queries: int = 5000
 
     def __post_init__(self):
         object.__setattr__(self, "norm", canonical_norm(self.norm))
@@ -108,6 +110,7 @@ class Attack:
         check_fraction("zero_quantile", self.zero_quantile)
         pgd.check_count("steps", self.steps)
         pgd.check_count("restarts", self.restarts)
+        pgd.check_count("queries", self.queries)
         if self.backend not in BACKENDS:
             raise ValueError(
                 f"backend must be one of {', '.join(BACKENDS)}. "
@@ -222,7 +225,7 @@ def make_attack(method: str = "fgsm_rs", /, **options: Any) -> Optional[Attack]:
     "trades" (TRADES's inner maximisation is PGD). `options` are the
     `Attack` fields by their recipe names: eps, norm, alpha, steps,
     step_size, random_start, restarts, backend, clip_start, clip_min,
-    clip_max, noise, zero_quantile. Unknown keys are a TypeError.
+    clip_max, noise, zero_quantile, queries. Unknown keys are a TypeError.
 
     Example:
 
@@ -259,5 +262,6 @@ register_attack("zerograd")(fgsm.zerograd)
 register_attack("pgd")(pgd.pgd)
 register_attack("apgd_ce")(apgd.apgd_ce)
 register_attack("apgd_dlr")(apgd.apgd_dlr)
+register_attack("square")(square.square)
 register_attack("cleverhans_fgsm")(cleverhans_backend.cleverhans_fgsm)
 register_attack("cleverhans_pgd")(cleverhans_backend.cleverhans_pgd)

@@ -10,9 +10,19 @@ import keras
 import tensorflow as tf
 
 from advtrain.attacks import Attack
+from advtrain.attacks.common import as_float_tensor
+from advtrain.input_guards import InputChecks, label_kind, loss_name, output_shape
 
 ATTACK_MODES = ("inference", "train")
-HOOKS = ("generate_adversarial", "adversarial_loss")
+FUSED_CHOICES = (True, False, "auto")
+# The hooks the fused step does not call: a subclass overriding one never
+# gets that step (refused with fused=True, not chosen by fused="auto").
+FUSED_BYPASSES = (
+    "generate_adversarial",
+    "adversarial_loss",
+    "attack_model_fn",
+    "attack_loss_scale",
+)
 PROBABILITY_ACTIVATIONS = ("softmax", "sigmoid")
 
 
@@ -57,13 +67,26 @@ class AdversarialModel(keras.Model):
 
     loss = (1 - adv_weight) * clean_loss + adv_weight * adversarial_loss,
     with the compiled loss (use `from_logits=True`: the classifier returns
-    logits). Each step first generates adversarial examples with the
-    classifier in inference mode (no BatchNorm statistics update, no
-    dropout) and `stop_gradient`, then runs one training forward pass over
-    the clean and adversarial batch together and applies the gradient. The
-    step keeps Keras semantics: loss scaling under mixed precision, sample
+    logits). Two steps, chosen by `fused` (default "auto"; `step_note`
+    says which runs and why):
+    - the fused step, for plain FGSM from the clean point with a clean
+      loss term (0 < adv_weight < 1): the clean training pass's own
+      backward pass gives the input gradient, so a step costs 2 forward +
+      2 backward passes (Goodfellow et al.'s formulation, and NSL's);
+    - otherwise the attack runs with the classifier in inference mode (no
+      BatchNorm statistics update, no dropout) under `stop_gradient`, then
+      one training forward pass over the clean and adversarial batch
+      together (3 + 3 passes for FGSM).
+    Both keep Keras semantics: loss scaling under mixed precision, sample
     weights, compiled metrics (on the clean batch), `tf.distribute`
     reductions, `steps_per_execution`, and `.keras` saving.
+
+    Every training batch is checked in the step's graph (a min and a max,
+    `advtrain.input_guards`): pixels outside the attack's
+    `[clip_min, clip_max]` (0-255 images, say) stop `fit` at that batch
+    with one `PixelRangeError` line, and labels the compiled cross-entropy
+    cannot use (outside [0, classes), one-hot with a sparse loss, integers
+    with a categorical one) with one `LabelError` line.
 
     Metrics added to the compiled ones, each logged only when the step
     measured it: `clean_loss`, `adv_loss`, `adv_accuracy` (accuracy on the
@@ -76,9 +99,10 @@ class AdversarialModel(keras.Model):
       returns the scalar training loss, built from `compute_loss` and
       `reduce_per_example` so that it is right under any number of
       replicas (see `adversarial_loss`).
-    `TRADES` in `advtrain.models.trades` is built that way. `fused=True`
-    does not call the hooks, so it is refused for subclasses that
-    override them.
+    `TRADES` in `advtrain.models.trades` is built that way. The fused step
+    calls neither hook (nor `attack_model_fn`, `attack_loss_scale`): a
+    subclass overriding one gets the inference-mode step under "auto", and
+    `fused=True` is refused for it.
 
     Args:
         classifier: a Keras model mapping [0, 1] pixels to logits.
@@ -90,12 +114,16 @@ class AdversarialModel(keras.Model):
             "train" updates BatchNorm statistics during the attack.
         seed: seed of the attack's random start (its state is saved with
             the model, so a resumed run continues the same stream).
-        fused: single-step attacks only (FGSM, FGSM-RS): take the input
+        fused: "auto" (default): the fused step exactly when the attack is
+            plain FGSM from the clean point (method "fgsm", advtrain
+            backend), 0 < adv_weight < 1 and no hook it bypasses is
+            overridden. True forces it for FGSM or FGSM-RS (with a random
+            start it steps from the random point with the clean-point
+            gradient); False never uses it. The fused step takes the input
             gradient from the clean loss's own backward pass in training
-            mode, so a step costs 2 forward + 2 backward passes, the
-            minimum for a clean + adversarial loss. Trade-off: the attack
-            then sees training-mode BatchNorm (batch statistics) and, with
-            a random start, uses the clean-point gradient.
+            mode: 2 forward + 2 backward passes, the minimum for a clean +
+            adversarial loss, and the attack sees training-mode BatchNorm
+            (batch statistics).
         fused_batchnorm: switch the classifier's plain Keras
             BatchNormalization layers to
             `advtrain.models.fused_batchnorm.FusedBatchNormalization`, in
@@ -110,6 +138,9 @@ class AdversarialModel(keras.Model):
             from ~0 to their values (`advtrain.models.eps_ramp.EpsRamp`,
             from `optimizer.iterations`, so resuming continues the ramp).
             `test_step` and evaluation always use the full eps.
+        check_inputs: check every training batch's pixels against the
+            attack's `[clip_min, clip_max]` and its labels against the
+            compiled cross-entropy (see above); False skips the checks.
 
     Example:
 
@@ -134,17 +165,20 @@ class AdversarialModel(keras.Model):
         adv_weight: float = 0.5,
         attack_mode: str = "inference",
         seed: Optional[int] = None,
-        fused: bool = False,
+        fused: Union[bool, str] = "auto",
         fused_batchnorm: bool = True,
         batchnorm_momentum: Union[str, float, None] = "auto",
         eps_ramp_steps: int = 0,
+        check_inputs: bool = True,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         attack = _checked_arguments(
             attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
         )
-        self._check_fused(fused, attack)
+        self.fused_step, self._step_reason = self._choose_step(
+            fused, attack, adv_weight
+        )
         self.classifier = classifier
         self.fused_batchnorm = bool(fused_batchnorm)
         if self.fused_batchnorm:
@@ -156,7 +190,9 @@ class AdversarialModel(keras.Model):
         self._batchnorm_momentum_set = batchnorm_momentum is None
         self.attack = attack
         self.eps_ramp_steps = eps_ramp_steps
-        self.fused = bool(fused)
+        self.fused = fused
+        self.check_inputs = bool(check_inputs)
+        self._input_checks = InputChecks()
         self.adv_weight = float(adv_weight)
         self.attack_mode = attack_mode
         self.seed = seed
@@ -171,24 +207,60 @@ class AdversarialModel(keras.Model):
         self.zero_grad_tracker = _MeasuredMean(name="zero_grad_fraction")
         self._zero_grad = None
 
-    def _check_fused(self, fused: bool, attack: Optional[Attack]) -> None:
+    def _choose_step(
+        self, fused: Union[bool, str], attack: Optional[Attack], adv_weight: float
+    ) -> tuple[bool, str]:
+        """(fused step or not, why): `fused` resolved for this model."""
+        if fused is not True and fused is not False and fused != "auto":
+            raise ValueError(
+                f"fused must be True, False or 'auto'. Received: fused={fused!r}"
+            )
         overridden = [
             h
-            for h in HOOKS
+            for h in FUSED_BYPASSES
             if getattr(type(self), h) is not getattr(AdversarialModel, h)
         ]
-        if fused and overridden:
+        if fused is True and overridden:
             raise ValueError(
-                "fused=True needs the default generate_adversarial and "
-                f"adversarial_loss hooks (the fused step calls neither); "
-                f"{type(self).__name__} overrides {', '.join(overridden)}. "
-                "Received: fused=True"
+                "fused=True needs the default generate_adversarial, "
+                "adversarial_loss, attack_model_fn and attack_loss_scale hooks "
+                f"(the fused step calls none of them); {type(self).__name__} "
+                f"overrides {', '.join(overridden)}. Received: fused=True"
             )
-        if fused and (attack is None or not attack.fusable):
+        if fused is True and (attack is None or not attack.fusable):
             raise ValueError(
                 "fused=True needs a single-step attack (method fgsm or "
                 f"fgsm_rs, backend advtrain). Received: attack={attack!r}"
             )
+        if fused != "auto":
+            return fused, f"fused={fused}"
+        if attack is None or adv_weight == 0:
+            return False, "auto: no attack in training (adv_weight=0)"
+        if overridden:
+            return False, (
+                f"auto: {type(self).__name__} overrides {', '.join(overridden)}"
+            )
+        if attack.method != "fgsm" or attack.backend != "advtrain":
+            return False, (
+                f"auto: method {attack.method} on the {attack.backend} backend "
+                "is not plain FGSM from the clean point"
+            )
+        if adv_weight == 1:
+            return False, "auto: adv_weight=1, no clean loss term to reuse"
+        return True, "auto: plain FGSM from the clean point, 0 < adv_weight < 1"
+
+    @property
+    def step_note(self) -> str:
+        """Which training step runs and why, in one line (the run header
+        prints it), e.g. "fused step, 2 forward + 2 backward passes (auto:
+        plain FGSM from the clean point, 0 < adv_weight < 1)"."""
+        if self.fused_step:
+            what = "fused step, 2 forward + 2 backward passes"
+        elif self.attack is None or self.adv_weight == 0:
+            what = "clean step"
+        else:
+            what = f"attack in {self.attack_mode} mode, then one training pass"
+        return f"{what} ({self._step_reason})"
 
     def call(self, inputs, training=False):
         return self.classifier(inputs, training=training)
@@ -203,7 +275,15 @@ class AdversarialModel(keras.Model):
         length; `advtrain.models.batchnorm.auto_momentum`) and warns once
         saying so; layers set to another momentum are kept. A number sets
         every BN layer; None keeps them all.
+
+        Labels whose shape does not suit the compiled cross-entropy
+        (one-hot for a sparse loss, or the reverse) raise `LabelError`
+        here, before Keras builds anything.
         """
+        if self.check_inputs:
+            shape = None
+            if shape is not None:
+                self._make_input_checks().check_label_shape(shape)
         if not self._batchnorm_momentum_set:
             self._batchnorm_momentum_set = True
             self._set_batchnorm_momentum(*args, **kwargs)
@@ -458,11 +538,18 @@ class AdversarialModel(keras.Model):
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         self._warn_if_probability_output()
+        x, y, stats = self._input_checks.attach(x, y, xla=self._compiled_by_xla())
         self._begin_measuring()
-        if self.fused and self.adv_weight > 0:
+        if self.fused_step and self.adv_weight > 0:
             with self._ramped_attack():
                 logs = self._fused_train_step(x, y, sample_weight)
-            return self._measured(logs, "train")
+        else:
+            logs = self._attack_then_train_step(x, y, sample_weight)
+        return {**self._measured(logs, "train"), **stats}
+
+    def _attack_then_train_step(self, x, y, sample_weight):
+        """The attack (inference mode by default), then one training pass
+        over the clean and adversarial batch together."""
         x_adv = None
         if self.adv_weight > 0 or self.needs_clean_logits:
             with self._ramped_attack():
@@ -486,8 +573,47 @@ class AdversarialModel(keras.Model):
                 self.track_losses(
                     clean=self._inference_loss(x, y, y_pred, sample_weight)
                 )
-        logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        return self._measured(logs, "train")
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    # ------------------------------------------------------------ input checks
+
+    def _make_input_checks(self) -> InputChecks:
+        """The checks for the compiled model: the attack's pixel range (when
+        it runs in training), the compiled loss's labels, the logits."""
+        if not self.check_inputs:
+            return InputChecks()
+        attacked = self.attack is not None and (
+            self.adv_weight > 0 or self.needs_clean_logits
+        )
+        loss = getattr(self, "loss", None)
+        return InputChecks(
+            (self.attack.clip_min, self.attack.clip_max) if attacked else None,
+            logits_shape=output_shape(self.classifier),
+            labels=label_kind(loss),
+            loss_name=loss_name(loss),
+        )
+
+    def _compiled_by_xla(self) -> bool:
+        # XLA drops assertions: the checks' reductions leave with the logs.
+        return bool(getattr(self, "jit_compile", False)) and not tf.executing_eagerly()
+
+    def make_train_function(self, force=False):
+        """Keras's train function, whose failed input checks (see the class
+        docstring) raise their one-line error."""
+        if self.train_function is not None and not force:
+            return self.train_function
+        super().make_train_function(force=force)
+        step = self.train_function
+        # Read by train_step when the function traces.
+        checks = self._input_checks = self._make_input_checks()
+
+        def train_function(iterator):
+            with checks.clean_errors():
+                logs = step(iterator)
+            return checks.check_logs(logs)
+
+        self.train_function = train_function
+        return train_function
 
     def test_step(self, data):
         """Clean loss and metrics as Keras computes them, plus the attack's
@@ -536,6 +662,7 @@ class AdversarialModel(keras.Model):
         in training mode (statistics updated twice per step)."""
         variables = self.trainable_variables
         w = self.adv_weight
+        x = as_float_tensor(x)  # the attack's own check: float pixels
         with tf.GradientTape() as tape:
             tape.watch(x)
             y_pred = self(x, training=True)
@@ -581,6 +708,7 @@ class AdversarialModel(keras.Model):
             "attack_mode": self.attack_mode,
             "seed": self.seed,
             "fused": self.fused,
+            "check_inputs": self.check_inputs,
             "fused_batchnorm": self.fused_batchnorm,
             "batchnorm_momentum": self.batchnorm_momentum,
             "eps_ramp_steps": self.eps_ramp_steps,
@@ -593,6 +721,26 @@ class AdversarialModel(keras.Model):
             config["classifier"], custom_objects=custom_objects
         )
         return cls(**config)
+
+
+def _label_shape(*args, **kwargs) -> Optional[tuple]:
+    """The shape of the labels `keras.Model.fit(*args, **kwargs)` gets, from
+    `y` or a dataset's element spec, with the batch axis None; else None."""
+    import inspect
+
+    try:
+        bound = inspect.signature(keras.Model.fit).bind(None, *args, **kwargs)
+    except TypeError:
+        return None  # Keras's own fit reports the bad arguments
+    x, y = bound.arguments.get("x"), bound.arguments.get("y")
+    if y is None and isinstance(x, tf.data.Dataset):
+        spec = x.element_spec
+        if isinstance(spec, tuple) and len(spec) in (2, 3):
+            y = spec[1]
+    shape = getattr(y, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    return (None, *tuple(shape)[1:])
 
 
 def _checked_arguments(

@@ -177,7 +177,9 @@ def test_adversarial_loss_output_is_the_loss_differentiated(digits):
 def test_fused_step_matches_unfused_on_batchnorm_free_model(digits):
     x, y = digits[0][:64], digits[1][:64]
     a = _compile(
-        AdversarialModel(dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5)
+        AdversarialModel(
+            dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5, fused=False
+        )
     )
     b = _compile(
         AdversarialModel(

@@ -1,0 +1,194 @@
+"""fused="auto": the fused step exactly for plain FGSM with a clean loss
+term, never for a subclass that overrides a hook the fused step bypasses."""
+
+import keras
+import numpy as np
+import pytest
+from helpers import bn_classifier, dense_classifier
+
+import advtrain
+from advtrain.attacks import Attack
+from advtrain.config import AttackConfig, recipe_from_dict
+from advtrain.experiment import build_training_model
+from advtrain.models import TRADES, AdversarialModel, GradAlign
+from advtrain.models.adversarial import FUSED_BYPASSES
+
+
+def _compile(model):
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+@pytest.mark.parametrize(
+    "attack, adv_weight, fused, why",
+    [
+        (Attack("fgsm", eps=0.1), 0.5, True, "plain FGSM"),
+        (Attack("fgsm", eps=0.1), 0.3, True, "plain FGSM"),
+        (Attack("fgsm_rs", eps=0.1), 0.5, False, "method fgsm_rs"),
+        (Attack("n_fgsm", eps=0.1), 0.5, False, "method n_fgsm"),
+        (Attack("pgd", eps=0.1, steps=2), 0.5, False, "method pgd"),
+        (Attack("fgsm", eps=0.1, backend="cleverhans"), 0.5, False, "cleverhans"),
+        (Attack("fgsm", eps=0.1), 1.0, False, "no clean loss term"),
+        (Attack("fgsm", eps=0.1), 0.0, False, "no attack"),
+    ],
+)
+def test_auto_uses_the_fused_step_exactly_for_plain_fgsm_with_a_clean_term(
+    attack, adv_weight, fused, why
+):
+    model = AdversarialModel(dense_classifier(), attack, adv_weight)
+    assert model.fused_step is fused
+    assert why in model.step_note and "auto" in model.step_note
+    assert model.step_note.startswith("fused step" if fused else ("attack", "clean"))
+
+
+class GenerateHook(AdversarialModel):
+    def generate_adversarial(self, x, y):
+        self.called = True
+        return super().generate_adversarial(x, y)
+
+
+class LossHook(AdversarialModel):
+    def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
+        self.called = True
+        return super().adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)
+
+
+class ModelFnHook(AdversarialModel):
+    def attack_model_fn(self, inputs):
+        self.called = True
+        return super().attack_model_fn(inputs)
+
+
+class LossScaleHook(AdversarialModel):
+    def attack_loss_scale(self):
+        self.called = True
+        return super().attack_loss_scale()
+
+
+SUBCLASSES = {
+    "generate_adversarial": GenerateHook,
+    "adversarial_loss": LossHook,
+    "attack_model_fn": ModelFnHook,
+    "attack_loss_scale": LossScaleHook,
+}
+
+
+@pytest.mark.parametrize("hook", FUSED_BYPASSES)
+def test_a_subclass_overriding_a_bypassed_hook_gets_the_inference_step(hook):
+    cls = SUBCLASSES[hook]
+    model = _compile(cls(dense_classifier(), Attack("fgsm", eps=0.1), 0.5))
+    assert model.fused_step is False
+    assert f"{cls.__name__} overrides {hook}" in model.step_note
+    model.called = False
+    rng = np.random.default_rng(0)
+    model.train_on_batch(rng.random((8, 8, 8, 1), "float32"), np.arange(8) % 10)
+    assert model.called  # its hook ran: the step it trains with is not fused
+    with pytest.raises(ValueError, match=f"overrides {hook}"):
+        cls(dense_classifier(), Attack("fgsm", eps=0.1), 0.5, fused=True)
+
+
+def test_trades_and_grad_align_keep_their_own_step():
+    for model in (
+        TRADES(dense_classifier(), Attack("fgsm", eps=0.1)),
+        GradAlign(dense_classifier(), Attack("fgsm", eps=0.1), adv_weight=0.5),
+    ):
+        assert model.fused_step is False
+        assert "overrides" in model.step_note
+
+
+def test_true_and_false_still_force_and_other_values_are_refused():
+    forced = AdversarialModel(
+        dense_classifier(), Attack("fgsm_rs", eps=0.1), 0.5, fused=True
+    )
+    assert forced.fused_step is True and "fused=True" in forced.step_note
+    off = AdversarialModel(
+        dense_classifier(), Attack("fgsm", eps=0.1), 0.5, fused=False
+    )
+    assert off.fused_step is False and "fused=False" in off.step_note
+    with pytest.raises(ValueError, match="fused must be True, False or 'auto'"):
+        AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.1), fused="yes")
+
+
+def test_the_default_trains_exactly_as_the_fused_step(digits):
+    # BatchNorm in training mode tells the steps apart: the fused step's
+    # input gradient sees batch statistics, the other step's moving ones.
+    x, y = digits[0][:64], digits[1][:64]
+    models = {
+        fused: _compile(
+            AdversarialModel(bn_classifier(seed=2), Attack("fgsm", eps=0.1), 0.5, **kw)
+        )
+        for fused, kw in (
+            ("auto", {}),
+            (True, {"fused": True}),
+            (False, {"fused": False}),
+        )
+    }
+    for _ in range(2):
+        for model in models.values():
+            model.train_on_batch(x, y)
+    weights = {k: m.classifier.get_weights() for k, m in models.items()}
+    for a, b in zip(weights["auto"], weights[True], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(
+        not np.allclose(a, b, atol=1e-6)
+        for a, b in zip(weights["auto"], weights[False], strict=True)
+    )
+
+
+def test_config_round_trip_keeps_the_choices(tmp_path):
+    model = _compile(
+        AdversarialModel(
+            dense_classifier(), Attack("fgsm", eps=0.1), check_inputs=False
+        )
+    )
+    model.train_on_batch(np.zeros((4, 8, 8, 1), "float32"), np.zeros(4, "int32"))
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.fused == "auto" and loaded.fused_step is True
+    assert loaded.check_inputs is False
+
+
+@pytest.mark.parametrize(
+    "attack, fused",
+    [
+        ({"method": "fgsm"}, True),
+        ({"method": "fgsm", "fused_step": False}, False),
+        ({"method": "fgsm_rs"}, False),
+        ({"method": "fgsm_rs", "fused_step": True}, True),
+        ({"method": "fgsm", "adv_weight": 1.0}, False),
+        ({"method": "fgsm", "grad_align": 0.2}, False),
+        ({"method": "trades"}, False),
+    ],
+)
+def test_recipe_fused_step_auto(attack, fused):
+    recipe = recipe_from_dict({"name": "t", "attack": attack})
+    assert AttackConfig().fused_step == "auto"
+    model = build_training_model(recipe, dense_classifier())
+    assert model.fused_step is fused
+
+
+def test_recipe_refuses_forcing_the_fused_step_for_pgd():
+    with pytest.raises(ValueError, match="fused_step: true needs method fgsm"):
+        recipe_from_dict({"name": "t", "attack": {"method": "pgd", "fused_step": True}})
+
+
+def test_fit_prints_the_step_and_why():
+    lines = []
+    rng = np.random.default_rng(0)
+    advtrain.fit(
+        dense_classifier,
+        (rng.random((32, 8, 8, 1), "float32"), np.arange(32) % 10),
+        attack=Attack("fgsm", eps=0.1),
+        batch_size=16,
+        runtime={"strategy": "default"},
+        echo=lines.append,
+    )
+    step = [line for line in lines if line.startswith("step: ")]
+    assert step == [
+        "step: fused step, 2 forward + 2 backward passes (auto: plain FGSM from "
+        "the clean point, 0 < adv_weight < 1)"
+    ]
