@@ -742,10 +742,11 @@ def summary_table(metrics: dict[str, Any]) -> str:
     first, then the secondary numbers."""
     rows = []
     if "robust_accuracy" in metrics:
-        from advtrain.report import robustness_headline
+        from advtrain.report import headline_parts
 
-        label, text = robustness_headline(metrics)
-        rows.append((label, text))
+        over, text = headline_parts(metrics)
+        rows.append(("robust accuracy (worst case)", text))
+        rows.append(("  over", over))
     for key, label in SUMMARY_KEYS:
         if key not in metrics:
             continue

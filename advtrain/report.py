@@ -41,32 +41,38 @@ def robustness_headline(metrics: Mapping[str, Any]) -> tuple[str, str]:
     """The headline as (label, value): the worst case per example, what it
     is over, the 95% interval and the number of examples.
 
-    Example: ("robust accuracy (worst case over clean, FGSM, PGD and
-    AutoAttack (APGD-CE, APGD-T, Square), standard budget, eps=0.3 inf)",
+    Example: ("robust accuracy (worst case over clean, FGSM, PGD,
+    AutoAttack (APGD-CE, APGD-T, Square), standard budget; eps=0.3 inf)",
     "84.70% (95% CI 82.3-86.8%, 1000 examples)").
     """
+    over, value = headline_parts(metrics)
+    return f"robust accuracy (worst case over {over})", value
+
+
+def headline_parts(metrics: Mapping[str, Any]) -> tuple[str, str]:
+    """What the worst case is over (attacks, ensemble, budget, eps, and a
+    warning when AutoAttack did not run), and its value with the 95%
+    interval and the number of examples."""
     metrics = {  # metrics.json written before 0.3 named it differently
         "robust_accuracy": metrics.get("robust_accuracy_worst"),
         "robust_accuracy_over": metrics.get("robust_accuracy_worst_over"),
         **{k: v for k, v in metrics.items() if v is not None},
     }
-    over = [
+    ensemble = metrics.get("robust_accuracy_ensemble")
+    names = [
         ATTACK_LABELS.get(n, n).split()[0]
         for n in metrics.get("robust_accuracy_over") or ["clean"]
-        if n not in CASCADE_LABELS or not metrics.get("robust_accuracy_ensemble")
+        if n not in CASCADE_LABELS or not ensemble
     ]
-    if metrics.get("robust_accuracy_ensemble"):
-        over.append(metrics["robust_accuracy_ensemble"])
-    where = _threat(metrics)
-    label = f"robust accuracy (worst case over {', '.join(over)}{where})"
-    if not metrics.get("robust_accuracy_ensemble"):
-        label += " [no AutoAttack: may overstate robustness]"
+    over = ", ".join(names + ([ensemble] if ensemble else [])) + _threat(metrics)
+    if not ensemble:
+        over += "; no AutoAttack: may overstate robustness"
     low, high = metrics.get("robust_accuracy_ci95", (None, None))
     value = _pct(metrics["robust_accuracy"])
     if low is not None:
         value += f" (95% CI {100 * low:.1f}-{100 * high:.1f}%"
         value += f", {metrics.get('examples', '?')} examples)"
-    return label, value
+    return over, value
 
 
 def _has_headline(metrics: Mapping[str, Any]) -> bool:

@@ -280,16 +280,16 @@ class AdversarialModel(keras.Model):
         (one-hot for a sparse loss, or the reverse) raise `LabelError`
         here, before Keras builds anything.
         """
-        if self.check_inputs:
-            shape = None
-            if shape is not None:
-                self._make_input_checks().check_label_shape(shape)
+        arguments = _fit_arguments(*args, **kwargs)
+        shape = _label_shape(arguments)
+        if self.check_inputs and shape is not None:
+            self._make_input_checks().check_label_shape(shape)
         if not self._batchnorm_momentum_set:
             self._batchnorm_momentum_set = True
-            self._set_batchnorm_momentum(*args, **kwargs)
+            self._set_batchnorm_momentum(arguments)
         return super().fit(*args, **kwargs)
 
-    def _set_batchnorm_momentum(self, *args, **kwargs) -> None:
+    def _set_batchnorm_momentum(self, arguments: Optional[dict]) -> None:
         import inspect
         import warnings
 
@@ -299,13 +299,11 @@ class AdversarialModel(keras.Model):
             batchnorm.set_batchnorm_momentum(self.classifier, self.batchnorm_momentum)
             note = None
         else:
-            try:
-                bound = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs)
-            except TypeError:
+            if arguments is None:
                 return  # Keras's own fit reports the bad arguments
             names = inspect.signature(batchnorm.fit_total_steps).parameters
             steps = batchnorm.fit_total_steps(
-                **{k: v for k, v in bound.arguments.items() if k in names}
+                **{k: v for k, v in arguments.items() if k in names}
             )
             note = batchnorm.adapt_momentum(self.classifier, steps)
         if getattr(self, "train_function", None) is not None:
@@ -723,16 +721,23 @@ class AdversarialModel(keras.Model):
         return cls(**config)
 
 
-def _label_shape(*args, **kwargs) -> Optional[tuple]:
-    """The shape of the labels `keras.Model.fit(*args, **kwargs)` gets, from
-    `y` or a dataset's element spec, with the batch axis None; else None."""
+def _fit_arguments(*args, **kwargs) -> Optional[dict[str, Any]]:
+    """`keras.Model.fit`'s arguments by name; None when they do not bind
+    (Keras's own fit reports that)."""
     import inspect
 
     try:
-        bound = inspect.signature(keras.Model.fit).bind(None, *args, **kwargs)
+        return inspect.signature(keras.Model.fit).bind(None, *args, **kwargs).arguments
     except TypeError:
-        return None  # Keras's own fit reports the bad arguments
-    x, y = bound.arguments.get("x"), bound.arguments.get("y")
+        return None
+
+
+def _label_shape(arguments: Optional[dict]) -> Optional[tuple]:
+    """The shape of the labels `fit` gets, from `y` or a dataset's element
+    spec, with the batch axis None; else None."""
+    if arguments is None:
+        return None
+    x, y = arguments.get("x"), arguments.get("y")
     if y is None and isinstance(x, tf.data.Dataset):
         spec = x.element_spec
         if isinstance(spec, tuple) and len(spec) in (2, 3):
