@@ -103,21 +103,27 @@ def ensemble_attacks(
     norm: str = "inf",
     budget: str = "standard",
     queries: Optional[int] = None,
+    num_classes: Optional[int] = None,
 ) -> dict[str, Attack]:
     """AutoAttack's ensemble at `budget`, in cascade order: APGD-CE,
     APGD-T (targeted DLR over the 9 most likely wrong classes) and Square
-    (gradient-free); `queries` overrides Square's budget."""
+    (gradient-free); `queries` overrides Square's budget. With fewer than 4
+    classes APGD-T is left out: its loss needs 4 logits (AutoAttack skips
+    it there too)."""
     if budget not in BUDGETS:
         raise ValueError(
             f"budget must be one of {', '.join(BUDGETS)}. Received: budget={budget!r}"
         )
     b = BUDGETS[budget]
     apgd = dict(eps=eps, norm=norm, steps=b["apgd_steps"], restarts=b["apgd_restarts"])
-    return {
+    members = {
         "apgd_ce": Attack("apgd_ce", **apgd),
         "apgd_t": Attack("apgd_dlr", **apgd),
         "square": Attack("square", eps=eps, norm=norm, queries=queries or b["queries"]),
     }
+    if num_classes is not None and num_classes < 4:
+        del members["apgd_t"]
+    return members
 
 
 def evaluation_attacks(
@@ -398,6 +404,7 @@ def evaluate_robustness(
             attack_keys.get("norm", "inf"),
             budget,
             attack_keys.get("square_queries"),
+            num_classes,
         )
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():

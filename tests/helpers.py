@@ -25,6 +25,20 @@ def bn_classifier(input_shape=(8, 8, 1), classes=10, seed=0):
     return keras.Model(inputs, outputs)
 
 
+def art_classifier(model, input_shape=(8, 8, 1), classes=10):
+    """`model` wrapped for ART (the independent attack implementations the
+    tests compare against): logits out, pixels in [0, 1]."""
+    from art.estimators.classification import TensorFlowV2Classifier
+
+    return TensorFlowV2Classifier(
+        model=model,
+        nb_classes=classes,
+        input_shape=input_shape,
+        loss_object=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        clip_values=(0.0, 1.0),
+    )
+
+
 def accuracy(model, x, y) -> float:
     return float(np.mean(np.argmax(model(x, training=False), axis=-1) == y))
 

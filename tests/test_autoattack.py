@@ -21,25 +21,8 @@ EPS = 0.1
 
 
 @pytest.fixture(scope="module")
-def cnn(digits):
-    """A tiny CNN trained cleanly on 1,500 digits (about 97% test accuracy)."""
-    x, y = digits
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((8, 8, 1)),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(10),
-        ]
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(3e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    model.fit(x[:1500], y[:1500], epochs=10, batch_size=64, verbose=0)
-    return model
+def cnn(digits_cnn):
+    return digits_cnn
 
 
 @tf.custom_gradient
@@ -59,12 +42,6 @@ class Masked(keras.Model):
 
     def call(self, x, training=False):
         return self.inner(_blind_quantize(x), training=training)
-
-
-@pytest.fixture(scope="module")
-def test_digits(digits):
-    x, y = digits
-    return x[1500:], y[1500:]
 
 
 def _dataset(x, y, batch=128):
@@ -180,16 +157,10 @@ def test_no_weaker_than_art_autoattack(cnn, test_digits):
         AutoProjectedGradientDescent,
         SquareAttack,
     )
-    from art.estimators.classification import TensorFlowV2Classifier
+    from helpers import art_classifier
 
     x, y = test_digits
-    classifier = TensorFlowV2Classifier(
-        model=cnn,
-        nb_classes=10,
-        input_shape=(8, 8, 1),
-        loss_object=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        clip_values=(0.0, 1.0),
-    )
+    classifier = art_classifier(cnn)
     members = [
         AutoProjectedGradientDescent(
             classifier, norm=np.inf, eps=EPS, eps_step=2 * EPS, max_iter=100,
@@ -224,3 +195,24 @@ def test_python_api_evaluate(cnn, test_digits):
     assert result["examples"] == 64
     assert result["robust_accuracy"] <= result["pgd_accuracy"] < 1.0
     assert result["autoattack"]["steps"][-1]["settings"]["queries"] == 50
+
+
+def test_two_classes_run_the_ensemble_without_apgd_t(digits):
+    # APGD-T's DLR loss needs 4 logits; a binary classifier still gets
+    # APGD-CE and Square.
+    x, y = digits
+    keep = y < 2
+    x2, y2 = x[keep][:128], y[keep][:128]
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(2)]
+    )
+    result = evaluate_robustness(
+        model, _dataset(x2, y2), default_eps=EPS, num_classes=2,
+        attacks="autoattack", square_queries=20,
+    )  # fmt: skip
+    assert [s["attack"] for s in result["autoattack"]["steps"]] == [
+        "apgd_ce",
+        "square",
+    ]
+    assert "AutoAttack (APGD-CE, Square)" in result["robust_accuracy_ensemble"]

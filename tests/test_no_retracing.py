@@ -75,3 +75,38 @@ def test_evaluation_and_sanity_checks_log_no_retracing():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("done")
     assert "retracing" not in result.stderr
+
+
+def test_evaluation_traces_each_attack_kind_once(monkeypatch):
+    """Counts traces (not TensorFlow's warning, which needs 5 in 10 calls):
+    every AttackRunner an evaluation and the sanity checks create traces
+    each attack kind exactly once, over batches of 32, 32 and 6, an eps
+    sweep and the AutoAttack cascade."""
+    import advtrain.evaluation as evaluation
+    from advtrain.evaluation import evaluate_robustness
+    from advtrain.sanity import run_sanity_checks
+
+    runners = []
+
+    class Recorded(evaluation.AttackRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            runners.append(self)
+
+    monkeypatch.setattr(evaluation, "AttackRunner", Recorded)
+    import advtrain.sanity as sanity
+
+    monkeypatch.setattr(sanity, "AttackRunner", Recorded)
+    model = bn_classifier()
+    x = np.random.default_rng(0).random((70, 8, 8, 1)).astype("float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, np.arange(70) % 10)).batch(32)
+    keys = dict(eps=0.01, pgd_steps=2, pgd_restarts=2, batch_size=32)
+    evaluate_robustness(
+        model, ds, **keys, eps_sweep=[0.0, 0.005, 0.01], default_eps=0.01,
+        num_classes=10, square_queries=20, apgd_steps=2,
+    )  # fmt: skip
+    run_sanity_checks(model, ds, **keys, default_eps=0.01, max_examples=40)
+    kinds = [len(r._functions) for r in runners]
+    assert kinds[:2] == [2, 3]  # fgsm + pgd; the cascade's apgd_ce, apgd_t, square
+    for runner in runners:
+        assert runner.tracing_count == len(runner._functions)

@@ -17,28 +17,8 @@ ART_TOLERANCE = 0.02
 
 
 @pytest.fixture(scope="module")
-def cnn(digits):
-    """A tiny CNN trained cleanly on 1,500 digits (about 98% test accuracy)."""
-    x, y = digits
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((8, 8, 1))
-    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
-    h = keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu")(h)
-    h = keras.layers.Flatten()(h)
-    outputs = keras.layers.Dense(10)(h)
-    model = keras.Model(inputs, outputs)
-    model.compile(
-        optimizer=keras.optimizers.Adam(3e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    model.fit(x[:1500], y[:1500], epochs=10, batch_size=64, verbose=0)
-    return model
-
-
-@pytest.fixture(scope="module")
-def test_digits(digits):
-    x, y = digits
-    return x[1500:], y[1500:]
+def cnn(digits_cnn):
+    return digits_cnn
 
 
 def _accuracy(model, x, y) -> float:
@@ -140,16 +120,10 @@ def test_no_weaker_than_art(cnn, test_digits):
     """Same or lower accuracy than ART's APGD (cross-entropy and DLR, one
     random start, step 2 eps, same iterations), within ART_TOLERANCE."""
     from art.attacks.evasion import AutoProjectedGradientDescent
-    from art.estimators.classification import TensorFlowV2Classifier
+    from helpers import art_classifier
 
     x, y = test_digits
-    classifier = TensorFlowV2Classifier(
-        model=cnn,
-        nb_classes=10,
-        input_shape=(8, 8, 1),
-        loss_object=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        clip_values=(0.0, 1.0),
-    )
+    classifier = art_classifier(cnn)
 
     def art(loss_type, steps, count):
         attack = AutoProjectedGradientDescent(

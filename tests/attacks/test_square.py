@@ -1,7 +1,6 @@
 """Square Attack: properties, query accounting, and agreement with an
 independent implementation (ART's SquareAttack)."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,31 +13,8 @@ QUERIES = 300
 
 
 @pytest.fixture(scope="module")
-def cnn(digits):
-    """A tiny CNN trained cleanly on 1,500 digits (about 97% test accuracy)."""
-    x, y = digits
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((8, 8, 1)),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(10),
-        ]
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(3e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    model.fit(x[:1500], y[:1500], epochs=10, batch_size=64, verbose=0)
-    return model
-
-
-@pytest.fixture(scope="module")
-def test_digits(digits):
-    x, y = digits
-    return x[1500:], y[1500:]
+def cnn(digits_cnn):
+    return digits_cnn
 
 
 def _accuracy(model, x, y) -> float:
@@ -151,7 +127,7 @@ def test_no_weaker_than_art(cnn, test_digits):
     L2 Square returns NaN images on inputs this small (8x8 and 20x20
     checked, ART 1.20.1), which count as misclassified."""
     from art.attacks.evasion import SquareAttack
-    from art.estimators.classification import TensorFlowV2Classifier
+    from helpers import art_classifier
 
     # Both are random searches with their own draws: on these 297 digits,
     # two runs of one attack with different seeds differ by up to ~2 points
@@ -159,13 +135,7 @@ def test_no_weaker_than_art(cnn, test_digits):
     # attack that is clearly weaker.
     art_tolerance = 0.03
     x, y = test_digits
-    classifier = TensorFlowV2Classifier(
-        model=cnn,
-        nb_classes=10,
-        input_shape=(8, 8, 1),
-        loss_object=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        clip_values=(0.0, 1.0),
-    )
+    classifier = art_classifier(cnn)
     attack = SquareAttack(
         classifier, norm=np.inf, eps=EPS, max_iter=QUERIES, p_init=0.8,
         nb_restarts=1, batch_size=len(x), verbose=False,
