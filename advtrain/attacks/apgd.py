@@ -33,6 +33,7 @@ from advtrain.attacks.common import (
     attack_inputs,
     checked_norm,
     clip_pixels,
+    int_labels,
     per_example_cross_entropy,
     project,
     random_in_ball,
@@ -98,7 +99,7 @@ def apgd_ce(
     norm = _validate(eps, norm, steps, restarts, rho, momentum)
     x, y = attack_inputs(model_fn, x, y)
     loss_fn = loss_fn or per_example_cross_entropy
-    labels = _int_labels(y)
+    labels = int_labels(y)
 
     def objective(run):
         del run  # every run attacks the same loss
@@ -164,7 +165,7 @@ def apgd_dlr(
     if not isinstance(targets, int) or isinstance(targets, bool) or targets < 0:
         raise ValueError(f"targets must be an int >= 0. Received: targets={targets!r}")
     x, y = attack_inputs(model_fn, x, y)
-    labels = _int_labels(y)
+    labels = int_labels(y)
     clean_logits = model_fn(x)
     targets = _usable_targets(targets, clean_logits.shape[-1])
     # Classes by decreasing clean logit; target k is the (k + 2)-th, as in
@@ -232,12 +233,6 @@ def _validate(eps, norm, steps, restarts, rho, momentum) -> str:
     if not 0.0 <= momentum <= 1.0:
         raise ValueError(f"momentum must be in [0, 1]. Received: momentum={momentum!r}")
     return norm
-
-
-def _int_labels(y: tf.Tensor) -> tf.Tensor:
-    if y.shape.rank is not None and y.shape.rank > 1:
-        return tf.argmax(y, axis=-1, output_type=tf.int32)
-    return tf.cast(tf.reshape(y, [-1]), tf.int32)
 
 
 def _dlr(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:

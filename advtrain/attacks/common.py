@@ -135,6 +135,14 @@ def random_in_ball(x: tf.Tensor, eps: Any, norm: str, seed: Any = None) -> tf.Te
     return tf.cast(tf.reshape(direction * radius, shape), x.dtype) * eps
 
 
+def int_labels(y: tf.Tensor) -> tf.Tensor:
+    """Integer class labels (int32, one per example) from integer labels or
+    probability rows."""
+    if y.shape.rank is not None and y.shape.rank > 1:
+        return tf.argmax(y, axis=-1, output_type=tf.int32)
+    return tf.cast(tf.reshape(y, [-1]), tf.int32)
+
+
 def labels_or_predictions(model_fn: ModelFn, x: tf.Tensor, y: Optional[tf.Tensor]):
     """Uses the model's own predictions when no labels are given, which
     avoids label leaking (Kurakin et al. 2016)."""

@@ -36,6 +36,7 @@ from advtrain.attacks.common import (
     attack_inputs,
     checked_norm,
     clip_pixels,
+    int_labels,
 )
 
 # The query counts (on a 10,000-query scale) after which the window's
@@ -98,7 +99,7 @@ def square(
             f"Received: shape={tuple(x.shape)}"
         )
     height, width, channels = (int(d) for d in x.shape[1:])
-    labels = _int_labels(y)
+    labels = int_labels(y)
     iterations = queries - 1  # the random start is the first query
     sides = _window_sides(iterations, p_init, height, width, norm, rescale_schedule)
     # Two int32 words seed every stateless draw below (one per restart and
@@ -129,12 +130,6 @@ def _check_settings(queries, restarts, p_init) -> None:
             raise ValueError(f"{name} must be an int >= 1. Received: {name}={value!r}")
     if not 0.0 < p_init <= 1.0:
         raise ValueError(f"p_init must be in (0, 1]. Received: p_init={p_init!r}")
-
-
-def _int_labels(y: tf.Tensor) -> tf.Tensor:
-    if y.shape.rank is not None and y.shape.rank > 1:
-        return tf.argmax(y, axis=-1, output_type=tf.int32)
-    return tf.cast(tf.reshape(y, [-1]), tf.int32)
 
 
 def share_at(query: int, p_init: float, total: int, rescale: bool) -> float:
