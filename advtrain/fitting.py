@@ -66,6 +66,9 @@ class FitResult:
             inference-mode accuracy after training
             (`advtrain.models.batchnorm.settle_batchnorm`: `gap`, `before`
             recalibration, `recalibrated` batches); None otherwise.
+        evaluation: with `test_data`, `advtrain.evaluate`'s result:
+            `robust_accuracy` (the worst case over FGSM, PGD and
+            AutoAttack) and its interval first; None otherwise.
     """
 
     model: keras.Model
@@ -73,6 +76,7 @@ class FitResult:
     plan: BatchPlan
     runtime: Runtime
     bn_gap: Optional[dict[str, Any]] = None
+    evaluation: Optional[dict[str, Any]] = None
 
 
 def fit(
@@ -100,6 +104,8 @@ def fit(
     callbacks: Optional[list] = None,
     verbose: Union[int, str] = 0,
     echo: Optional[Echo] = print,
+    test_data: Any = None,
+    evaluation: Optional[dict[str, Any]] = None,
 ) -> FitResult:
     """Trains any Keras model under advtrain's runtime; adversarial or not.
 
@@ -137,6 +143,12 @@ def fit(
             when the measured gap exceeds `gap_threshold`, by default.
         validation_data, callbacks, verbose: passed to `Model.fit`; `echo`
             receives the runtime, batch and BatchNorm lines (None: silent).
+        test_data: `(x, y)` arrays or a dataset of batches: after training,
+            the classifier is evaluated as a recipe is (`advtrain.evaluate`:
+            the worst case over FGSM, PGD and AutoAttack at the attack's
+            eps) into `FitResult.evaluation`, and its headline is echoed.
+        evaluation: `advtrain.evaluate`'s keywords (eps, budget, attacks,
+            max_examples, ...); eps defaults to the attack's.
 
     Returns a `FitResult`; one-line ValueError / TypeError for bad arguments.
 
@@ -165,7 +177,31 @@ def fit(
             shuffle=False,  # shuffled above, in tf.data
         )
     gap = _settle_batchnorm(classifier, bn, data, validation_data, train_ds, plan, say)
-    return FitResult(net, history.history, plan, rt, gap)
+    evaluated = _evaluate(classifier, test_data, options, say)
+    return FitResult(net, history.history, plan, rt, gap, evaluated)
+
+
+def _evaluate(classifier, test_data, options: dict, say: Echo):
+    """`advtrain.evaluate` on `test_data` after training (None without)."""
+    if test_data is None:
+        return None
+    from advtrain.evaluation import evaluate
+    from advtrain.report import robustness_headline
+
+    keys = dict(options["evaluation"] or {})
+    if "eps" not in keys:
+        attack = _as_attack(options["attack"])
+        if attack is None:
+            raise ValueError(
+                "fit needs evaluation={'eps': ...} to evaluate test_data when "
+                "no attack is given. Received: evaluation="
+                f"{options['evaluation']!r}"
+            )
+        keys["eps"] = attack.eps
+    result = evaluate(classifier, test_data, **keys)
+    label, value = robustness_headline(result)
+    say(f"{label}: {value}")
+    return result
 
 
 # ---------------------------------------------------------------- stages
