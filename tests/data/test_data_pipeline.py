@@ -70,8 +70,25 @@ def test_deterministic_order_and_augmentation_repeat():
     np.testing.assert_array_equal(la[0], lb[0])
     images = np.concatenate(a)
     assert images.min() >= 0.0 and images.max() <= 1.0
-    # Padding + crop moves content: some borders are now zero padding.
-    assert (images[:, 0, :, :] == 0).any() or (images[:, :, 0, :] == 0).any()
+
+
+def test_random_crop_moves_content_in_from_the_padding():
+    # Images 1..40 (no zero pixel anywhere) and the crop alone: every zero
+    # pixel after augmentation is padding the crop brought in.
+    images = np.repeat(np.arange(1, 41, dtype=np.uint8), 8 * 8 * 3).reshape(40, 8, 8, 3)
+    ds = tf.data.Dataset.from_tensor_slices((images, np.arange(40, dtype=np.int64)))
+    batch = next(
+        iter(
+            make_input(
+                ds, deterministic=True, augment={"random_crop_pad": 2}, seed=5,
+                batch_size=40, training=True,
+            )
+        )
+    )[0].numpy()  # fmt: skip
+    padded = (batch == 0).all(axis=-1)  # (40, 8, 8): pixels from the padding
+    assert padded.any(axis=(1, 2)).mean() > 0.5  # most images moved
+    # Padding enters as whole rows or columns at the border, never inside.
+    assert not padded[:, 2:6, 2:6].any()
 
 
 def test_epochs_reshuffle_and_reaugment():
