@@ -271,9 +271,14 @@ def test_shipped_recipes_validate():
     from advtrain.cli import RECIPES_DIR
 
     paths = sorted(RECIPES_DIR.glob("*.yaml"))
-    assert any(p.stem == "quickstart" for p in paths)
+    # The list README and `advtrain recipes` promise, each valid and named
+    # after its file.
+    assert [p.stem for p in paths] == [
+        "digits_transfer", "gtsrb_resnet", "mnist_fgsm_rs", "mnist_inception",
+        "mnist_pgd", "mnist_pretrain", "quickstart",
+    ]  # fmt: skip
     for path in paths:
-        load_recipe(path)
+        assert load_recipe(path).name == path.stem
 
 
 @pytest.mark.parametrize(

@@ -55,8 +55,9 @@ def test_perturbation_within_eps_and_pixel_range(trained_dense, batch, name, nor
     assert np.all(_norms(x_adv - x, key) <= eps + 1e-5)
     assert float(tf.reduce_min(x_adv)) >= 0.0
     assert float(tf.reduce_max(x_adv)) <= 1.0
-    # The attack moved something: it is not a silent no-op.
-    assert float(tf.reduce_max(tf.abs(x_adv - x))) > 0
+    # The attack used its budget: not a silent no-op (an attack returning
+    # its input, or a tiny step, fails here).
+    assert np.median(_norms(x_adv - x, key)) > 0.5 * eps
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
