@@ -97,16 +97,25 @@ def test_fused_training_refuses_n_fgsm():
 
 @pytest.mark.parametrize("method", ["n_fgsm", "zerograd"])
 def test_adversarial_training_runs_with_each_method(method):
-    keras.utils.set_random_seed(0)
-    classifier = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Flatten(),
-                                   keras.layers.Dense(2)])  # fmt: skip
-    model = AdversarialModel(classifier, Attack(method, eps=0.1), adv_weight=1.0)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     x = np.random.default_rng(0).uniform(size=(32, 4, 4, 1)).astype("float32")
     y = (x.mean(axis=(1, 2, 3)) > 0.5).astype("int32")
-    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)
-    assert np.isfinite(history.history["loss"]).all()
-    assert 0.0 <= history.history["zero_grad_fraction"][-1] <= 1.0
+
+    def trained(attack):
+        keras.utils.set_random_seed(0)
+        classifier = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Flatten(),
+                                       keras.layers.Dense(2)])  # fmt: skip
+        model = AdversarialModel(classifier, attack, adv_weight=1.0)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+        return history.history, classifier.get_weights()[0]
+
+    history, weights = trained(Attack(method, eps=0.1))
+    assert np.isfinite(history["loss"]).all()
+    assert 0.0 <= history["zero_grad_fraction"][-1] <= 1.0
+    # The step trains on this method's points, not plain FGSM's: from the
+    # same start, the weights end elsewhere.
+    _, fgsm_weights = trained(Attack("fgsm", eps=0.1))
+    assert np.abs(weights - fgsm_weights).max() > 1e-4
 
 
 def test_recipe_keys_for_the_new_methods(tmp_path):
