@@ -98,6 +98,10 @@ def test_run_writes_the_run_folder(run_dir):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     for key in ("clean_accuracy", "fgsm_accuracy", "pgd_accuracy", "macro_f1"):
         assert 0.0 <= metrics[key] <= 1.0, key
+    # The headline is the worst case: at most every attack's accuracy.
+    worst = metrics["robust_accuracy"]
+    assert worst <= min(metrics["fgsm_accuracy"], metrics["pgd_accuracy"])
+    assert metrics["pgd_accuracy"] <= metrics["clean_accuracy"]
     assert metrics["examples"] == 32
     assert [p["eps"] for p in metrics["eps_sweep"]] == [0.0, 0.1]
 
@@ -106,7 +110,16 @@ def test_eval_run_folder(run_dir):
     result = ok(advtrain("eval", run_dir))
     assert "clean accuracy" in result.stdout
     metrics = json.loads((run_dir / "eval-metrics.json").read_text())
-    assert 0.0 <= metrics["pgd_accuracy"] <= 1.0
+    trained = json.loads((run_dir / "metrics.json").read_text())
+    # The same model on the same examples: the same clean verdicts, and the
+    # headline printed first.
+    assert metrics["clean_accuracy"] == trained["clean_accuracy"]
+    assert metrics["robust_accuracy"] <= metrics["pgd_accuracy"]
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    first = [i for i, line in enumerate(lines) if line.startswith("robust accuracy")]
+    assert first and first[0] < lines.index(
+        next(x for x in lines if x.startswith("clean accuracy"))
+    )
     assert metrics["examples"] == 32
 
 

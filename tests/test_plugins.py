@@ -91,7 +91,11 @@ def test_a_recipe_uses_a_registered_attack_and_data_source(tmp_path):
     assert "attack: sign_noise eps=0.1" in done.stdout
     assert "sign_noise traced" in mark.read_text()
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert 0.0 <= metrics["clean_accuracy"] <= 1.0
+    assert metrics["robust_accuracy"] <= metrics["pgd_accuracy"]
+    assert metrics["pgd_accuracy"] <= metrics["clean_accuracy"]
+    # Two classes: AutoAttack runs without APGD-T (its loss needs 4 logits).
+    steps = [s["attack"] for s in metrics["autoattack"]["steps"]]
+    assert steps == ["apgd_ce", "square"]
     # The run folder's recipe names the plugin, so a resume imports it too.
     saved = yaml.safe_load((tmp_path / "out" / "recipe.yaml").read_text())
     assert saved["plugins"] == ["my_plugin"]
