@@ -427,6 +427,7 @@ class EvalConfig(_Section):
     max_examples: Optional[int] = Field(None, ge=1)
     # Gradient-masking checks (advtrain.sanity) on a seeded subset of this
     # many test examples; 0 skips them. They cost ~5 PGD runs per example.
+    # The gradient-free check reads the evaluation itself and always runs.
     sanity_examples: int = Field(200, ge=0)
     seed: Seed = 0
 

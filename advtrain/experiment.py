@@ -682,26 +682,29 @@ def _sanity_checks(
     from advtrain.sanity import format_sanity_checks, masking_check, run_sanity_checks
 
     cfg = recipe.eval
-    if cfg.sanity_examples == 0:
-        return []
-    checks = run_sanity_checks(
-        classifier,
-        test_ds,
-        default_eps=recipe.attack.eps,
-        eps=cfg.eps,
-        norm=cfg.norm,
-        pgd_steps=cfg.pgd_steps,
-        pgd_step_size=cfg.pgd_step_size,
-        pgd_restarts=cfg.pgd_restarts,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        max_examples=cfg.sanity_examples,
-        strategy=strategy,
-    )
+    checks = []
+    if cfg.sanity_examples > 0:
+        checks = run_sanity_checks(
+            classifier,
+            test_ds,
+            default_eps=recipe.attack.eps,
+            eps=cfg.eps,
+            norm=cfg.norm,
+            pgd_steps=cfg.pgd_steps,
+            pgd_step_size=cfg.pgd_step_size,
+            pgd_restarts=cfg.pgd_restarts,
+            seed=cfg.seed,
+            batch_size=cfg.batch_size,
+            max_examples=cfg.sanity_examples,
+            strategy=strategy,
+        )
+    # Free: it reads the evaluation's own cascade, so it runs even when the
+    # PGD-based checks are off (sanity_examples: 0).
     masking = masking_check(evaluation or {})
     if masking is not None:
         checks.append(masking)
-    echo(format_sanity_checks(checks))
+    if checks:
+        echo(format_sanity_checks(checks))
     return checks
 
 

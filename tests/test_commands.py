@@ -102,6 +102,10 @@ def test_run_writes_the_run_folder(run_dir):
     worst = metrics["robust_accuracy"]
     assert worst <= min(metrics["fgsm_accuracy"], metrics["pgd_accuracy"])
     assert metrics["pgd_accuracy"] <= metrics["clean_accuracy"]
+    # PGD-based checks are off (sanity_examples=0); the gradient-free one
+    # reads the evaluation and always runs.
+    names = [c["name"] for c in metrics["sanity_checks"]]
+    assert names == ["gradient_free_not_stronger"]
     assert metrics["examples"] == 32
     assert [p["eps"] for p in metrics["eps_sweep"]] == [0.0, 0.1]
 
