@@ -138,6 +138,25 @@ def test_the_default_trains_exactly_as_the_fused_step(digits):
     )
 
 
+def test_without_batchnorm_the_two_steps_are_the_same_algorithm(digits):
+    # No BatchNorm, no dropout: the clean pass's input gradient is the one
+    # the inference-mode attack computes, so the two steps agree up to float
+    # rounding (README: why MNIST runs of the two still drift apart).
+    x, y = digits[0][:64], digits[1][:64]
+    weights = []
+    for fused in (True, False):
+        model = _compile(
+            AdversarialModel(
+                dense_classifier(seed=3), Attack("fgsm", eps=0.1), 0.5, fused=fused
+            )
+        )
+        for _ in range(3):
+            model.train_on_batch(x, y)
+        weights.append(model.classifier.get_weights())
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_config_round_trip_keeps_the_choices(tmp_path):
     model = _compile(
         AdversarialModel(
