@@ -423,6 +423,7 @@ def evaluate_robustness(
     result = _summary(acc, chosen, num_classes)
     if ensemble:
         _ensemble_summary(result, acc, ensemble, budget)
+    _finish_headline(result, acc)
     if total is not None:
         result["subset_of"] = total
         result["subset_seed"] = seed
@@ -630,7 +631,6 @@ def _summary(acc: _Accumulator, attacks, num_classes: int) -> dict[str, Any]:
     ]
     if sweep:
         result["eps_sweep"] = sweep
-    _finish_headline(result, acc)
     return result
 
 
@@ -654,10 +654,11 @@ def _ensemble_summary(result, acc: _Accumulator, ensemble, budget: str) -> None:
     # gradient attack failed on: what it breaks, only it broke.
     free = sum(s["broken"] for s in steps if s["attack"] in GRADIENT_FREE)
     result["gradient_free_only"] = result.get("gradient_free_only", 0) + free
-    _finish_headline(result, acc)
 
 
 def _finish_headline(result: dict[str, Any], acc: _Accumulator) -> None:
+    """The headline's interval and alias, and the evaluation's seconds,
+    once every attack (the cascade included) has run."""
     n = acc.seen
     low, high = wilson_interval(round(result["robust_accuracy"] * n), n)
     result["robust_accuracy_ci95"] = [low, high]
