@@ -25,7 +25,7 @@ import_tensorflow()
 
 # Below TensorFlow's quiet import. Each import also registers its Keras
 # objects (register_keras_serializable) or its TFDS builder.
-from advtrain import data, runtime  # noqa: E402, F401  (gtsrb builder, OneCycle)
+from advtrain import data  # noqa: E402, F401  (the gtsrb TFDS builder)
 from advtrain.attacks import (  # noqa: E402
     Attack,
     fgsm,
@@ -35,15 +35,17 @@ from advtrain.attacks import (  # noqa: E402
     register_attack,
 )
 from advtrain.backbones import register_backbone  # noqa: E402
-from advtrain.config import Recipe, RecipeError, load_recipe  # noqa: E402
 from advtrain.data import register_source  # noqa: E402
-from advtrain.evaluation import evaluate  # noqa: E402
-from advtrain.experiment import run  # noqa: E402
-
-# `fit` lives in `advtrain.fitting`, not `advtrain.fit`: a submodule named
-# `fit` would replace this function on the package with the module.
-from advtrain.fitting import fit  # noqa: E402
+from advtrain.evaluation.robustness import evaluate  # noqa: E402
 from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
+from advtrain.recipe.loader import load_recipe  # noqa: E402
+from advtrain.recipe.run import run  # noqa: E402
+from advtrain.recipe.schema import Recipe, RecipeError  # noqa: E402
+from advtrain.train import runtime  # noqa: E402, F401  (OneCycle)
+
+# `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule named
+# `fit` would replace this function on the package with the module.
+from advtrain.train.fitting import fit  # noqa: E402
 
 __version__ = "0.2.0"
 

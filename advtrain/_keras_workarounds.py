@@ -35,7 +35,7 @@ def fit_under_multi_worker(
       which `make_train_function` would rebuild with the failing reduce).
 
     The train and test functions run one step per call
-    (`steps_per_execution=1`; see `advtrain.runtime.plan_batches`).
+    (`steps_per_execution=1`; see `advtrain.train.runtime.plan_batches`).
     """
 
     def local(value):

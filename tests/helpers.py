@@ -52,7 +52,7 @@ def accuracy(model, x, y) -> float:
 REPLICA_PRELUDE = """\
 import os, sys
 import numpy as np
-from advtrain.runtime import make_runtime
+from advtrain.train.runtime import make_runtime
 
 replicas, out = int(sys.argv[1]), sys.argv[2]
 runtime = make_runtime(

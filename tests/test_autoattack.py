@@ -7,15 +7,15 @@ import pytest
 import tensorflow as tf
 
 from advtrain.attacks import Attack
-from advtrain.evaluation import (
+from advtrain.evaluation.report import robustness_headline
+from advtrain.evaluation.robustness import (
     AttackRunner,
     ensemble_attacks,
     evaluate_robustness,
     run_cascade,
     wilson_interval,
 )
-from advtrain.report import robustness_headline
-from advtrain.sanity import masking_check, masking_threshold
+from advtrain.evaluation.sanity import masking_check, masking_threshold
 
 EPS = 0.1
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import yaml
 
-from advtrain.callbacks import NaNGuard, NonFiniteLossError
+from advtrain.train.callbacks import NaNGuard, NonFiniteLossError
 
 VALID = {
     "name": "t",

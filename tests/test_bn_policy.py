@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from advtrain.attacks import Attack
-from advtrain.config import load_recipe, recipe_from_dict
-from advtrain.experiment import run
 from advtrain.models.adversarial import AdversarialModel
-from advtrain.models.batchnorm import (
+from advtrain.models.batchnorm.fused import FusedBatchNormalization
+from advtrain.models.batchnorm.policy import (
     adapt_momentum,
     apply_batchnorm_policy,
     auto_momentum,
@@ -22,7 +21,8 @@ from advtrain.models.batchnorm import (
     recalibrate_batchnorm,
     settle_batchnorm,
 )
-from advtrain.models.fused_batchnorm import FusedBatchNormalization
+from advtrain.recipe.loader import load_recipe, recipe_from_dict
+from advtrain.recipe.run import run
 
 # A run small enough for seconds: no PGD, no sanity checks, no artifacts
 # beyond model.keras and metrics.json.
@@ -182,7 +182,8 @@ def test_minimal_recipe_ends_without_a_gap(tmp_path):
 
 def test_recalibrate_true_saves_the_recalibrated_model(tmp_path):
     from advtrain.data import make_input
-    from advtrain.experiment import input_options, load_classifier, recipe_splits
+    from advtrain.recipe.build import input_options, recipe_splits
+    from advtrain.recipe.saved import load_classifier
 
     recipe = recipe_from_dict(
         {

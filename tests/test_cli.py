@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from advtrain.cli import app
+from advtrain.cli.commands import app
 
 runner = CliRunner()
 
@@ -92,7 +92,7 @@ def test_saved_model_round_trip_serves_raw_pixels(finished_run, digits):
     out, _ = finished_run
     import tensorflow as tf
 
-    from advtrain.experiment import load_classifier
+    from advtrain.recipe.saved import load_classifier
 
     # The run's own SavedModel, served uint8 pixels, against model.keras.
     model = load_classifier(out / "model.keras")
@@ -175,7 +175,7 @@ def test_existing_run_folder_is_never_overwritten(finished_run, tmp_path):
 
 
 def test_unexpected_errors_are_one_line_without_traceback(tmp_path, monkeypatch):
-    import advtrain.experiment as experiment
+    import advtrain.recipe.run as experiment
 
     def boom(*args, **kwargs):
         raise RuntimeError("disk on fire\nsecond line")
@@ -196,7 +196,7 @@ def test_unexpected_errors_are_one_line_without_traceback(tmp_path, monkeypatch)
 
 
 def test_classifier_keras_file_refuses_lambda_layers(tmp_path):
-    from advtrain.experiment import load_classifier
+    from advtrain.recipe.saved import load_classifier
 
     inputs = keras.Input((4,))
     outputs = keras.layers.Lambda(lambda t: t * 2)(inputs)

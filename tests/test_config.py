@@ -4,8 +4,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from advtrain.cli import app
-from advtrain.config import RecipeError, load_recipe, recipe_from_dict
+from advtrain.cli.commands import app
+from advtrain.recipe.loader import load_recipe, recipe_from_dict
+from advtrain.recipe.schema import RecipeError
 
 runner = CliRunner()
 
@@ -268,7 +269,7 @@ def test_defaults_and_round_trip():
 
 
 def test_shipped_recipes_validate():
-    from advtrain.cli import RECIPES_DIR
+    from advtrain.cli.commands import RECIPES_DIR
 
     paths = sorted(RECIPES_DIR.glob("*.yaml"))
     # The list README and `advtrain recipes` promise, each valid and named

@@ -16,7 +16,7 @@ import yaml
 from helpers import run_on_replicas
 from typer.testing import CliRunner
 
-from advtrain.cli import app
+from advtrain.cli.commands import app
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -137,12 +137,12 @@ def test_launch_two_workers_identical_weights_only_chief_writes(tmp_path):
 STREAM = textwrap.dedent("""
     import sys
     import numpy as np
-    from advtrain.runtime import make_runtime, plan_batches
+    from advtrain.train.runtime import make_runtime, plan_batches
 
     runtime = make_runtime(strategy="mirrored", cpu_replicas=2, steps_per_execution=1)
     import tensorflow as tf
     from advtrain.data import load_splits
-    from advtrain.training import train_stream
+    from advtrain.train.loop import train_stream
 
     data = {"source": "digits", "deterministic": True}
     splits = load_splits("digits", limit_train=96)

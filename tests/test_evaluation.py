@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from advtrain.config import EvalConfig
-from advtrain.evaluation import (
+from advtrain.evaluation.robustness import (
     evaluate_robustness,
     macro_f1,
     per_class_accuracy,
     plot_eps_sweep,
 )
+from advtrain.recipe.schema import EvalConfig
 
 
 def _batches(x, y, size=100):
@@ -83,7 +83,7 @@ def test_plot_is_a_png(tmp_path):
 
 
 def test_max_examples_is_a_seeded_random_subset(trained_dense, digits):
-    from advtrain.evaluation import seeded_subset
+    from advtrain.evaluation.robustness import seeded_subset
 
     x, y = digits[0][:300], digits[1][:300]
     xa, ya, total = seeded_subset(_batches(x, y, 64), 50, seed=3)
@@ -152,7 +152,7 @@ def test_apgd_attacks_are_selectable_and_no_weaker_than_pgd(trained_dense, digit
 def test_worst_case_is_taken_per_example(trained_dense, digits, monkeypatch):
     """Two attacks that each fool a different half leave nothing robust,
     though each alone reports 50%."""
-    from advtrain import evaluation
+    from advtrain.evaluation import robustness as evaluation
 
     x = digits[0][1500:1600]
     y = np.argmax(trained_dense(x, training=False), axis=-1)  # clean: 100%

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from advtrain.export import export_saved_model
+from advtrain.evaluation.export import export_saved_model
 
 
 def test_saved_model_serves_uint8_images_like_the_classifier(
@@ -49,8 +49,8 @@ TRADES_RECIPE = {
 
 @pytest.fixture(scope="module")
 def trades_run(tmp_path_factory):
-    from advtrain.config import recipe_from_dict
-    from advtrain.experiment import run
+    from advtrain.recipe.loader import recipe_from_dict
+    from advtrain.recipe.run import run
 
     out = tmp_path_factory.mktemp("trades") / "run"
     result = run(recipe_from_dict(TRADES_RECIPE), out, echo=lambda line: None)
@@ -70,7 +70,7 @@ def test_method_trades_runs_through_run(trades_run):
 
 
 def test_run_saved_model_serves_what_model_keras_predicts(trades_run, digits):
-    from advtrain.experiment import load_classifier
+    from advtrain.recipe.saved import load_classifier
 
     out = trades_run.output_dir
     served = tf.saved_model.load(str(out / "export" / "saved_model"))

@@ -17,9 +17,9 @@ from helpers import run_on_replicas
 from typer.testing import CliRunner
 
 import advtrain
-from advtrain.cli import app
-from advtrain.config import ModelConfig
-from advtrain.fitting import array_batches, build_from_builder, load_builder
+from advtrain.cli.commands import app
+from advtrain.recipe.schema import ModelConfig
+from advtrain.train.fitting import array_batches, build_from_builder, load_builder
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -199,7 +199,7 @@ def test_array_batches_streams_blocks_in_shuffled_order(tmp_path):
 LSTM_SCRIPT = textwrap.dedent("""
     import json
     import numpy as np
-    from advtrain.fitting import fit
+    from advtrain.train.fitting import fit
 
     def build():
         import keras

@@ -15,8 +15,8 @@ import pytest
 from helpers import dense_classifier
 
 from advtrain.attacks import Attack
-from advtrain.guards import CatastrophicOverfittingGuard
 from advtrain.models.adversarial import AdversarialModel
+from advtrain.train.guards import CatastrophicOverfittingGuard
 
 EPS = 0.1
 

@@ -61,9 +61,9 @@ def registered_names():
 
 def saved_classifier(path):
     """A classifier holding each advtrain layer, compiled with OneCycle."""
-    from advtrain.models.fused_batchnorm import FusedBatchNormalization
+    from advtrain.models.batchnorm.fused import FusedBatchNormalization
     from advtrain.models.layers import BackbonePreprocess, ResizeTo, ToChannels
-    from advtrain.runtime import OneCycle
+    from advtrain.train.runtime import OneCycle
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 1))
@@ -123,13 +123,13 @@ def test_tfds_gtsrb_is_advtrains_builder(fresh):
 def test_public_names_resolve(fresh):
     out = fresh[0]
     assert out["missing"] == []
-    assert out["fit"] == "function"  # not the advtrain.fitting module
+    assert out["fit"] == "function"  # not the advtrain.train.fitting module
     assert out["version"]
 
 
 def test_import_advtrain_is_silent_on_stderr():
     result = subprocess.run(
-        [sys.executable, "-c", "import advtrain.config"],
+        [sys.executable, "-c", "import advtrain.recipe.schema"],
         capture_output=True,
         text=True,
         env=fresh_env(),

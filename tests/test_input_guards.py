@@ -11,8 +11,8 @@ from helpers import bn_classifier, dense_classifier, run_on_replicas
 
 import advtrain
 from advtrain.attacks import Attack
-from advtrain.input_guards import LabelError, PixelRangeError, label_kind
 from advtrain.models import AdversarialModel
+from advtrain.train.input_checks import LabelError, PixelRangeError, label_kind
 
 RNG = np.random.default_rng(0)
 X = RNG.random((64, 8, 8, 1), dtype=np.float32)

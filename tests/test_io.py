@@ -2,7 +2,7 @@
 
 import pytest
 
-from advtrain.io import (
+from advtrain.utils.io import (
     check_data_paths,
     check_keras_file,
     check_readable_file,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from advtrain.launch import free_ports, tf_configs
+from advtrain.cli.launch import free_ports, tf_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 

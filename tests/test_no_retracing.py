@@ -10,7 +10,7 @@ import tensorflow as tf
 from helpers import bn_classifier
 
 from advtrain.attacks import Attack
-from advtrain.evaluation import AttackRunner
+from advtrain.evaluation.robustness import AttackRunner
 
 
 def test_one_trace_per_attack_kind():
@@ -50,8 +50,8 @@ import os, sys
 sys.path.insert(0, {tests!r})
 import numpy as np, tensorflow as tf
 from helpers import bn_classifier
-from advtrain.evaluation import evaluate_robustness
-from advtrain.sanity import run_sanity_checks
+from advtrain.evaluation.robustness import evaluate_robustness
+from advtrain.evaluation.sanity import run_sanity_checks
 model = bn_classifier()
 x = np.random.default_rng(0).random((70, 8, 8, 1)).astype("float32")
 ds = tf.data.Dataset.from_tensor_slices((x, np.arange(70) % 10)).batch(32)
@@ -82,9 +82,9 @@ def test_evaluation_traces_each_attack_kind_once(monkeypatch):
     every AttackRunner an evaluation and the sanity checks create traces
     each attack kind exactly once, over batches of 32, 32 and 6, an eps
     sweep and the AutoAttack cascade."""
-    import advtrain.evaluation as evaluation
-    from advtrain.evaluation import evaluate_robustness
-    from advtrain.sanity import run_sanity_checks
+    import advtrain.evaluation.robustness as evaluation
+    from advtrain.evaluation.robustness import evaluate_robustness
+    from advtrain.evaluation.sanity import run_sanity_checks
 
     runners = []
 
@@ -94,7 +94,7 @@ def test_evaluation_traces_each_attack_kind_once(monkeypatch):
             runners.append(self)
 
     monkeypatch.setattr(evaluation, "AttackRunner", Recorded)
-    import advtrain.sanity as sanity
+    import advtrain.evaluation.sanity as sanity
 
     monkeypatch.setattr(sanity, "AttackRunner", Recorded)
     model = bn_classifier()

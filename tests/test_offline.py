@@ -15,7 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from advtrain.data import load_splits
-from advtrain.downloads import check_reachable
+from advtrain.utils.downloads import check_reachable
 
 OFFLINE_URL = "http://advtrain-offline.invalid/gtsrb/"
 # Far below the 3 min 24 s of TFDS retries this replaces.
@@ -134,7 +134,7 @@ def test_cli_run_gtsrb_offline_fails_fast(tmp_path):
     # start-up on a busy machine is not the download's time.
     script = (
         "import atexit, runpy, sys, time\n"
-        "import advtrain.cli\n"
+        "import advtrain.cli.commands\n"
         "start = time.monotonic()\n"
         "atexit.register(lambda: print(f'elapsed {time.monotonic() - start:.2f}',"
         " file=sys.stderr))\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from advtrain.cli import app
+from advtrain.cli.commands import app
 
 PLUGIN = textwrap.dedent('''
     """A plugin: one attack and one data source."""

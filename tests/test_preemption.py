@@ -24,9 +24,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from advtrain.cli import app
-from advtrain.launch import WorkerResult, exit_code
-from advtrain.preemption import PREEMPTED_EXIT_CODE
+from advtrain.cli.commands import app
+from advtrain.cli.launch import WorkerResult, exit_code
+from advtrain.train.preemption import PREEMPTED_EXIT_CODE
 
 runner = CliRunner()
 
@@ -114,7 +114,7 @@ def gone(pid: int) -> bool:
 
 
 def weights(path: Path) -> list[np.ndarray]:
-    from advtrain.experiment import load_classifier
+    from advtrain.recipe.saved import load_classifier
 
     return load_classifier(path).get_weights()
 
@@ -186,7 +186,7 @@ ORPHAN = textwrap.dedent("""
     import os, subprocess, sys, time
     child = subprocess.Popen(
         [sys.executable, "-c",
-         "import time; from advtrain.preemption import watch_launcher; "
+         "import time; from advtrain.train.preemption import watch_launcher; "
          "watch_launcher(); open(sys.argv[1], 'w').close(); time.sleep(600)"
          .replace("sys.argv[1]", repr(sys.argv[1]))],
         env=dict(os.environ, ADVTRAIN_LAUNCHER_PID=str(os.getpid())),

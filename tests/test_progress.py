@@ -1,5 +1,5 @@
 """Live progress: a redrawn bar on a terminal, plain lines elsewhere, and
-`--quiet` silencing both (advtrain.progress)."""
+`--quiet` silencing both (advtrain.utils.progress)."""
 
 import io
 import os
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from helpers import dense_classifier
 
-from advtrain import progress
-from advtrain.progress import EpochProgress, Progress
+from advtrain.utils import progress
+from advtrain.utils.progress import EpochProgress, Progress
 
 
 @pytest.fixture(autouse=True)
@@ -169,7 +169,7 @@ def test_cli_run_on_a_terminal_redraws_a_bar(tmp_path):
 def test_sanity_checks_show_progress_per_attack(capsys):
     import tensorflow as tf
 
-    from advtrain.sanity import run_sanity_checks
+    from advtrain.evaluation.sanity import run_sanity_checks
 
     x = np.random.default_rng(0).random((6, 8, 8, 1)).astype("float32")
     batches = tf.data.Dataset.from_tensor_slices((x, np.arange(6) % 10)).batch(3)

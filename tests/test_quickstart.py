@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from advtrain.cli import app
+from advtrain.cli.commands import app
 
 
 @pytest.mark.slow

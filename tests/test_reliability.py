@@ -20,8 +20,9 @@ import tensorflow as tf
 import yaml
 from typer.testing import CliRunner
 
-from advtrain.callbacks import AtomicCheckpoint
-from advtrain.checkpointing import (
+from advtrain.cli.commands import app
+from advtrain.train.callbacks import AtomicCheckpoint
+from advtrain.train.checkpoint import (
     CheckpointStore,
     find_resume_point,
     load_checkpoint,
@@ -29,7 +30,6 @@ from advtrain.checkpointing import (
     truncate_history,
     writable_dir,
 )
-from advtrain.cli import app
 
 runner = CliRunner()
 
@@ -61,7 +61,7 @@ def write_recipe(tmp_path, data=None, name="recipe.yaml"):
 
 
 def max_weight_difference(a, b) -> float:
-    from advtrain.experiment import load_classifier
+    from advtrain.recipe.saved import load_classifier
 
     wa = load_classifier(a).get_weights()
     wb = load_classifier(b).get_weights()
@@ -245,7 +245,7 @@ def small_model(seed=0):
 def test_crash_between_write_and_rename_keeps_the_previous_checkpoint(
     tmp_path, monkeypatch
 ):
-    import advtrain.checkpointing as checkpointing
+    import advtrain.train.checkpoint as checkpointing
 
     model, x = small_model()
     store = CheckpointStore(tmp_path / "checkpoints", keep=3)
@@ -279,7 +279,7 @@ def test_crash_between_write_and_rename_keeps_the_previous_checkpoint(
 
 
 def test_final_model_write_is_atomic(tmp_path, monkeypatch):
-    import advtrain.io as io
+    import advtrain.utils.io as io
 
     model, x = small_model()
     target = tmp_path / "model.keras"

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 from typer.testing import CliRunner
 
-from advtrain.cli import app
-from advtrain.config import recipe_from_dict
-from advtrain.report import write_report
+from advtrain.cli.commands import app
+from advtrain.evaluation.report import write_report
+from advtrain.recipe.loader import recipe_from_dict
 
 TINY = {
     "name": "tiny_report",
@@ -148,7 +148,7 @@ def test_report_holds_every_section(tmp_path):
 
 @pytest.fixture(scope="module")
 def guarded_run(tmp_path_factory):
-    from advtrain.experiment import run
+    from advtrain.recipe.run import run
 
     out = tmp_path_factory.mktemp("report") / "run"
     lines = []
@@ -182,7 +182,7 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     assert (out / "training_curves.png").is_file()
 
     served = tf.saved_model.load(str(out / "export" / "saved_model"))
-    from advtrain.experiment import load_classifier
+    from advtrain.recipe.saved import load_classifier
 
     classifier = load_classifier(out / "model.keras")
     images = tf.constant((digits[0][:16] * 255).round().astype("uint8"))
@@ -209,7 +209,7 @@ def test_cli_export_and_eval_print_what_they_did(guarded_run, tmp_path):
 
 
 def test_resumed_run_keeps_the_guards_record(tmp_path):
-    from advtrain.experiment import run
+    from advtrain.recipe.run import run
 
     # Keras's momentum, so that epoch 1 stays the guard's best on this seed
     # and its record is resumable from the epoch-1 checkpoint.

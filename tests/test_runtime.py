@@ -12,10 +12,10 @@ from helpers import dense_classifier
 from typer.testing import CliRunner
 
 from advtrain.attacks import Attack
-from advtrain.cli import app
-from advtrain.launch import free_ports, tf_configs
+from advtrain.cli.commands import app
+from advtrain.cli.launch import free_ports, tf_configs
 from advtrain.models.adversarial import AdversarialModel
-from advtrain.runtime import Runtime, make_runtime, plan_batches
+from advtrain.train.runtime import Runtime, make_runtime, plan_batches
 
 runner = CliRunner()
 
@@ -127,7 +127,7 @@ def test_multi_worker_without_cluster_is_a_value_error(monkeypatch):
 
 
 def test_auto_picks_multi_worker_from_tf_config_or_slurm(monkeypatch):
-    from advtrain.runtime import _auto_strategy
+    from advtrain.train.runtime import _auto_strategy
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("TF_CONFIG", tf_configs(["a:1", "b:2"])[1])
@@ -284,7 +284,7 @@ def test_profile_says_what_bounds_the_run(tmp_path, float32_policy):
 
 
 def test_onecycle_is_triangular():
-    from advtrain.runtime import OneCycle
+    from advtrain.train.runtime import OneCycle
 
     lr = OneCycle(peak=0.01, warmup_steps=4, total_steps=10)
     values = [float(lr(step)) for step in (0, 2, 4, 7, 10, 12)]
@@ -294,7 +294,7 @@ def test_onecycle_is_triangular():
 
 
 def test_profile_advice_follows_the_cpu_and_the_step(tmp_path):
-    from advtrain.profiling import ProfileReport, cpu_has_bfloat16
+    from advtrain.cli.profile import ProfileReport, cpu_has_bfloat16
 
     def report(**changes):
         fields = dict(

@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from advtrain.sanity import format_sanity_checks, run_sanity_checks
+from advtrain.evaluation.sanity import format_sanity_checks, run_sanity_checks
 
 NAMES = [
     "pgd_not_above_fgsm",
@@ -69,7 +69,7 @@ def test_l2_uses_a_ball_that_holds_the_linf_one(trained_dense, digits):
 
 
 def test_a_difference_of_exactly_the_tolerance_passes():
-    from advtrain.sanity import steps_verdict
+    from advtrain.evaluation.sanity import steps_verdict
 
     # 0.85 - 0.83 is 0.020000000000000018 in binary: still "within".
     assert steps_verdict(0.83, 0.85, 0.02) == (True, "within tolerance")

@@ -1,13 +1,13 @@
 """`advtrain show`: the resolved recipe, adapter chain, batch plan and
-learning-rate schedule, with nothing written (advtrain.show)."""
+learning-rate schedule, with nothing written (advtrain.cli.show)."""
 
 import os
 import subprocess
 import sys
 
-from advtrain.config import load_recipe
-from advtrain.runtime import BatchPlan
-from advtrain.show import schedule_lines, show, unprepared_data
+from advtrain.cli.show import schedule_lines, show, unprepared_data
+from advtrain.recipe.loader import load_recipe
+from advtrain.train.runtime import BatchPlan
 
 RECIPES = os.path.join(os.path.dirname(__file__), "..", "advtrain", "recipes")
 

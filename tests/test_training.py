@@ -4,9 +4,9 @@ import keras
 import numpy as np
 import pytest
 
-from advtrain.callbacks import AtomicCheckpoint, NaNGuard
-from advtrain.checkpointing import CheckpointError, CheckpointStore
-from advtrain.training import TrainingState
+from advtrain.train.callbacks import AtomicCheckpoint, NaNGuard
+from advtrain.train.checkpoint import CheckpointError, CheckpointStore
+from advtrain.train.loop import TrainingState
 
 
 def _model(seed=0):

@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from advtrain.config import load_recipe
 from advtrain.data.synthetic import write_mnist
-from advtrain.experiment import load_classifier, run
 from advtrain.models.classifier import build_classifier
+from advtrain.recipe.loader import load_recipe
+from advtrain.recipe.run import run
+from advtrain.recipe.saved import load_classifier
 
 RECIPES = Path(__file__).parent.parent / "advtrain" / "recipes"
 _TINY = [

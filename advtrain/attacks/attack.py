@@ -19,7 +19,7 @@ from advtrain.attacks.common import (
     check_eps,
     check_fraction,
 )
-from advtrain.registry import Registry
+from advtrain.utils.registry import Registry
 
 attacks: Registry[Callable] = Registry("attack")
 

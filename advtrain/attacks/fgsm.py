@@ -48,7 +48,8 @@ def fgsm(
         eps: perturbation size in pixel units.
         norm: "inf" or 2.
         loss_fn: `(labels, logits) -> per-example loss`; cross-entropy.
-        clip_min, clip_max: valid pixel range (None: no clipping).
+        clip_min: lower end of the valid pixel range (None: no clipping).
+        clip_max: upper end of the valid pixel range (None: no clipping).
         loss_scale: multiplies the loss before differentiating (mixed
             precision); the step only uses the gradient's direction.
         return_gradient: also return the input gradient the step used.

@@ -59,7 +59,8 @@ def pgd(
         restarts: independent runs; the worst case per example is kept.
             An int, or a scalar integer tensor (as `steps`).
         loss_fn: `(labels, logits) -> per-example loss`.
-        clip_min, clip_max: valid pixel range.
+        clip_min: lower end of the valid pixel range.
+        clip_max: upper end of the valid pixel range.
         loss_scale: multiplies the loss before differentiating.
         seed: None, an int or a `keras.random.SeedGenerator`.
 

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Optional
 
-from advtrain.registry import Registry
+from advtrain.utils.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,7 @@ from advtrain.data.errors import DataError
 from advtrain.data.pipeline import DataSplits
 from advtrain.data.sources import register_source
 from advtrain.data.splits import hold_out, limit, require
-from advtrain.errors import one_line
+from advtrain.utils.errors import one_line
 
 logger = logging.getLogger(__name__)
 

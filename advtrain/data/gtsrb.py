@@ -65,8 +65,8 @@ from advtrain.data.pipeline import DataSplits
 from advtrain.data.ppm import open_ppm
 from advtrain.data.sources import register_source
 from advtrain.data.splits import require
-from advtrain.downloads import check_reachable
-from advtrain.errors import one_line
+from advtrain.utils.downloads import check_reachable
+from advtrain.utils.errors import one_line
 
 logger = logging.getLogger(__name__)
 

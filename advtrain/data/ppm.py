@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from advtrain.data.errors import DataError
-from advtrain.errors import one_line
+from advtrain.utils.errors import one_line
 
 
 def open_ppm(data: bytes, name: str = "image") -> Image.Image:

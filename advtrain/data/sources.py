@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from advtrain.registry import Registry
+from advtrain.utils.registry import Registry
 
 # The module that registers each built-in source.
 _BUILTIN_MODULES = {

@@ -24,8 +24,8 @@ from advtrain.data.errors import DataError
 from advtrain.data.pipeline import DataSplits
 from advtrain.data.sources import register_source
 from advtrain.data.splits import require
-from advtrain.downloads import check_reachable
-from advtrain.errors import one_line
+from advtrain.utils.downloads import check_reachable
+from advtrain.utils.errors import one_line
 
 
 def _check_hosts(builder: tfds.core.DatasetBuilder) -> None:

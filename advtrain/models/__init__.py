@@ -5,12 +5,10 @@ model can hold (the layers in `layers`, `FusedBatchNormalization`,
 `AdversarialModel`, `TRADES`, `GradAlign`).
 """
 
-from advtrain.models import (  # noqa: F401  (register serializable layers)
-    fused_batchnorm,
-    layers,
-)
+from advtrain.models import layers  # noqa: F401  (registers serializable layers)
 from advtrain.models.adversarial import AdversarialModel
-from advtrain.models.grad_align import GradAlign
-from advtrain.models.trades import TRADES
+from advtrain.models.batchnorm import fused  # noqa: F401  (FusedBatchNormalization)
+from advtrain.models.objectives.grad_align import GradAlign
+from advtrain.models.objectives.trades import TRADES
 
 __all__ = ["AdversarialModel", "GradAlign", "TRADES"]

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from advtrain.attacks import Attack
 from advtrain.attacks.common import as_float_tensor
-from advtrain.input_guards import InputChecks, label_kind, loss_name, output_shape
+from advtrain.train.input_checks import InputChecks, label_kind, loss_name, output_shape
 
 ATTACK_MODES = ("inference", "train")
 FUSED_CHOICES = (True, False, "auto")
@@ -82,7 +82,7 @@ class AdversarialModel(keras.Model):
     reductions, `steps_per_execution`, and `.keras` saving.
 
     Every training batch is checked in the step's graph (a min and a max,
-    `advtrain.input_guards`): pixels outside the attack's
+    `advtrain.train.input_checks`): pixels outside the attack's
     `[clip_min, clip_max]` (0-255 images, say) stop `fit` at that batch
     with one `PixelRangeError` line, and labels the compiled cross-entropy
     cannot use (outside [0, classes), one-hot with a sparse loss, integers
@@ -99,7 +99,7 @@ class AdversarialModel(keras.Model):
       returns the scalar training loss, built from `compute_loss` and
       `reduce_per_example` so that it is right under any number of
       replicas (see `adversarial_loss`).
-    `TRADES` in `advtrain.models.trades` is built that way. The fused step
+    `TRADES` in `advtrain.models.objectives.trades` is built that way. The fused step
     calls neither hook (nor `attack_model_fn`, `attack_loss_scale`): a
     subclass overriding one gets the inference-mode step under "auto", and
     `fused=True` is refused for it.
@@ -126,7 +126,7 @@ class AdversarialModel(keras.Model):
             (batch statistics).
         fused_batchnorm: switch the classifier's plain Keras
             BatchNormalization layers to
-            `advtrain.models.fused_batchnorm.FusedBatchNormalization`, in
+            `advtrain.models.batchnorm.fused.FusedBatchNormalization`, in
             place (same variables and results, TensorFlow's faster fused
             kernel); False leaves the model as it is.
         batchnorm_momentum: "auto" (default): on the first `fit`, BN layers
@@ -182,7 +182,7 @@ class AdversarialModel(keras.Model):
         self.classifier = classifier
         self.fused_batchnorm = bool(fused_batchnorm)
         if self.fused_batchnorm:
-            from advtrain.models.fused_batchnorm import fuse_batchnorm
+            from advtrain.models.batchnorm.fused import fuse_batchnorm
 
             # In place: the layers keep their variables and weights.
             fuse_batchnorm(classifier)
@@ -272,7 +272,7 @@ class AdversarialModel(keras.Model):
         classifier's BN layers still at Keras's default 0.99 the momentum
         that suits this call's length (epochs x steps per epoch, from
         `steps_per_epoch`, the dataset's cardinality or the arrays'
-        length; `advtrain.models.batchnorm.auto_momentum`) and warns once
+        length; `advtrain.models.batchnorm.policy.auto_momentum`) and warns once
         saying so; layers set to another momentum are kept. A number sets
         every BN layer; None keeps them all.
 

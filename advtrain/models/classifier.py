@@ -89,7 +89,7 @@ def build_classifier(
 
     Freezing and the BatchNorm policy are applied afterwards by
     `advtrain.models.freezing.apply_phase` and
-    `advtrain.models.batchnorm.apply_batchnorm_policy`.
+    `advtrain.models.batchnorm.policy.apply_batchnorm_policy`.
 
     Args:
         image_shape: the dataset's native (height, width, channels).

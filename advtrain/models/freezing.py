@@ -41,7 +41,7 @@ from typing import Literal, Optional
 
 import keras
 
-from advtrain.models.batchnorm import walk_layers
+from advtrain.models.batchnorm.policy import walk_layers
 
 FreezeMode = Literal["all_trainable", "frozen", "top_k"]
 

@@ -26,8 +26,8 @@ from typing import Optional
 import keras
 
 from advtrain.backbones.registry import BackboneSpec
-from advtrain.downloads import check_reachable
-from advtrain.errors import one_line
+from advtrain.utils.downloads import check_reachable
+from advtrain.utils.errors import one_line
 
 PRETRAINED = ("imagenet",)
 # Where keras.applications downloads its ImageNet weights from.
@@ -194,8 +194,8 @@ def _strict_load(model: keras.Model, path: str) -> None:
 
 
 def _swap_batchnorm_classes(model: keras.Model) -> int:
-    from advtrain.models.batchnorm import batchnorm_layers
-    from advtrain.models.fused_batchnorm import FusedBatchNormalization
+    from advtrain.models.batchnorm.fused import FusedBatchNormalization
+    from advtrain.models.batchnorm.policy import batchnorm_layers
 
     other = {
         keras.layers.BatchNormalization: FusedBatchNormalization,

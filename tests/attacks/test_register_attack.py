@@ -50,7 +50,7 @@ def test_registered_method_perturbs_by_its_own_rule(trained_dense, batch_of_digi
 
 
 def test_registered_method_runs_in_evaluation(trained_dense, batch_of_digits):
-    from advtrain.evaluation import AttackRunner
+    from advtrain.evaluation.robustness import AttackRunner
 
     x, y = batch_of_digits
     runner = AttackRunner(trained_dense, seed=0)

@@ -7,9 +7,10 @@ import tensorflow as tf
 
 from advtrain.attacks import Attack, make_attack
 from advtrain.attacks.fgsm import fgsm_random_start, n_fgsm, zerograd
-from advtrain.config import RecipeError, load_recipe
 from advtrain.models import AdversarialModel
 from advtrain.models.eps_ramp import EpsRamp
+from advtrain.recipe.loader import load_recipe
+from advtrain.recipe.schema import RecipeError
 
 
 def _linear(weights):
@@ -129,7 +130,7 @@ def test_recipe_keys_for_the_new_methods(tmp_path):
 
 
 def test_the_run_header_names_each_methods_step_settings():
-    from advtrain.experiment import _method_options
+    from advtrain.recipe.summary import _method_options
 
     assert _method_options(Attack("fgsm_rs", eps=0.3)) == " alpha=1.25*eps"
     assert _method_options(Attack("n_fgsm", eps=0.3, noise=0.3)) == (

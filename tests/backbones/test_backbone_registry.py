@@ -58,7 +58,7 @@ def test_pretrained_recipes_validate(recipe, backbone):
     from pathlib import Path
 
     import advtrain
-    from advtrain.config import load_recipe
+    from advtrain.recipe.loader import load_recipe
 
     path = Path(advtrain.__file__).parent / "recipes" / f"{recipe}.yaml"
     model = load_recipe(path).model
@@ -68,7 +68,7 @@ def test_pretrained_recipes_validate(recipe, backbone):
 
 
 def test_mnist_cnn_is_the_papers_model():
-    from advtrain.models.batchnorm import batchnorm_layers
+    from advtrain.models.batchnorm.policy import batchnorm_layers
     from advtrain.models.classifier import build_classifier
 
     model = build_classifier((28, 28, 1), 10, backbone="mnist_cnn")

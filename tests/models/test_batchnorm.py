@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from advtrain.models.batchnorm import (
+from advtrain.models.batchnorm.policy import (
     apply_batchnorm_policy,
     batchnorm_layers,
     bn_gap,

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from advtrain.models.batchnorm import batchnorm_layers
+from advtrain.models.batchnorm.policy import batchnorm_layers
 from advtrain.models.classifier import (
     backbone_input_size,
     build_classifier,
@@ -171,7 +171,7 @@ def test_weights_load_across_batchnorm_kernels(tmp_path, saved_fused):
     # A .keras file keys weights by layer class: a run saved with fused
     # BatchNorm (the default) must load into a freshly built classifier
     # (plain Keras BatchNorm), and a plain one into a fused classifier.
-    from advtrain.models.fused_batchnorm import FusedBatchNormalization, fuse_batchnorm
+    from advtrain.models.batchnorm.fused import FusedBatchNormalization, fuse_batchnorm
 
     source = build_classifier((8, 8, 1), 3, backbone="small_cnn", width=4)
     for layer in batchnorm_layers(source):

@@ -7,10 +7,11 @@ import tensorflow as tf
 from helpers import dense_classifier
 
 from advtrain.attacks import Attack
-from advtrain.config import RecipeError, recipe_from_dict
-from advtrain.experiment import build_training_model
 from advtrain.models import AdversarialModel
 from advtrain.models.eps_ramp import EpsRamp
+from advtrain.recipe.build import build_training_model
+from advtrain.recipe.loader import recipe_from_dict
+from advtrain.recipe.schema import RecipeError
 
 EPS = 0.2
 RAMP = 4

@@ -8,10 +8,11 @@ from helpers import bn_classifier, dense_classifier
 
 import advtrain
 from advtrain.attacks import Attack
-from advtrain.config import AttackConfig, recipe_from_dict
-from advtrain.experiment import build_training_model
 from advtrain.models import TRADES, AdversarialModel, GradAlign
 from advtrain.models.adversarial import FUSED_BYPASSES
+from advtrain.recipe.build import build_training_model
+from advtrain.recipe.loader import recipe_from_dict
+from advtrain.recipe.schema import AttackConfig
 
 
 def _compile(model):

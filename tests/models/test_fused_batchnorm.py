@@ -7,11 +7,11 @@ import pytest
 import tensorflow as tf
 from helpers import bn_classifier
 
-from advtrain.models.batchnorm import apply_batchnorm_policy, batchnorm_layers
-from advtrain.models.fused_batchnorm import (
+from advtrain.models.batchnorm.fused import (
     FusedBatchNormalization,
     fuse_batchnorm,
 )
+from advtrain.models.batchnorm.policy import apply_batchnorm_policy, batchnorm_layers
 
 
 def _pair(shape, momentum=0.9, **kwargs):

@@ -6,9 +6,10 @@ import pytest
 import tensorflow as tf
 
 from advtrain.attacks import Attack
-from advtrain.config import RecipeError, load_recipe
 from advtrain.models import AdversarialModel, GradAlign
-from advtrain.models.grad_align import _cosine
+from advtrain.models.objectives.grad_align import _cosine
+from advtrain.recipe.loader import load_recipe
+from advtrain.recipe.schema import RecipeError
 
 
 def _classifier(seed=0):
@@ -101,7 +102,7 @@ def test_bad_weights_are_refused():
 
 
 def test_recipe_builds_gradalign_and_refuses_it_with_trades(tmp_path):
-    from advtrain.experiment import build_training_model
+    from advtrain.recipe.build import build_training_model
 
     path = tmp_path / "r.yaml"
     path.write_text("attack: {method: fgsm, eps: 0.1, grad_align: 0.2}\n")

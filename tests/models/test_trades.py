@@ -8,7 +8,7 @@ from helpers import dense_classifier
 
 from advtrain.attacks import Attack
 from advtrain.models import TRADES
-from advtrain.models.trades import per_example_kl
+from advtrain.models.objectives.trades import per_example_kl
 
 
 def _trades(beta=6.0, seed=0, random_start=True):

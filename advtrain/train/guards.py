@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from advtrain.attacks import pgd
-from advtrain.io import atomic_path
+from advtrain.utils.io import atomic_path
 
 ACTIONS = ("stop", "rollback")
 KEEPS = ("best", "last")

@@ -15,7 +15,7 @@ from typing import Optional, Union
 import keras
 import tensorflow as tf
 
-from advtrain.errors import one_line
+from advtrain.utils.errors import one_line
 
 # Keras 3 traces steps_per_execution > 32 into a loop that tf.data rejects
 # (keras-team/keras#20344); more steps per call gains little anyway.
@@ -463,7 +463,7 @@ def weights_fingerprint(model: keras.Model) -> str:
 
     import numpy as np
 
-    from advtrain.models.batchnorm import batchnorm_layers
+    from advtrain.models.batchnorm.policy import batchnorm_layers
 
     local = {
         id(w) for layer in batchnorm_layers(model) for w in layer.non_trainable_weights

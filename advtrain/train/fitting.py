@@ -1,4 +1,4 @@
-"""`advtrain.fit` (defined here, in `advtrain.fitting`): any Keras model,
+"""`advtrain.fit` (defined here, in `advtrain.train.fitting`): any Keras model,
 adversarially trained or not, through advtrain's runtime.
 
 The same strategy, precision, XLA, batch arithmetic and steps-per-execution
@@ -23,16 +23,15 @@ import numpy as np
 import pydantic
 import tensorflow as tf
 
-from advtrain.config import (
+from advtrain.data.arrays import read_rows
+from advtrain.recipe.loader import format_validation_error
+from advtrain.recipe.schema import (
     BatchNormConfig,
     ModelConfig,
     RuntimeConfig,
     TrainConfig,
-    format_validation_error,
 )
-from advtrain.data.arrays import read_rows
-from advtrain.errors import one_line
-from advtrain.runtime import (
+from advtrain.train.runtime import (
     PLAN_KEYS,
     BatchPlan,
     Runtime,
@@ -40,8 +39,9 @@ from advtrain.runtime import (
     make_runtime,
     plan_batches,
 )
+from advtrain.utils.errors import one_line
+from advtrain.utils.progress import Echo
 
-Echo = Callable[[str], None]
 ModelOrBuilder = Union[keras.Model, Callable[[], keras.Model]]
 
 # In-memory arrays up to this size become one constant tensor
@@ -64,7 +64,7 @@ class FitResult:
         runtime: the strategy and settings that ran.
         bn_gap: for a classifier with BatchNorm, train-mode vs
             inference-mode accuracy after training
-            (`advtrain.models.batchnorm.settle_batchnorm`: `gap`, `before`
+            (`advtrain.models.batchnorm.policy.settle_batchnorm`: `gap`, `before`
             recalibration, `recalibrated` batches); None otherwise.
         evaluation: with `test_data`, `advtrain.evaluate`'s result:
             `robust_accuracy` (the worst case over FGSM, PGD and
@@ -115,7 +115,7 @@ def fit(
     wrapped in an `AdversarialModel`, and the step it uses is printed.
 
     Every training batch is checked: with an attack, pixels outside its
-    `[clip_min, clip_max]` raise `advtrain.input_guards.PixelRangeError`;
+    `[clip_min, clip_max]` raise `advtrain.train.input_checks.PixelRangeError`;
     with a cross-entropy loss, labels outside [0, classes), one-hot labels
     for a sparse loss and integer labels for a categorical one raise
     `LabelError`; each one line, at the first bad batch.
@@ -130,19 +130,29 @@ def fit(
             Arrays and examples are `shuffle`d anew each epoch.
         runtime: a `RuntimeConfig`, its dict or a `Runtime`; default auto.
         attack: an `Attack`, its config dict, a method name, or None.
-        adv_weight, loss, metrics: the adversarial loss weight; a Keras loss
-            (default when attacking: cross-entropy from logits); metrics.
+        adv_weight: the adversarial loss weight.
+        loss: a Keras loss (default when attacking: cross-entropy from
+            logits).
+        metrics: Keras metrics.
         fused: `AdversarialModel`'s step choice: "auto" (the fused step for
             plain FGSM with 0 < adv_weight < 1), True or False.
         optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
-        learning_rate, scale_lr, reference_batch, warmup_epochs, epochs,
-            steps_per_epoch, batch_size (the global batch, required for
-            arrays), seed: as in the recipe's `train` section.
+        learning_rate: as in the recipe's `train` section.
+        scale_lr: as in the recipe's `train` section.
+        reference_batch: as in the recipe's `train` section.
+        warmup_epochs: as in the recipe's `train` section.
+        epochs: as in the recipe's `train` section.
+        steps_per_epoch: as in the recipe's `train` section.
+        batch_size: the global batch, as in the recipe's `train` section;
+            required for arrays.
+        seed: as in the recipe's `train` section.
         batchnorm: the recipe's `model.batchnorm` keys (dict or
             `BatchNormConfig`): fused kernel, auto momentum and recalibration
             when the measured gap exceeds `gap_threshold`, by default.
-        validation_data, callbacks, verbose: passed to `Model.fit`; `echo`
-            receives the runtime, batch and BatchNorm lines (None: silent).
+        validation_data: passed to `Model.fit`.
+        callbacks: passed to `Model.fit`.
+        verbose: passed to `Model.fit`.
+        echo: receives the runtime, batch and BatchNorm lines (None: silent).
         test_data: `(x, y)` arrays or a dataset of batches: after training,
             the classifier is evaluated as a recipe is (`advtrain.evaluate`:
             the worst case over FGSM, PGD and AutoAttack at the attack's
@@ -185,8 +195,8 @@ def _evaluate(classifier, test_data, options: dict, say: Echo):
     """`advtrain.evaluate` on `test_data` after training (None without)."""
     if test_data is None:
         return None
-    from advtrain.evaluation import evaluate
-    from advtrain.report import robustness_headline
+    from advtrain.evaluation.report import robustness_headline
+    from advtrain.evaluation.robustness import evaluate
 
     keys = dict(options["evaluation"] or {})
     if "eps" not in keys:
@@ -285,8 +295,13 @@ def _label_checked(train_ds, net, classifier, loss):
     """(the training stream, its `InputChecks`): an `AdversarialModel`
     checks its batches itself; a plain model's labels are checked in the
     stream, against the loss and the model's output (shapes now, values per
-    batch; `advtrain.input_guards`)."""
-    from advtrain.input_guards import InputChecks, label_kind, loss_name, output_shape
+    batch; `advtrain.train.input_checks`)."""
+    from advtrain.train.input_checks import (
+        InputChecks,
+        label_kind,
+        loss_name,
+        output_shape,
+    )
 
     checks = InputChecks(
         logits_shape=output_shape(classifier),
@@ -328,10 +343,10 @@ def _apply_batchnorm(
     model: keras.Model, bn: dict[str, Any], total_steps: int
 ) -> Optional[str]:
     """Fused kernel and momentum before training; a note on what changed."""
-    from advtrain.models import batchnorm as bn_policy
+    from advtrain.models.batchnorm import policy as bn_policy
 
     if bn["fused_kernel"]:
-        from advtrain.models.fused_batchnorm import fuse_batchnorm
+        from advtrain.models.batchnorm.fused import fuse_batchnorm
 
         fuse_batchnorm(model)
     if bn["momentum"] == "auto":
@@ -344,7 +359,7 @@ def _apply_batchnorm(
 def _settle_batchnorm(model, bn, data, validation_data, train_ds, plan, say):
     """The gap (and recalibration) after training; None when the model has
     no BatchNorm or is not a classifier with integer labels."""
-    from advtrain.models.batchnorm import batchnorm_layers, settle_batchnorm
+    from advtrain.models.batchnorm.policy import batchnorm_layers, settle_batchnorm
 
     if not batchnorm_layers(model):
         return None
@@ -415,7 +430,7 @@ def _is_classification(model: keras.Model, x: np.ndarray, y: np.ndarray) -> bool
 
 def _validated(cls, values: dict, source: str = "advtrain.fit"):
     """`cls(**values)`, a pydantic error turned into one ValueError line
-    (`advtrain.config.format_validation_error`)."""
+    (`advtrain.recipe.schema.format_validation_error`)."""
     try:
         return cls(**values)
     except pydantic.ValidationError as exc:

@@ -42,8 +42,12 @@ import tensorflow as tf
 
 from advtrain.attacks import Attack
 from advtrain.attacks.common import input_gradient
-from advtrain.evaluation import AttackRunner, evaluation_attacks, seeded_subset
-from advtrain.progress import Progress
+from advtrain.evaluation.robustness import (
+    AttackRunner,
+    evaluation_attacks,
+    seeded_subset,
+)
+from advtrain.utils.progress import Progress
 
 DEFAULT_EXAMPLES = 500
 LARGE_EPS = 0.5
@@ -326,6 +330,6 @@ def format_sanity_checks(checks: list[dict[str, Any]]) -> str:
     if passed < len(checks):
         lines.append(
             "  a failed check means the robust accuracy above may be an "
-            "overestimate (gradient masking); see advtrain.sanity"
+            "overestimate (gradient masking); see advtrain.evaluation.sanity"
         )
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from advtrain.io import atomic_path, atomic_write_text
+from advtrain.utils.io import atomic_path, atomic_write_text
 
 CURVES = (
     ("accuracy", "clean (train)"),

@@ -26,7 +26,7 @@ import tensorflow as tf
 from advtrain.attacks import Attack
 from advtrain.attacks.apgd import DEFAULT_TARGETS as APGD_TARGETS
 from advtrain.attacks.pgd import default_step_size
-from advtrain.progress import Progress
+from advtrain.utils.progress import Progress
 
 
 def macro_f1(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> float:
@@ -456,9 +456,14 @@ def evaluate(
             evaluated through its classifier).
         data: `(x, y)` arrays (float pixels in [0, 1], integer labels) or a
             `tf.data.Dataset` of such batches.
-        eps, norm: the threat model, in pixel units.
-        attacks, budget, batch_size, max_examples, seed: as the recipe's
-            `eval` keys; `attacks=None` runs FGSM, PGD and AutoAttack.
+        eps: the threat model's radius, in pixel units.
+        norm: the threat model's norm, "inf" or 2.
+        attacks: as the recipe's `eval` key; None runs FGSM, PGD and
+            AutoAttack.
+        budget: as the recipe's `eval` key.
+        batch_size: as the recipe's `eval` key.
+        max_examples: as the recipe's `eval` key.
+        seed: as the recipe's `eval` key.
         num_classes: default: the model's number of logits.
         **keys: other `eval` keys (pgd_steps, pgd_restarts, square_queries).
 

@@ -2,7 +2,7 @@
 
 Schedulers (SLURM, Kubernetes, cloud spot VMs) stop a job with SIGTERM and
 follow with SIGKILL after a grace period. During training, the callback
-`advtrain.callbacks.Preemption` turns the first SIGTERM or SIGINT into:
+`advtrain.train.callbacks.Preemption` turns the first SIGTERM or SIGINT into:
 finish the step running now, write a checkpoint at the step reached (the
 chief into the run folder, as any checkpoint), and raise `Preempted`,
 which the CLI turns into exit code `PREEMPTED_EXIT_CODE` (75, `EX_TEMPFAIL`
@@ -36,8 +36,8 @@ preemption.disarm()   # raises Preempted if a signal came in the last step
 preemption.close()    # restores the previous handlers
 ```
 
-`advtrain.training.TrainingState` creates it and `fit_phases` arms it
-around the training loop; `advtrain.experiment.run`'s decorator,
+`advtrain.train.loop.TrainingState` creates it and `fit_phases` arms it
+around the training loop; `advtrain.recipe.run.run`'s decorator,
 `restores_signal_handlers`, puts the caller's handlers back.
 
 This module holds what the launcher and the CLI need too (exit code,

@@ -12,11 +12,11 @@ The launcher owns its workers:
   in the terminal reaches the launcher only, and the launcher can stop a
   worker with everything it started;
 * SIGTERM or SIGINT to the launcher is forwarded to every worker; they
-  checkpoint at a step they agree on (`advtrain.preemption`) and exit 75;
+  checkpoint at a step they agree on (`advtrain.train.preemption`) and exit 75;
   a worker still running `_SHUTDOWN_GRACE` seconds later is killed, as is
   every worker when the launcher itself ends (`finally`);
 * a worker outlives a launcher that was killed by at most a moment: it
-  watches its parent (`advtrain.preemption.watch_launcher`);
+  watches its parent (`advtrain.train.preemption.watch_launcher`);
 * a worker that dies is named (index, pid, exit code or signal) in one
   line with the command that resumes; the others, which would block in a
   collective, are stopped; with `max_restarts` all workers are started
@@ -38,18 +38,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Optional
 
-from advtrain.config import RecipeError, load_recipe
-from advtrain.preemption import (
+from advtrain.recipe.loader import load_recipe
+from advtrain.recipe.schema import RecipeError
+from advtrain.train.preemption import (
     LAUNCHER_PID_ENV,
     PREEMPTED_EXIT_CODE,
     RESUME_COMMAND_ENV,
 )
-
-Echo = Callable[[str], None]
+from advtrain.utils.progress import Echo
 
 # After a worker is lost the others block in a collective until TensorFlow's
 # coordination service notices; they get this long to exit on their own.
@@ -190,7 +189,7 @@ def launch(
     overrides = list(overrides or []) + ["runtime.strategy=multi_worker"]
     resolved = load_recipe(recipe, overrides)
     out = _run_folder(resolved, output)
-    command = [python, "-m", "advtrain.cli"] + (["--debug"] if debug else [])
+    command = [python, "-m", "advtrain.cli.commands"] + (["--debug"] if debug else [])
     command += ["run", str(recipe)]
     command += [arg for item in overrides for arg in ("--set", item)]
     command += ["--output", str(out)]
@@ -422,7 +421,7 @@ def _first_dead(procs, results) -> Optional[WorkerResult]:
 
 
 def _last_checkpoint(out: Path) -> str:
-    from advtrain.checkpointing import CheckpointStore
+    from advtrain.train.checkpoint import CheckpointStore
 
     latest = CheckpointStore(out / "checkpoints").latest()
     return f"checkpoint {latest.name}" if latest else "the start (no checkpoint yet)"
@@ -449,7 +448,7 @@ def _run_folder(recipe, output: Optional[Path]) -> Path:
     once for all workers (without importing TensorFlow here)."""
     import datetime
 
-    from advtrain.experiment import check_run_dir
+    from advtrain.recipe.run_folder import check_run_dir
 
     if output is None and recipe.output.dir:
         output = Path(recipe.output.dir)

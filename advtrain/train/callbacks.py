@@ -14,7 +14,7 @@ from typing import Optional
 import keras
 import numpy as np
 
-from advtrain.preemption import Preempted, resume_hint
+from advtrain.train.preemption import Preempted, resume_hint
 
 
 class ProgressLine(keras.callbacks.Callback):
@@ -147,7 +147,7 @@ class NaNGuard(StepCallback):
             self._check_state(batch)
 
     def _check_state(self, batch: int) -> None:
-        from advtrain.guards import first_nonfinite_variable
+        from advtrain.train.guards import first_nonfinite_variable
 
         name = first_nonfinite_variable(self.model)
         if name is not None:
@@ -175,7 +175,7 @@ class NaNGuard(StepCallback):
 class AtomicCheckpoint(StepCallback):
     """Checkpoints every N epochs and every M steps, atomically, for resume.
 
-    Each checkpoint (an `advtrain.checkpointing.CheckpointStore` folder)
+    Each checkpoint (an `advtrain.train.checkpoint.CheckpointStore` folder)
     holds the model's variables (SeedGenerator state included), the
     optimizer's (iterations, slots, loss scale) and the metrics', plus the
     epoch and step, so `advtrain resume` continues exactly where it was
@@ -480,7 +480,7 @@ class Preemption(keras.callbacks.Callback):
     def _latest(self) -> Optional[Path]:
         if self._checkpoint is not None:
             return self._checkpoint.store.latest()
-        from advtrain.checkpointing import CheckpointStore
+        from advtrain.train.checkpoint import CheckpointStore
 
         return CheckpointStore(self.run_dir / "checkpoints").latest()
 

@@ -156,7 +156,7 @@ def apply_batchnorm_policy(
     ```
     """
     if fused_kernel:
-        from advtrain.models.fused_batchnorm import fuse_batchnorm
+        from advtrain.models.batchnorm.fused import fuse_batchnorm
 
         fuse_batchnorm(model)
     value = resolve_momentum(momentum, total_steps)

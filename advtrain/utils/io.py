@@ -187,7 +187,7 @@ def check_data_paths(
 def check_recipe_paths(
     recipe: Any, output: Optional[PathLike] = None, *, writes: bool = True
 ) -> None:
-    """Checks every path an `advtrain.config.Recipe` names before a run
+    """Checks every path an `advtrain.recipe.schema.Recipe` names before a run
     starts: the data section's (`check_data_paths`), model.weights is a
     readable weights file, and, when `writes`, the run folder (`output`,
     else output.dir, else runs/) can be written.

@@ -1,6 +1,6 @@
 """Crash-safe checkpoints, resuming from them, and the run folder's rules.
 
-`advtrain.training.TrainingState` puts these together for a run.
+`advtrain.train.loop.TrainingState` puts these together for a run.
 
 A checkpoint is a folder under `checkpoints/`:
 
@@ -48,20 +48,18 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from advtrain.io import atomic_write_json, atomic_write_text
+from advtrain.utils.io import atomic_write_json, atomic_write_text
+from advtrain.utils.progress import Echo
 
 FORMAT = 1
 GROUPS = ("model", "optimizer", "metrics")
 TMP_PREFIX = ".tmp-"
 _NAME = re.compile(r"^(epoch|step)-(\d+)$")
-
-Echo = Callable[[str], None]
 
 
 class CheckpointError(ValueError):

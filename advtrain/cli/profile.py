@@ -17,10 +17,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
 from typing import Optional
 
-Echo = Callable[[str], None]
+from advtrain.utils.progress import Echo
 
 
 @dataclasses.dataclass
@@ -266,7 +265,7 @@ def profile(
     import keras
 
     from advtrain.data import make_input
-    from advtrain.experiment import (
+    from advtrain.recipe.build import (
         input_options,
         recipe_optimizer,
         recipe_plan,
@@ -315,7 +314,7 @@ def _compiled_run_model(recipe, splits, runtime, optimizer, spe: int):
     """The run's training model, compiled as `advtrain run` compiles it."""
     import keras
 
-    from advtrain.experiment import build_run_model
+    from advtrain.recipe.build import build_run_model
 
     with runtime.strategy.scope():
         _, model = build_run_model(recipe, splits)

@@ -24,9 +24,13 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from typing import Optional, TextIO
 
 import keras
+
+# Where progress and status lines go: `print`, `typer.echo`, a list's append.
+Echo = Callable[[str], None]
 
 # Plain (non-TTY) mode: seconds between two lines of one task.
 PLAIN_INTERVAL_S = 10.0
@@ -178,7 +182,7 @@ class EpochProgress(keras.callbacks.Callback):
     """A live step bar for each training epoch (see `Progress`).
 
     The bar is cleared when the epoch ends, so put this callback before
-    the one that prints the epoch's line (`advtrain.callbacks.ProgressLine`).
+    the one that prints the epoch's line (`advtrain.train.callbacks.ProgressLine`).
     With `steps_per_execution > 1` it moves once per host call.
 
     Args:

@@ -3,8 +3,8 @@
 Prints the resolved recipe, the data it reads, the runtime, the model's
 input adapter chain, the batch plan and the learning-rate schedule of each
 training phase, computed by the same functions `advtrain run` uses
-(`advtrain.runtime.plan_batches`, `advtrain.experiment.build_run_model`,
-`advtrain.runtime.make_optimizer`). It writes nothing: no run folder, no
+(`advtrain.train.runtime.plan_batches`, `advtrain.recipe.run.build_run_model`,
+`advtrain.train.runtime.make_optimizer`). It writes nothing: no run folder, no
 download (ImageNet weights are not fetched; the backbone is built at the
 size they would set), no TFDS preparation (a data set that is not prepared
 yet is named and the data-dependent sections are skipped).
@@ -12,7 +12,7 @@ yet is named and the data-dependent sections are skipped).
 Example:
 
 ```python
-from advtrain.config import load_recipe
+from advtrain.recipe.loader import load_recipe
 show(load_recipe("advtrain/recipes/quickstart.yaml", ["train.epochs=3"]))
 ```
 """
@@ -24,9 +24,8 @@ from typing import Optional
 
 import keras
 
-from advtrain.config import DataConfig, Recipe
-
-Echo = Callable[[str], None]
+from advtrain.recipe.schema import DataConfig, Recipe
+from advtrain.utils.progress import Echo
 
 # Fractions of a phase at which its learning rate is shown.
 _SCHEDULE_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -39,7 +38,7 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
         RecipeError: the recipe cannot run here (unknown backbone, batch
             larger than the data, missing data ...), as `run` would.
     """
-    from advtrain.experiment import (
+    from advtrain.recipe.build import (
         build_run_model,
         recipe_plan,
         recipe_runtime,
@@ -131,10 +130,10 @@ def _without_downloads(recipe: Recipe, splits) -> Recipe:
 def schedule_lines(recipe: Recipe, plan) -> list[str]:
     """Each training phase and its learning rate at a few of its steps.
 
-    A phase compiles a fresh optimizer (`advtrain.training.fit_phases`),
+    A phase compiles a fresh optimizer (`advtrain.train.loop.fit_phases`),
     so its schedule starts over at the phase's first step.
     """
-    from advtrain.experiment import recipe_optimizer, recipe_phases
+    from advtrain.recipe.build import recipe_optimizer, recipe_phases
 
     lines = []
     spe = plan.steps_per_epoch

@@ -1,4 +1,4 @@
-"""The `advtrain` command line: a thin Typer layer over `advtrain.experiment`.
+"""The `advtrain` command line: a thin Typer layer over `advtrain.recipe.run`.
 
 Bad input (recipe, override, path, unknown option or command) exits with
 code 2 and one line on stderr, before anything heavy runs or anything is
@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from advtrain.errors import one_line
+from advtrain.utils.errors import one_line
 
 
 def _is_usage_error(exc: BaseException) -> bool:
@@ -55,7 +55,7 @@ app = typer.Typer(
     help="Adversarial training and transfer learning for Keras 3.",
 )
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
+RECIPES_DIR = Path(__file__).parent.parent / "recipes"
 
 SetOption = Annotated[
     Optional[list[str]],
@@ -131,7 +131,7 @@ QuietOption = Annotated[
 
 
 def _set_quiet(quiet: bool) -> None:
-    from advtrain.progress import set_quiet
+    from advtrain.utils.progress import set_quiet
 
     set_quiet(quiet or _QUIET["on"])
 
@@ -189,7 +189,7 @@ def _model_file(target: Path) -> Path:
 def _naming(recipe_path: Path):
     """Prefixes the recipe file to errors found while the run starts
     (runtime.strategy, train.batch_size, output.monitor, data.path ...)."""
-    from advtrain.config import RecipeError
+    from advtrain.recipe.schema import RecipeError
 
     try:
         yield
@@ -218,9 +218,9 @@ def _guarded(action):
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         if type(exc).__name__ == "Preempted":
             # SIGTERM/SIGINT: a checkpoint was kept; the message says how to
-            # resume. advtrain.preemption.PREEMPTED_EXIT_CODE.
+            # resume. advtrain.train.preemption.PREEMPTED_EXIT_CODE.
             typer.echo(str(exc), err=True)
-            from advtrain.preemption import exit_preempted
+            from advtrain.train.preemption import exit_preempted
 
             exit_preempted(exc)  # multi-worker: without teardown (see there)
             raise typer.Exit(code=75) from None
@@ -237,12 +237,12 @@ def _guarded(action):
 
 def _train(path: Path, resolved, output: Optional[Path]) -> None:
     """Runs a loaded recipe into `output` and prints the summary."""
-    from advtrain.io import check_recipe_paths
+    from advtrain.utils.io import check_recipe_paths
 
     with _naming(path):
         check_recipe_paths(resolved, output)
-    from advtrain.experiment import run as run_recipe
-    from advtrain.experiment import summary_table
+    from advtrain.recipe.run import run as run_recipe
+    from advtrain.recipe.summary import summary_table
 
     _echo(f"recipe: {path} ({resolved.name})")
     with _naming(path):
@@ -265,7 +265,7 @@ def run(
     _set_quiet(quiet)
 
     def action():
-        from advtrain.config import load_recipe
+        from advtrain.recipe.loader import load_recipe
 
         path = resolve_recipe_path(recipe)
         _train(path, load_recipe(path, set_ or []), output)
@@ -293,8 +293,8 @@ def eval_(
     _set_quiet(quiet)
 
     def action():
-        from advtrain.config import load_recipe
-        from advtrain.io import check_keras_file, check_recipe_paths
+        from advtrain.recipe.loader import load_recipe
+        from advtrain.utils.io import check_keras_file, check_recipe_paths
 
         model_path = _model_file(target)
         if target.is_dir():
@@ -310,13 +310,14 @@ def eval_(
         with _naming(recipe_path):
             # Writes nothing but eval-metrics.json into a run folder.
             check_recipe_paths(resolved, target, writes=target.is_dir())
-        from advtrain.experiment import evaluate_saved, summary_table
+        from advtrain.recipe.saved import evaluate_saved
+        from advtrain.recipe.summary import summary_table
 
         metrics = evaluate_saved(
             model_path, resolved, echo=_echo, safe_mode=not unsafe_load
         )
         _echo(summary_table(metrics))
-        from advtrain.sanity import format_sanity_checks
+        from advtrain.evaluation.sanity import format_sanity_checks
 
         _echo(format_sanity_checks(metrics["sanity_checks"]))
 
@@ -347,7 +348,7 @@ def export(
     _quiet_tensorflow()
 
     def action():
-        from advtrain.io import check_keras_file, check_writable_dir
+        from advtrain.utils.io import check_keras_file, check_writable_dir
 
         model_path = _model_file(target)
         if target.is_dir():
@@ -367,8 +368,8 @@ def export(
                 f"--output {path}: exists and is not empty; choose a new "
                 "folder so an earlier export is never overwritten."
             )
-        from advtrain.experiment import load_classifier
-        from advtrain.export import export_saved_model
+        from advtrain.evaluation.export import export_saved_model
+        from advtrain.recipe.saved import load_classifier
 
         classifier = load_classifier(model_path, safe_mode=not unsafe_load)
         export_saved_model(classifier, path, replace=refresh)
@@ -398,7 +399,7 @@ def resume(
     _set_quiet(quiet)
 
     def action():
-        from advtrain.config import load_recipe
+        from advtrain.recipe.loader import load_recipe
 
         if not run_dir.is_dir():
             raise _BadInput(f"{run_dir}: run folder not found.")
@@ -434,15 +435,15 @@ def profile(
     _quiet_tensorflow()
 
     def action():
-        from advtrain.config import load_recipe
+        from advtrain.recipe.loader import load_recipe
 
         path = resolve_recipe_path(recipe)
         resolved = load_recipe(path, set_ or [])
-        from advtrain.io import check_recipe_paths
+        from advtrain.utils.io import check_recipe_paths
 
         with _naming(path):
             check_recipe_paths(resolved, writes=False)
-        from advtrain.profiling import profile as run_profile
+        from advtrain.cli.profile import profile as run_profile
 
         _echo(f"recipe: {path} ({resolved.name})")
         run_profile(resolved, steps=steps, echo=_echo)
@@ -481,10 +482,10 @@ def launch(
     _quiet_tensorflow()
 
     def action():
-        from advtrain.config import load_recipe
-        from advtrain.io import check_recipe_paths
-        from advtrain.launch import exit_code
-        from advtrain.launch import launch as run_launch
+        from advtrain.cli.launch import exit_code
+        from advtrain.cli.launch import launch as run_launch
+        from advtrain.recipe.loader import load_recipe
+        from advtrain.utils.io import check_recipe_paths
 
         path = resolve_recipe_path(recipe)
         with _naming(path):
@@ -519,8 +520,8 @@ def show(
     _quiet_tensorflow()
 
     def action():
-        from advtrain.config import load_recipe
-        from advtrain.show import show as show_recipe
+        from advtrain.cli.show import show as show_recipe
+        from advtrain.recipe.loader import load_recipe
 
         path = resolve_recipe_path(recipe)
         _echo(f"recipe: {path}")
@@ -543,11 +544,3 @@ def recipes() -> None:
             description = ["(unreadable)"]
         first = description[0] if description else ""
         typer.echo(f"{path.stem:<20} {first}")
-
-
-def main() -> None:  # pragma: no cover - console script entry
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())

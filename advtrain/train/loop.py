@@ -7,7 +7,7 @@ that write checkpoints (`AtomicCheckpoint`), stop on NaN (`NaNGuard`) and
 turn SIGTERM/SIGINT into a checkpoint (`Preemption`). `fit_phases` fits
 the phases (head-only warm-up, then fine-tuning) with it.
 
-Example (what `advtrain.experiment.run` does):
+Example (what `advtrain.recipe.run.run` does):
 
 ```python
 state = TrainingState(run_dir, workers=runtime.workers)
@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 import keras
 
-from advtrain.callbacks import AtomicCheckpoint, NaNGuard, Preemption
-from advtrain.checkpointing import (
+from advtrain.train.callbacks import AtomicCheckpoint, NaNGuard, Preemption
+from advtrain.train.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointStore,
@@ -40,10 +40,9 @@ from advtrain.checkpointing import (
     truncate_history,
     writable_dir,
 )
-from advtrain.errors import one_line
-from advtrain.io import atomic_write_text
-
-Echo = Callable[[str], None]
+from advtrain.utils.errors import one_line
+from advtrain.utils.io import atomic_write_text
+from advtrain.utils.progress import Echo
 
 
 @dataclasses.dataclass
@@ -51,9 +50,9 @@ class RunSetup:
     """What the prepare stage built: the parts a run trains and evaluates.
 
     Attributes:
-        runtime: `advtrain.runtime.Runtime` (strategy, workers, chief).
+        runtime: `advtrain.train.runtime.Runtime` (strategy, workers, chief).
         splits: `advtrain.data.DataSplits`.
-        plan: `advtrain.runtime.BatchPlan` (global batch, steps, epochs).
+        plan: `advtrain.train.runtime.BatchPlan` (global batch, steps, epochs).
         classifier: the model that is saved: [0, 1] pixels in, logits out.
         model: the training model around it (AdversarialModel, TRADES).
         data: the data keys `make_input` takes, for the training stream.
@@ -88,7 +87,7 @@ class TrainingState:
         self.run_dir = Path(run_dir)
         self.echo = echo
         self.resuming = (self.run_dir / "recipe.yaml").is_file()
-        # SIGTERM/SIGINT: checkpoint and exit 75 (advtrain.preemption).
+        # SIGTERM/SIGINT: checkpoint and exit 75 (advtrain.train.preemption).
         self.preemption = Preemption(self.run_dir, workers=workers)
         self.point: Optional[Checkpoint] = None
         self.steps_per_epoch = 1

@@ -132,7 +132,7 @@ def fuse_batchnorm(model: keras.layers.Layer) -> int:
     fuse_batchnorm(base)  # 53
     ```
     """
-    from advtrain.models.batchnorm import batchnorm_layers
+    from advtrain.models.batchnorm.policy import batchnorm_layers
 
     switched = 0
     for layer in batchnorm_layers(model):

@@ -1,0 +1,3 @@
+"""BatchNorm policy: momentum, the fused kernel, inference handling and the
+after-training settle (recalibration).
+"""

@@ -1,0 +1,3 @@
+"""Training objectives beyond the mixed clean/adversarial loss: TRADES and
+GradAlign, each an `AdversarialModel` subclass.
+"""

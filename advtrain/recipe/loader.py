@@ -1,0 +1,325 @@
+"""Reading a recipe: strict YAML (no duplicate keys, bounded size and
+depth), `--set` overrides, plugins, and validation errors as one line
+naming the file, the key's path, what is allowed and what was received.
+
+Example:
+
+```python
+recipe = load_recipe("recipes/quickstart.yaml", ["train.epochs=2"])
+recipe.attack.eps
+```
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import pydantic
+import yaml
+from pydantic import (
+    BaseModel,
+)
+
+from advtrain.recipe.schema import Recipe, RecipeError, _Section
+from advtrain.utils.errors import one_line
+
+# Hostile or mistaken files fail fast: a recipe is a few KB of YAML.
+MAX_RECIPE_BYTES = 1_000_000
+MAX_DEPTH = 16
+MAX_VALUES = 100_000
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+# ---------------------------------------------------------------- loading
+
+
+# Keys renamed in 0.2 because their names clashed with others; a recipe
+# still using one gets this line instead of "unknown key".
+RENAMED_KEYS = {
+    "model.warmup_epochs": (
+        "'model.head_only_epochs' (head-only epochs before fine-tuning; "
+        "train.warmup_epochs is the learning-rate warm-up)"
+    ),
+    "attack.fused": "'attack.fused_step' (one forward pass for clean and attack)",
+    "model.batchnorm.fused": (
+        "'model.batchnorm.fused_kernel' (TensorFlow's fused BatchNorm kernel)"
+    ),
+}
+
+
+# Union members pydantic names in an error's location ("float",
+# "literal['auto']", "function-after[...]"): not recipe keys.
+_TYPE_TAG = re.compile(r"(float|int|str|bool|none|[a-z-]+\[.*\])")
+
+
+def import_plugins(modules: Any) -> None:
+    """Imports each module named in a recipe's `plugins` (they register
+    attacks, data sources or backbones). The current folder is searched
+    last, as `python -m` would. Raises ValueError naming the module."""
+    import importlib
+    import os
+    import sys
+
+    if not isinstance(modules, list) or not all(
+        isinstance(m, str) and _MODULE.fullmatch(m) for m in modules
+    ):
+        raise ValueError(
+            "plugins: expected a list of module names such as "
+            f"[my_package.attacks]. Received: plugins={modules!r}"
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure is the recipe's
+            raise ValueError(
+                f"plugins: cannot import '{name}' ({type(exc).__name__}: "
+                f"{one_line(exc)})"
+            ) from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe loader that also rejects duplicate keys."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode):
+    mapping: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                "a key must be a plain name, not a list or mapping",
+                key_node.start_mark,
+            )
+        key = loader.construct_object(key_node, deep=True)
+        if key in mapping:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key '{key}'",
+                key_node.start_mark,
+            )
+        mapping[key] = loader.construct_object(value_node, deep=True)
+    return mapping
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def _check_shape(data: Any, source: str) -> None:
+    """Refuses documents nested deeper than MAX_DEPTH or holding more than
+    MAX_VALUES values (aliases counted at each use: a "billion laughs"
+    document is small on disk, huge to validate)."""
+    stack = [(data, 1)]
+    count = 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise RecipeError(
+                f"{source}: too many values (more than {MAX_VALUES}, aliases "
+                "counted at each use); a recipe holds a few dozen."
+            )
+        if isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise RecipeError(
+                    f"{source}: nested deeper than {MAX_DEPTH} levels; a "
+                    "recipe is section.key: value."
+                )
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parses YAML with a safe loader; any error becomes one RecipeError line."""
+    if len(text) > MAX_RECIPE_BYTES:
+        raise RecipeError(
+            f"{source}: larger than {MAX_RECIPE_BYTES} bytes; a recipe is a "
+            f"few KB. Received: {len(text)} characters"
+        )
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (safe)
+    except RecursionError:
+        raise RecipeError(
+            f"{source}: invalid YAML: nested too deeply (limit {MAX_DEPTH})"
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or one_line(exc)
+        if "could not determine a constructor" in str(exc):
+            problem = f"{problem}; tags that build Python objects are not allowed"
+        raise RecipeError(f"{source}:{where}: invalid YAML: {problem}") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        # Scalars the YAML constructors choke on (a timestamp out of range).
+        raise RecipeError(f"{source}: invalid YAML: {exc}") from None
+    _check_shape(data, source)
+    return data
+
+
+def _known_keys(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
+    for part in path:
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        sub = _submodel(annotation)
+        if sub is None:
+            return []
+        model = sub
+    return list(model.model_fields)
+
+
+def _submodel(annotation: Any) -> Optional[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _format_error(
+    error: dict[str, Any], source: str, schema: type[BaseModel] = None
+) -> str:
+    loc = tuple(str(p) for p in error["loc"] if not _TYPE_TAG.fullmatch(str(p)))
+    path = ".".join(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden" and path in RENAMED_KEYS:
+        return f"{source}: '{path}' was renamed {RENAMED_KEYS[path]}."
+    if kind == "extra_forbidden":
+        known = _known_keys(schema or Recipe, loc[:-1])
+        close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
+        hint = f" Did you mean '{'.'.join(loc[:-1] + (close[0],))}'?" if close else ""
+        allowed = ", ".join(known)
+        return f"{source}: unknown key '{path}'.{hint} Allowed here: {allowed}."
+    received = error.get("input")
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    if isinstance(received, bool) and kind in ("int_type", "float_type"):
+        message = f"{message} (true/false/yes/no are booleans, not numbers)"
+    if isinstance(received, (dict, list)) and kind != "literal_error":
+        received_text = ""
+    else:
+        shown = repr(received)
+        if len(shown) > 80:
+            shown = f"{shown[:77]}..."
+        received_text = f" Received: {path or 'value'}={shown}"
+    where = f" for '{path}'" if path else ""
+    if "Received:" in message:  # a validator's own line says it already
+        return f"{source}: invalid value{where}: {message}"
+    return f"{source}: invalid value{where}: {message.rstrip('.')}.{received_text}"
+
+
+def format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
+    """One line for a pydantic error: `SOURCE: invalid value for 'KEY': WHY.
+    Received: KEY=VALUE`, or `SOURCE: unknown key 'KEY'. Did you mean ...`.
+    The one formatter for recipes, `--set` overrides and `advtrain.fit`'s
+    keyword arguments (`source` names where the values came from)."""
+    errors = exc.errors(include_url=False)
+    # Prefer an unknown-key error: it usually explains the others.
+    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+    # The model validated (a whole recipe, or one section on its own for
+    # advtrain.fit) gives the keys an unknown one is compared with.
+    schema = next(
+        (m for m in _Section.__subclasses__() if m.__name__ == exc.title), Recipe
+    )
+    line = _format_error(errors[0], source, schema)
+    if len(errors) > 1:
+        line += f" ({len(errors) - 1} more problem(s) after this one)"
+    return line
+
+
+def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
+    return RecipeError(format_validation_error(exc, source))
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Applies `section.key=value` overrides; values are parsed as YAML."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"--set: expected section.key=value. Received: {item!r}")
+        path, raw = item.split("=", 1)
+        keys = [k for k in path.strip().split(".")]
+        if not all(keys):
+            raise RecipeError(
+                f"--set: empty key in {path!r}. Expected section.key=value."
+            )
+        value = parse_yaml(raw, f"--set {path}") if raw.strip() else None
+        node = data
+        for key in keys[:-1]:
+            child = node.get(key)
+            if child is None:
+                child = {}
+                node[key] = child
+            if not isinstance(child, dict):
+                raise RecipeError(f"--set {path}: '{key}' is a value, not a section.")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
+    """Validates a parsed recipe; errors are one-line RecipeErrors."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{source}: a recipe must be a mapping of sections. "
+            f"Received: {type(data).__name__}"
+        )
+    try:
+        return Recipe.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise _first_error(exc, source) from None
+
+
+def load_recipe(
+    path: Union[str, Path], overrides: Optional[list[str]] = None
+) -> Recipe:
+    """Reads, overrides and validates a recipe file.
+
+    Args:
+        path: a YAML recipe.
+        overrides: `section.key=value` strings applied after loading.
+
+    Raises:
+        RecipeError: one line naming the file and the key.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise RecipeError(f"{path}: is a folder, expected a recipe file.")
+    if not path.is_file():
+        raise RecipeError(f"{path}: recipe file not found.")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_RECIPE_BYTES + 1)
+        if len(raw) > MAX_RECIPE_BYTES:
+            raise RecipeError(
+                f"{path}: larger than {MAX_RECIPE_BYTES} bytes; a recipe is a few KB."
+            )
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe: {exc.strerror}.") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(
+            f"{path}: not UTF-8 text (byte {exc.start}); a recipe is YAML."
+        ) from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{path}: a recipe must be a mapping of sections. "
+            f"Received: {type(data).__name__}"
+        )
+    data = apply_overrides(data, overrides or [])
+    return recipe_from_dict(data, str(path))

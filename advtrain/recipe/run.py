@@ -1,0 +1,405 @@
+"""`run(recipe)`: a recipe's run in three stages, writing its run folder.
+
+The recipe's keys become library calls in `advtrain.recipe.build`; the
+folder's rules live in `advtrain.recipe.run_folder`. The stages:
+
+    prepare   runtime, data, model; resume point and checkpoint callbacks
+              (`advtrain.train.loop.TrainingState`)
+    train     the phases (`advtrain.train.loop.fit_phases`)
+    finish    recalibrate BatchNorm, save model.keras, evaluate
+              (`advtrain.evaluation`: robustness, sanity checks, report,
+              export), metrics.json last
+
+A run folder holds:
+    recipe.yaml      the resolved recipe (after --set overrides)
+    checkpoints/     atomic checkpoints: model, optimizer and metric variables
+                     (advtrain.train.checkpoint)
+    logs/            TensorBoard logs
+    history.csv      one row per epoch
+    model.keras      the trained classifier: raw [0, 1] pixels in, logits out
+    metrics.json     clean / FGSM / PGD accuracy, macro F1, timing
+    eps_sweep.png    accuracy against eps (when eval.eps_sweep is set)
+    report.md        recipe, curves, per-class table, sanity checks, timing
+    training_curves.png  clean and adversarial accuracy per epoch
+    export/saved_model/  TF Serving SavedModel, uint8 images in (export.py)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import keras
+
+from advtrain.recipe.build import (
+    _keys,
+    build_run_model,
+    evaluation_keys,
+    input_options,
+    recipe_optimizer,
+    recipe_phases,
+    recipe_plan,
+    recipe_runtime,
+    recipe_sanity_checks,
+    recipe_splits,
+)
+from advtrain.recipe.run_folder import resolve_output_dir
+from advtrain.recipe.schema import Recipe, RecipeError
+from advtrain.recipe.summary import describe, describe_momentum
+from advtrain.train.loop import RunSetup, TrainingState, fit_phases
+from advtrain.train.preemption import restores_signal_handlers, watch_launcher
+from advtrain.utils.io import atomic_path, atomic_write_json
+from advtrain.utils.progress import Echo
+
+
+@dataclasses.dataclass
+class RunResult:
+    output_dir: Path
+    metrics: dict[str, Any]
+    history: dict[str, list[float]]
+
+
+@restores_signal_handlers
+def run(
+    recipe: Recipe,
+    output: Optional[Union[str, Path]] = None,
+    *,
+    echo: Echo = print,
+    verbose: int = 0,
+) -> RunResult:
+    """Trains and evaluates a recipe; returns the metrics written to disk.
+
+    The stages: `prepare` (runtime, data, model, resume point), `train`
+    (the phases, checkpointed), `finish` (recalibrate, save, evaluate,
+    report, export; metrics.json last).
+
+    Args:
+        recipe: a validated recipe.
+        output: run folder (default `output.dir` or `runs/NAME-TIMESTAMP`).
+        echo: receives progress lines.
+        verbose: Keras progress bar level (0: one line per epoch via echo).
+
+    Example:
+
+    ```python
+    from advtrain.recipe.loader import load_recipe
+    result = run(load_recipe("recipes/quickstart.yaml"), "runs/demo")
+    result.metrics["pgd_accuracy"]
+    ```
+    """
+    run_dir = resolve_output_dir(recipe, output)
+    watch_launcher()  # a worker of `advtrain launch` ends with its launcher
+    setup = prepare(recipe, run_dir, echo=echo)
+    trained = train(recipe, setup, echo=echo, verbose=verbose)
+    return finish(recipe, setup, trained, echo=echo)
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
+    """Stage 1: the runtime, the data and the model, restored from the run
+    folder's last checkpoint when it holds one; the checkpoint store and
+    callbacks (`advtrain.train.loop.TrainingState`)."""
+    keras.utils.set_random_seed(recipe.train.seed)
+    runtime = recipe_runtime(recipe)
+    state = TrainingState(run_dir, workers=runtime.workers, echo=echo)
+    splits = recipe_splits(recipe)
+    plan = recipe_plan(recipe, runtime, splits.train_size)
+    describe(recipe, splits, runtime, plan, echo)
+    with runtime.strategy.scope():
+        classifier, model = build_run_model(
+            recipe,
+            splits,
+            plan.epochs * plan.steps_per_epoch,
+            steps_per_epoch=plan.steps_per_epoch,
+        )
+    describe_momentum(recipe, classifier, echo)
+    if recipe.attack.method != "none":
+        fused = str(recipe.attack.fused_step).lower()
+        echo(f"step: {model.step_note}; attack.fused_step: {fused}")
+    monitor, monitor_mode = _monitor(recipe, model, splits.val is not None)
+    state.restore(model, steps_per_epoch=plan.steps_per_epoch)
+    state.open(
+        is_chief=runtime.is_chief,
+        recipe_yaml=recipe.to_yaml(),
+        epochs=plan.epochs,
+        keep_checkpoints=recipe.output.keep_checkpoints,
+        monitor=monitor,
+        monitor_mode=monitor_mode,
+        checkpoint_every_epochs=recipe.output.checkpoint_every_epochs,
+        checkpoint_every_steps=recipe.output.checkpoint_every_steps,
+        nan_hint=f"train.learning_rate={recipe.train.learning_rate:g}, "
+        f"attack.eps={recipe.attack.eps:g}, "
+        f"runtime.precision={recipe.runtime.precision}",
+    )
+    data = input_options(recipe, training=True)
+    return RunSetup(runtime, splits, plan, classifier, model, data, state)
+
+
+def _monitor(recipe: Recipe, model: keras.Model, has_val: bool) -> tuple[str, str]:
+    """`output.monitor` and `output.monitor_mode` resolved for this run."""
+    from advtrain.train.checkpoint import resolve_monitor
+
+    try:
+        monitor, mode = resolve_monitor(
+            recipe.output.monitor,
+            recipe.output.monitor_mode,
+            has_validation=has_val,
+            attacks=recipe.attack.method != "none",
+            validates_adversarially=(
+                type(model).test_step is not keras.Model.test_step
+            ),
+        )
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    names = ["loss", "accuracy"] + [
+        m.name for m in model.metrics if m.name not in ("loss", "compile_metrics")
+    ]
+    known = names + [f"val_{n}" for n in names] if has_val else names
+    if monitor not in known:
+        raise RecipeError(
+            f"output.monitor={monitor}: not a metric of this run. "
+            f"Known: {', '.join(known)}."
+        )
+    return monitor, mode
+
+
+# ---------------------------------------------------------------- train
+
+
+@dataclasses.dataclass
+class Trained:
+    """What the train stage hands to `finish`."""
+
+    history: dict[str, list[float]]
+    seconds: float
+    epoch_seconds: list[float]
+    co_guard: Optional[dict[str, Any]] = None
+
+
+def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Trained:
+    """Stage 2: the phases (`advtrain.train.loop.fit_phases`), with the
+    run's checkpoints, NaN guard and preemption (`setup.state`), progress
+    lines, TensorBoard and the catastrophic-overfitting guard."""
+    from advtrain.data import make_input
+    from advtrain.train.callbacks import ProgressLine
+    from advtrain.utils.progress import EpochProgress
+
+    state, plan, splits = setup.state, setup.plan, setup.splits
+    val_ds = None
+    if splits.val is not None:
+        val_ds = make_input(
+            splits.val,
+            batch_size=recipe.eval.batch_size,
+            training=False,
+            **input_options(recipe),
+        )
+    progress = ProgressLine(echo, plan.epochs, plan.steps_per_epoch * plan.global_batch)
+    co_guard = _co_guard(recipe, setup, echo) if recipe.train.co_guard else None
+    seed = recipe.train.seed
+    before = [
+        # First: its live bar is cleared before any epoch-end line prints.
+        EpochProgress(plan.epochs),
+        *([co_guard] if co_guard else []),  # before the logs see the epoch
+        state.epoch_start(setup.model, seed=seed, image_shape=splits.image_shape),
+        progress,
+    ]
+    after = []
+    if recipe.output.tensorboard:
+        logs = str(state.out / "logs")
+        after.append(keras.callbacks.TensorBoard(logs, write_graph=False))
+
+    history, seconds = fit_phases(
+        setup,
+        phases=recipe_phases(recipe, plan.epochs),
+        optimizer=lambda lr_factor: recipe_optimizer(recipe, plan, lr_factor),
+        seed=seed,
+        callbacks=state.callbacks(before, after),
+        validation_data=val_ds,
+        # A model.builder model has no backbone to freeze; it trains whole
+        # (build_from_builder refuses freezing settings).
+        freeze_backbone=not recipe.model.builder,
+        verbose=verbose,
+        echo=echo,
+    )
+    summary = None
+    if co_guard is not None:
+        co_guard.set_model(setup.model)
+        co_guard.finish()
+        summary = co_guard.summary()
+    return Trained(state.history(history), seconds, progress.epoch_seconds, summary)
+
+
+def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
+    """The catastrophic-overfitting guard on a fixed clean training batch,
+    with its record from before the interruption when the run resumes."""
+    from advtrain.data import make_input
+    from advtrain.train.guards import CatastrophicOverfittingGuard
+
+    cfg, state = recipe.train, setup.state
+    batches = make_input(
+        setup.splits.train,
+        batch_size=cfg.co_guard_examples,
+        training=False,
+        **setup.data,
+    )
+    x, y = next(iter(batches))
+    echo(
+        f"catastrophic-overfitting guard: PGD-{cfg.co_guard_pgd_steps} at "
+        f"eps={recipe.attack.eps:g} on {len(y)} training examples each "
+        f"epoch; a drop > {cfg.co_guard_drop:g} triggers {cfg.co_guard_action}"
+    )
+    guard = CatastrophicOverfittingGuard(
+        x.numpy(),
+        y.numpy(),
+        eps=recipe.attack.eps,
+        norm=recipe.attack.norm,
+        steps=cfg.co_guard_pgd_steps,
+        drop=cfg.co_guard_drop,
+        action=cfg.co_guard_action,
+        echo=echo,
+        seed=cfg.seed,
+        state_path=state.out / "checkpoints" / "co_guard.npz",
+        keep=cfg.co_guard_keep,
+    )
+    if state.resuming and guard.load_state(guard.state_path, state.start_epoch):
+        echo(
+            f"catastrophic-overfitting guard: resumed with its record of "
+            f"{len(guard.accuracies)} epoch(s), best PGD accuracy "
+            f"{100 * guard.best_accuracy:.1f}% (epoch {guard.best_epoch})"
+        )
+    guard.finish_on_train_end = False  # one fit per phase: `train` finishes
+    return guard
+
+
+# ---------------------------------------------------------------- finish
+
+
+def finish(
+    recipe: Recipe, setup: RunSetup, trained: Trained, *, echo: Echo = print
+) -> RunResult:
+    """Stage 3: recalibrate BatchNorm, save model.keras, evaluate, run the
+    sanity checks, write the report and the export, and metrics.json last
+    (its presence marks a finished run)."""
+    from advtrain.data import make_input
+    from advtrain.evaluation.robustness import evaluate_robustness, plot_eps_sweep
+
+    classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
+    _assert_finite(classifier, "model.keras")
+    if runtime.workers > 1:
+        from advtrain.train.runtime import weights_fingerprint
+
+        # `advtrain launch` compares these across workers.
+        echo(f"weights: sha256 {weights_fingerprint(classifier)}")
+    gap = _settle_batchnorm(classifier, recipe, setup.splits, setup.plan, echo)
+    # After recalibration: model.keras, metrics.json and the SavedModel
+    # hold the same weights.
+    with atomic_path(out / "model.keras") as tmp:
+        classifier.save(tmp)
+    echo("evaluating on the test split ...")
+    test_ds = make_input(
+        setup.splits.test,
+        batch_size=recipe.eval.batch_size,
+        training=False,
+        **input_options(recipe),
+    )
+    evaluation = evaluate_robustness(
+        classifier,
+        test_ds,
+        **evaluation_keys(recipe),
+        num_classes=setup.splits.num_classes,
+        strategy=runtime.strategy,
+    )
+    samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
+    history, seconds = trained.history, trained.seconds
+    metrics: dict[str, Any] = {
+        "recipe": recipe.name,
+        **evaluation,
+        "bn_gap": gap,
+        "train_seconds": round(seconds, 2),
+        "train_samples_per_second": round(samples / max(seconds, 1e-9), 1),
+        "epoch_seconds": [round(s, 2) for s in trained.epoch_seconds],
+        "final_train_metrics": {k: float(v[-1]) for k, v in history.items() if v},
+    }
+    metrics["sanity_checks"] = recipe_sanity_checks(
+        classifier, test_ds, recipe, echo, runtime.strategy, evaluation
+    )
+    if trained.co_guard is not None:
+        metrics["co_guard"] = trained.co_guard
+    if recipe.output.plots and evaluation.get("eps_sweep"):
+        plot_eps_sweep(
+            evaluation["eps_sweep"], out / "eps_sweep.png", title=recipe.name
+        )
+    _report_and_export(out, recipe, metrics, history, classifier, setup.splits, echo)
+    atomic_write_json(out / "metrics.json", metrics)
+    return RunResult(out, metrics, history)
+
+
+def _assert_finite(model: keras.Model, what: str) -> None:
+    from advtrain.train.callbacks import NonFiniteLossError
+    from advtrain.train.guards import first_nonfinite_variable
+
+    name = first_nonfinite_variable(model)
+    if name is not None:
+        raise NonFiniteLossError(
+            f"{name} holds NaN or Inf after training; {what} "
+            "was not written. Likely causes: learning rate too high, eps "
+            "too large, or float16 overflow."
+        )
+
+
+def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> dict:
+    """`model.batchnorm`'s after-training step: gap on held-out data,
+    recalibration per `recalibrate`, the gap again; echoes what it did."""
+    from advtrain.data import make_input
+    from advtrain.models.batchnorm.policy import settle_batchnorm
+
+    bn_cfg, data = recipe.model.batchnorm, input_options(recipe)
+    held_out = splits.val if splits.val is not None else splits.test
+    gap_x, gap_y = next(
+        iter(make_input(held_out, batch_size=512, training=False, **data))
+    )
+    clean_train = make_input(
+        splits.train, batch_size=plan.global_batch, training=False, **data
+    )
+    gap = settle_batchnorm(
+        classifier,
+        gap_x.numpy(),
+        gap_y.numpy(),
+        batch_size=min(plan.global_batch, len(gap_y)),
+        train_batches=clean_train,
+        **_keys(bn_cfg, "recalibrate", "gap_threshold", "recalibrate_batches"),
+    )
+    if gap["recalibrated"]:
+        echo(
+            "recalibrated BatchNorm moving statistics on "
+            f"{gap['recalibrated']} clean training batch(es): gap "
+            f"{100 * gap['before']['gap']:+.2f} -> {100 * gap['gap']:+.2f} points"
+        )
+    warning = gap.pop("warning")
+    if warning:
+        echo(f"warning: {warning}")
+    return gap
+
+
+def _report_and_export(out, recipe, metrics, history, classifier, splits, echo):
+    import shutil
+
+    from advtrain.evaluation.export import export_saved_model
+    from advtrain.evaluation.report import write_report
+
+    write_report(
+        out,
+        recipe.to_dict(),
+        metrics,
+        history,
+        class_names=splits.class_names,
+        plots=recipe.output.plots,
+    )
+    if recipe.output.export_saved_model:
+        target = out / "export" / "saved_model"
+        shutil.rmtree(target, ignore_errors=True)  # a resumed run re-exports
+        export_saved_model(classifier, target)
+        echo(f"exported SavedModel (uint8 images in) to {target}")

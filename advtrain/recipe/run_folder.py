@@ -1,0 +1,86 @@
+"""The run folder's rules: a new folder, or an unfinished run of the same
+resolved recipe (resumed); anything else is refused before a byte is
+written.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from advtrain.recipe.loader import parse_yaml, recipe_from_dict
+from advtrain.recipe.schema import Recipe, RecipeError
+from advtrain.train.checkpoint import RunFolderError
+
+
+def recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: old -> new` for every dotted key whose value differs."""
+    old, new = _flatten(saved), _flatten(current)
+    return [
+        f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key, "<unset>") != new.get(key, "<unset>")
+    ]
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: data}
+
+
+def check_run_dir(out: Path, recipe: Recipe) -> bool:
+    """Decides what an output folder may be used for.
+
+    Returns:
+        False for a new (missing or empty) folder, True for an unfinished
+        run of the same resolved recipe, which is resumed.
+
+    Raises:
+        RecipeError: the folder holds something else (not a run, a run of
+            another recipe, a finished run); nothing is written.
+    """
+    from advtrain.train.checkpoint import check_unfinished, saved_recipe_text
+
+    try:
+        text = saved_recipe_text(out)
+        if text is None:
+            return False
+        saved_path = out / "recipe.yaml"
+        saved = recipe_from_dict(parse_yaml(text, str(saved_path)), str(saved_path))
+        differences = recipe_differences(saved.to_dict(), recipe.to_dict())
+        if differences:
+            shown = "; ".join(differences[:4])
+            more = len(differences) - 4
+            if more > 0:
+                shown += f"; and {more} more"
+            raise RecipeError(
+                f"--output {out}: folder is not empty: it holds a run of a "
+                f"different recipe ({shown}). Choose a new folder, or continue "
+                f"that run with `advtrain resume {out}`."
+            )
+        check_unfinished(out)
+    except RunFolderError as exc:
+        raise RecipeError(str(exc)) from None
+    return True
+
+
+def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
+    """The run folder: new, or an unfinished run of the same resolved recipe
+    (which `run` resumes). Refuses anything else with a RecipeError naming
+    the differing keys (`check_run_dir`)."""
+    from advtrain.utils.io import check_recipe_paths
+
+    if output is None and recipe.output.dir:
+        output = recipe.output.dir
+    if output is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        output = Path("runs") / f"{recipe.name}-{stamp}"
+    output = Path(output)
+    check_recipe_paths(recipe, output)
+    check_run_dir(output, recipe)
+    return output

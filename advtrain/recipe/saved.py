@@ -1,0 +1,93 @@
+"""A saved classifier: loading it safely, and `advtrain eval` on a recipe's
+test split.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Union
+
+import keras
+
+from advtrain.recipe.build import (
+    _keys,
+    evaluation_keys,
+    input_options,
+    recipe_sanity_checks,
+)
+from advtrain.recipe.schema import Recipe, RecipeError
+from advtrain.utils.errors import one_line
+from advtrain.utils.io import atomic_write_json
+from advtrain.utils.progress import Echo
+
+
+def load_classifier(path: Union[str, Path], safe_mode: bool = True) -> keras.Model:
+    """Loads a saved classifier; `safe_mode` refuses lambda layers.
+
+    Keras's safe mode refuses to deserialise Python bytecode (a `Lambda`
+    layer's function), which would run when loaded. Pass
+    `safe_mode=False` only for files you trust (`advtrain eval
+    --unsafe-load`).
+    """
+    import advtrain.models  # noqa: F401  (registers advtrain's layers)
+    from advtrain.utils.io import check_keras_file
+
+    check_keras_file(path)
+    try:
+        return keras.models.load_model(path, safe_mode=safe_mode, compile=False)
+    except Exception as exc:  # noqa: BLE001 - any failure: the file is bad
+        if safe_mode and "safe_mode" in str(exc):
+            raise RecipeError(
+                f"{path}: refusing to load: the file holds Python code (a "
+                "Lambda layer) that would run on load. If you trust it: "
+                "`advtrain eval --unsafe-load`, or safe_mode=False."
+            ) from None
+        raise RecipeError(
+            f"model {path}: cannot load it as a Keras classifier "
+            f"({one_line(exc)[:200]})."
+        ) from None
+
+
+def evaluate_saved(
+    model_path: Union[str, Path],
+    recipe: Recipe,
+    *,
+    echo: Echo = print,
+    safe_mode: bool = True,
+) -> dict[str, Any]:
+    """Evaluates a saved classifier on the recipe's test split.
+
+    `safe_mode=False` loads files that hold Python code (see
+    `load_classifier`); only for trusted files.
+
+    When the model sits in a run folder, the result is also written there
+    as `eval-metrics.json` (the training run's metrics.json is untouched).
+    """
+    from advtrain.data import LOAD_OPTIONS, load_splits, make_input
+    from advtrain.evaluation.robustness import evaluate_robustness
+
+    model_path = Path(model_path)
+    splits = load_splits(recipe.data.source, **_keys(recipe.data, *LOAD_OPTIONS))
+    classifier = load_classifier(model_path, safe_mode=safe_mode)
+    expected = tuple(classifier.input_shape[1:])
+    if expected != tuple(splits.image_shape):
+        raise RecipeError(
+            f"{model_path}: model takes images {expected} but the recipe's "
+            f"data gives {tuple(splits.image_shape)}."
+        )
+    echo(f"evaluating {model_path} on {splits.test_size} test examples ...")
+    test_ds = make_input(
+        splits.test,
+        batch_size=recipe.eval.batch_size,
+        training=False,
+        **input_options(recipe),
+    )
+    metrics = evaluate_robustness(
+        classifier, test_ds, **evaluation_keys(recipe), num_classes=splits.num_classes
+    )
+    metrics["sanity_checks"] = recipe_sanity_checks(
+        classifier, test_ds, recipe, lambda line: None, evaluation=metrics
+    )
+    if (model_path.parent / "recipe.yaml").is_file():
+        atomic_write_json(model_path.parent / "eval-metrics.json", metrics)
+    return metrics

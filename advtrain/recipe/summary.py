@@ -1,0 +1,117 @@
+"""What a run prints: the banner lines before training and the closing
+summary table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from advtrain.recipe.build import attack_from_config
+from advtrain.recipe.schema import Recipe
+from advtrain.utils.progress import Echo
+
+
+def describe(recipe: Recipe, splits, runtime, plan, echo: Echo) -> None:
+    """The run's data, runtime, batch arithmetic and attack, one line each."""
+    attack = attack_from_config(recipe.attack)
+    echo(
+        f"data: {recipe.data.source} {splits.train_size} train / "
+        f"{splits.val_size} val / {splits.test_size} test, image "
+        f"{'x'.join(map(str, splits.image_shape))}, {splits.num_classes} classes"
+    )
+    echo(runtime.describe())
+    echo(plan.describe())
+    if attack is None:
+        echo("attack: none (clean training)")
+        return
+    ramp = recipe.attack.eps_ramp_epochs
+    echo(
+        f"attack: {recipe.attack.method} eps={attack.eps:g} "
+        f"norm={attack.norm} adv_weight={recipe.attack.adv_weight:g} "
+        f"backend={attack.backend} mode={recipe.attack.mode}"
+        + _method_options(attack)
+        + (f" eps_ramp_epochs={ramp:g}" if ramp else "")
+        + (
+            f" grad_align={recipe.attack.grad_align:g}"
+            if recipe.attack.grad_align
+            else ""
+        )
+    )
+
+
+def _method_options(attack) -> str:
+    """The step settings the attack's method uses, e.g. " alpha=0.375"."""
+    if attack.method == "pgd":
+        size = "auto" if attack.step_size is None else f"{attack.step_size:g}"
+        return f" steps={attack.steps} step_size={size}"
+    if attack.method not in ("fgsm_rs", "n_fgsm", "zerograd"):
+        return ""
+    alpha = "eps" if attack.method == "n_fgsm" else "1.25*eps"
+    text = f" alpha={alpha if attack.alpha is None else format(attack.alpha, 'g')}"
+    if attack.method == "n_fgsm":
+        noise = attack.noise
+        text += f" noise={'2*eps' if noise is None else format(noise, 'g')}"
+    if attack.method == "zerograd":
+        text += f" zero_quantile={attack.zero_quantile:g}"
+    return text
+
+
+def describe_momentum(recipe: Recipe, classifier: keras.Model, echo: Echo) -> None:
+    from advtrain.models.batchnorm.policy import layer_momentum
+
+    momentum = layer_momentum(classifier)
+    if momentum is not None:
+        echo(
+            f"batchnorm: momentum {momentum:g} "
+            "(model.batchnorm.momentum: "
+            f"{recipe.model.batchnorm.momentum or 'null'})"
+        )
+
+
+SUMMARY_KEYS = (
+    ("clean_accuracy", "clean accuracy"),
+    ("fgsm_accuracy", "FGSM accuracy"),
+    ("pgd_accuracy", "PGD accuracy"),
+    ("macro_f1", "macro F1 (clean)"),
+    ("examples", "test examples"),
+    ("train_seconds", "training time (s)"),
+    ("train_samples_per_second", "training samples/s"),
+)
+
+
+def summary_table(metrics: dict[str, Any]) -> str:
+    """A two-column text table: the headline (`robustness_headline`)
+    first, then the secondary numbers."""
+    rows = []
+    if "robust_accuracy" in metrics:
+        from advtrain.evaluation.report import headline_parts
+
+        over, text = headline_parts(metrics)
+        rows.append(("robust accuracy (worst case)", text))
+        rows.append(("  over", over))
+    for key, label in SUMMARY_KEYS:
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        if key.endswith("accuracy") or key == "macro_f1":
+            text = f"{100 * value:.2f}%" if "accuracy" in key else f"{value:.4f}"
+        else:
+            text = f"{value}"
+        rows.append((label, text))
+    for key in ("fgsm_attack", "pgd_attack"):
+        if key in metrics:
+            a = metrics[key]
+            detail = f"eps={a['eps']:g} norm={a['norm']}"
+            if a["method"] == "pgd":
+                detail += f" steps={a['steps']} restarts={a['restarts']}"
+            rows.append((key.replace("_", " "), detail))
+    if "bn_gap" in metrics:
+        g = metrics["bn_gap"]
+        text = f"{100 * g['gap']:+.2f} points"
+        if g.get("recalibrated"):
+            text += f" (before recalibration {100 * g['before']['gap']:+.2f})"
+        rows.append(("BN gap (train - inference mode)", text))
+    width = max(len(label) for label, _ in rows) if rows else 0
+    return "\n".join(f"  {label:<{width}}  {text}" for label, text in rows)
