@@ -1,0 +1,160 @@
+"""Every command the documentation shows is one the suite runs.
+
+README.md and docs/*.md show shell commands in code blocks; each line that
+starts with `advtrain` or `scripts/` is a command a reader will type.
+RUN_BY lists the commands the suite runs, each with the tests that run it,
+and a page that shows a command missing from it fails here: a newly
+documented command needs a test, then a line in RUN_BY. Nothing is run
+from this file (no subprocess); the tests named in RUN_BY do that.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+# A command's name is `advtrain` with its global options and subcommand
+# (`advtrain run`, `advtrain --debug run`, `advtrain --version`), or the
+# script (`scripts/quickstart`). Each maps to "tests/FILE.py::test_name"
+# entries, or to ".ci/run" for a command CI runs itself.
+RUN_BY = {
+    "advtrain recipes": [
+        "tests/test_commands.py::test_recipes_lists_each_shipped_recipe"
+    ],
+    "advtrain run": ["tests/test_commands.py::test_run_writes_the_run_folder"],
+    "advtrain eval": [
+        "tests/test_commands.py::test_eval_run_folder",
+        "tests/test_commands.py::test_eval_model_file_with_shipped_recipe",
+    ],
+    "advtrain resume": ["tests/test_commands.py::test_resume_interrupted_run"],
+    "advtrain export": [
+        "tests/test_commands.py::test_export_run_folder_and_to_another_folder"
+    ],
+    "advtrain show": [
+        "tests/test_show.py::test_show_prints_the_plan_and_writes_nothing"
+    ],
+    "advtrain profile": ["tests/test_commands.py::test_profile_shipped_recipe"],
+    "advtrain launch": ["tests/test_commands.py::test_launch_two_workers"],
+    "advtrain --version": ["tests/test_commands.py::test_version"],
+    "advtrain --debug run": ["tests/test_commands.py::test_debug_shows_the_traceback"],
+    "advtrain --quiet run": [
+        "tests/test_progress.py::"
+        "test_cli_run_prints_plain_progress_lines_and_none_when_quiet"
+    ],
+    # The script is `advtrain run recipes/quickstart.yaml` in .venv; the
+    # test runs that recipe as shipped and checks its promised numbers.
+    "scripts/quickstart": [
+        "tests/test_quickstart.py::test_quickstart_reaches_promised_accuracy"
+    ],
+    "scripts/test": [".ci/run"],
+    "scripts/docs": [".ci/run"],
+}
+
+FENCE = re.compile(r"^\s*(```|~~~)\s*(\S*)")
+SHELL = {"", "bash", "sh", "shell", "console", "text"}
+COMMAND = re.compile(r"^\s*(?:\$\s+)?((?:advtrain|scripts/\S+)(?:\s.*)?)$")
+
+
+def shown_commands(path):
+    """(line number, command line) for each command in a shell code block."""
+    found, fence, shell = [], None, False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        match = FENCE.match(line)
+        if match:
+            if fence is None:
+                fence, shell = match.group(1), match.group(2) in SHELL
+            elif match.group(1) == fence:
+                fence = None
+            continue
+        if fence is not None and shell:
+            command = COMMAND.match(line)
+            if command:
+                found.append((number, command.group(1)))
+    return found
+
+
+def command_name(line):
+    """`advtrain --debug run quickstart  # x` -> `advtrain --debug run`."""
+    words = line.split("#", 1)[0].split()
+    if words[0] != "advtrain":
+        return words[0]
+    name = ["advtrain"]
+    for word in words[1:]:
+        name.append(word)
+        if not word.startswith("-"):
+            break
+    return " ".join(name)
+
+
+def documented():
+    """Command name -> the places ("page:line") that show it."""
+    names = {}
+    for page in PAGES:
+        for number, line in shown_commands(page):
+            where = f"{page.relative_to(ROOT)}:{number}"
+            names.setdefault(command_name(line), []).append(where)
+    return names
+
+
+DOCUMENTED = documented()
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_every_documented_command_is_run_by_a_test(name):
+    assert name in RUN_BY, (
+        f"`{name}` is shown in {', '.join(DOCUMENTED[name])} but no test runs "
+        "it: add a test that runs it, then add it to RUN_BY in "
+        "tests/test_docs_commands.py. Received: "
+        f"command={name!r}"
+    )
+
+
+def _test_functions(path):
+    tree = ast.parse(path.read_text())
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+
+
+@pytest.mark.parametrize("name", sorted(RUN_BY))
+def test_each_listed_test_exists(name):
+    for entry in RUN_BY[name]:
+        if entry == ".ci/run":
+            assert name in (ROOT / ".ci" / "run").read_text(), (
+                f".ci/run does not run `{name}`"
+            )
+            continue
+        file, _, function = entry.partition("::")
+        path = ROOT / file
+        assert path.is_file(), f"RUN_BY[{name!r}] names a missing file: {file}"
+        assert function in _test_functions(path), (
+            f"RUN_BY[{name!r}]: {file} has no test {function}"
+        )
+
+
+def test_the_extractor_finds_commands_in_every_form(tmp_path):
+    # The forms the pages use: a prompt, a comment, an option before the
+    # subcommand, an indented fence inside a list, and continuation lines;
+    # not Python, and not inline code.
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\nscripts/quickstart   # x\n$ advtrain --debug run q \\\n"
+        "  --set a=1\n```\n\n- item\n\n  ```\n  advtrain --version\n  ```\n"
+        "```python\nadvtrain = 1\n```\n`advtrain eval` inline is not a block\n"
+    )
+    found = [command_name(line) for _, line in shown_commands(page)]
+    assert found == ["scripts/quickstart", "advtrain --debug run", "advtrain --version"]
+
+
+def test_readme_shows_the_two_set_up_commands_and_stays_short():
+    readme = ROOT / "README.md"
+    lines = readme.read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines (at most 300)"
+    shown = [command_name(line) for _, line in shown_commands(readme)]
+    assert shown[:2] == ["scripts/quickstart", "scripts/test"], shown[:2]
