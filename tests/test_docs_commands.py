@@ -1,5 +1,5 @@
 """Every command the documentation shows is one the suite runs, and the API
-reference names every public name.
+reference names every public name and every file a page names exists.
 
 README.md and docs/*.md show shell commands in code blocks; each line that
 starts with `advtrain` or `scripts/` is a command a reader will type.
@@ -185,3 +185,16 @@ def test_the_api_reference_covers_every_public_name():
         f"`::: advtrain.NAME` line): {sorted(missing)}"
     )
     assert referenced <= set(exported), sorted(referenced - set(exported))
+
+
+def test_every_file_the_pages_name_exists():
+    # `advtrain/...`, `tests/...` and `scripts/...` in inline code: a
+    # module that moved leaves its old path behind in the prose.
+    named = re.compile(r"`((?:advtrain|tests|scripts)/[\w/.]*\w)`")
+    missing = [
+        f"{page.relative_to(ROOT)}: {path}"
+        for page in PAGES
+        for path in sorted(set(named.findall(page.read_text())))
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, "pages name files that do not exist: " + ", ".join(missing)
