@@ -1,5 +1,5 @@
-"""Every command the documentation shows is one the suite runs, and the API
-reference names every public name and every file a page names exists.
+"""Every command the documentation shows is one the suite runs; the API
+reference names every public name; every file a page names exists.
 
 README.md and docs/*.md show shell commands in code blocks; each line that
 starts with `advtrain` or `scripts/` is a command a reader will type.
