@@ -8,8 +8,8 @@ Public API:
     run                            train + evaluate a recipe
     fit                            any Keras model through the same runtime
     evaluate                       AutoAttack-grade robust accuracy of a model
-    register_attack, register_source, register_backbone
-                                   extension points a recipe can name
+    register_attack, register_source, register_backbone,
+    register_objective             extension points a recipe can name
                                    (its `plugins` key imports the module)
 
 Importing the package imports TensorFlow (once, without its C++ start-up
@@ -38,6 +38,7 @@ from advtrain.backbones import register_backbone  # noqa: E402
 from advtrain.data import register_source  # noqa: E402
 from advtrain.evaluation.robustness import evaluate  # noqa: E402
 from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
+from advtrain.models.objectives import register_objective  # noqa: E402
 from advtrain.recipe.loader import load_recipe  # noqa: E402
 from advtrain.recipe.run import run  # noqa: E402
 from advtrain.recipe.schema import Recipe, RecipeError  # noqa: E402
@@ -65,6 +66,7 @@ __all__ = [
     "pgd",
     "register_attack",
     "register_backbone",
+    "register_objective",
     "register_source",
     "run",
 ]

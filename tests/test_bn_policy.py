@@ -10,6 +10,7 @@ import pytest
 from advtrain.attacks import Attack
 from advtrain.models.adversarial import AdversarialModel
 from advtrain.models.batchnorm.fused import FusedBatchNormalization
+from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.models.batchnorm.policy import (
     adapt_momentum,
     apply_batchnorm_policy,
@@ -83,6 +84,28 @@ def test_empty_recipe_is_the_safe_defaults(tmp_path):
     empty.write_text("")
     bn = load_recipe(empty).model.batchnorm
     assert (bn.momentum, bn.recalibrate, bn.fused_kernel) == ("auto", "auto", True)
+
+
+def test_momentum_rules_mean_the_same_everywhere():
+    # "auto": every layer; "adapt": only layers at Keras's 0.99. The recipe
+    # defaults to auto (advtrain built the model), the Python API to adapt.
+    every = user_cnn(second_momentum=0.95)
+    assert apply_batchnorm_policy(every, total_steps=66, momentum="auto") is None
+    assert [bn.momentum for bn in batchnorm_layers(every)] == [0.9, 0.9]
+    chosen = user_cnn(second_momentum=0.95)
+    note = apply_batchnorm_policy(chosen, total_steps=66, momentum="adapt")
+    assert [bn.momentum for bn in batchnorm_layers(chosen)] == [0.9, 0.95]
+    assert "-> 0.9 on 1 layer(s)" in note
+    assert BatchNormOptions().momentum == "adapt"
+    assert recipe_from_dict({}, "empty").model.batchnorm.momentum == "auto"
+    assert AdversarialModel(user_cnn(), adv_weight=0).batchnorm_momentum == "adapt"
+    for bad in ("fast", 1.0, True):
+        with pytest.raises(ValueError, match="'auto', 'adapt', a number in"):
+            apply_batchnorm_policy(user_cnn(), momentum=bad)
+        with pytest.raises(ValueError, match="Received: batchnorm_momentum="):
+            AdversarialModel(user_cnn(), adv_weight=0, batchnorm_momentum=bad)
+        with pytest.raises(ValueError, match="'model.batchnorm(.momentum)?'"):
+            recipe_from_dict({"model": {"batchnorm": {"momentum": bad}}}, "r")
 
 
 def test_python_api_keeps_momenta_the_user_chose():
@@ -174,6 +197,8 @@ def test_minimal_recipe_ends_without_a_gap(tmp_path):
     gap = result.metrics["bn_gap"]
     print(f"\nminimal recipe bn_gap: {gap}")
     assert "batchnorm: momentum 0.9 (model.batchnorm.momentum: auto)" in lines
+    # The settle step's own line, as `advtrain.fit` echoes it.
+    assert f"bn_gap: {100 * gap['gap']:+.2f} points" in lines
     # Momentum alone closes it; recalibration (auto) was not needed.
     assert gap["recalibrated"] == 0
     assert abs(gap["gap"]) <= 0.02
@@ -195,9 +220,15 @@ def test_recalibrate_true_saves_the_recalibrated_model(tmp_path):
         },
         "recal",
     )
-    result = run(recipe, tmp_path / "run", echo=lambda line: None)
+    lines = []
+    result = run(recipe, tmp_path / "run", echo=lines.append)
     gap = result.metrics["bn_gap"]
     assert gap["recalibrated"] == 4  # 256 examples / batch 64
+    assert (
+        f"bn_gap: {100 * gap['gap']:+.2f} points after recalibrating on 4 clean "
+        f"training batch(es) ({100 * gap['before']['gap']:+.2f} before)"
+    ) in lines
+    assert "warning" not in gap  # echoed, not written to metrics.json
     assert set(gap["before"]) == {
         "train_mode_accuracy",
         "inference_mode_accuracy",

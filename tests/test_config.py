@@ -20,14 +20,11 @@ BAD = [
         "unknown key 'attack.epss'. Did you mean 'attack.eps'?",
     ),
     ("trian: {epochs: 1}", [], "unknown key 'trian'. Did you mean 'train'?"),
-    (
-        "attack: {eps: -0.1}",
-        [],
-        "'attack.eps': Input should be greater than or equal to 0",
-    ),
-    ("attack: {eps: 1.5}", [], "'attack.eps': Input should be less than or equal to 1"),
-    ("attack: {adv_weight: 1.2}", [], "'attack.adv_weight'"),
-    ("attack: {adv_weight: -0.1}", [], "'attack.adv_weight'"),
+    # Attack values: the library's rules, reported under the recipe key.
+    ("attack: {eps: -0.1}", [], "attack.eps: must be a finite number >= 0"),
+    ("attack: {eps: 1.5}", [], "attack.eps: must be <= 1, the width of the pixel"),
+    ("attack: {adv_weight: 1.2}", [], "attack.adv_weight: must be between 0.0"),
+    ("attack: {adv_weight: -0.1}", [], "attack.adv_weight"),
     (
         "train: {epochs: -3}",
         [],
@@ -40,7 +37,7 @@ BAD = [
         [],
         "'attack.method': unknown attack 'deepfool'",
     ),
-    ("attack: {norm: 1}", [], "'attack.norm'"),
+    ("attack: {norm: 1}", [], "attack.norm: must be 'inf'"),
     # Keys renamed in 0.2 name their new names.
     (
         "model: {warmup_epochs: 1}",
@@ -56,12 +53,13 @@ BAD = [
     (
         "attack: {method: fgsm_rs, backend: cleverhans}",
         [],
-        "backend: cleverhans supports method fgsm or pgd",
+        "attack.backend: the cleverhans backend provides methods fgsm and pgd",
     ),
     (
         "attack: {method: pgd, clip_start: false}",
         [],
-        "clip_start: false applies to method fgsm_rs, n_fgsm, zerograd only",
+        "attack.clip_start: False applies to the attacks with a random start "
+        "that take it (fgsm_rs, n_fgsm, zerograd)",
     ),
     ("model: {batchnorm: {fused_kernel: maybe}}", [], "'model.batchnorm.fused_kernel'"),
     ("data: {source: imagenet}", [], "'data.source'"),
@@ -83,7 +81,7 @@ BAD = [
     ("- just\n- a list", [], "a recipe must be a mapping of sections"),
     ("{}", ["--set", "attack.eps"], "--set: expected section.key=value"),
     ("{}", ["--set", "attack.epz=0.1"], "unknown key 'attack.epz'"),
-    ("{}", ["--set", "attack.eps=2"], "'attack.eps'"),
+    ("{}", ["--set", "attack.eps=2"], "attack.eps: must be <= 1"),
     ("name: mine", ["--set", "name.x=1"], "'name' is a value, not a section"),
     ("train: {batch_size: 5000}", [], "larger than the training set"),
     # Checkpointing and the run folder (issue #6).
@@ -96,7 +94,8 @@ BAD = [
     (
         "output: {monitor: val_adv_accuracy}",
         [],
-        "bad.yaml: output.monitor=val_adv_accuracy needs a validation split",
+        "bad.yaml: output.monitor: a validation metric needs a validation "
+        "split; set val_fraction > 0",
     ),
     (
         "output: {monitor: adv_acc}",
@@ -104,7 +103,7 @@ BAD = [
         "bad.yaml: output.monitor=adv_acc: not a metric of this run",
     ),
     ("train: {learning_rate: 0}", [], "'train.learning_rate'"),
-    ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy=tpu"),
+    ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy: no TPU found"),
     (
         "data: {source: mnist, path: /nonexistent/mnist}",
         [],
@@ -232,9 +231,30 @@ def test_error_names_the_recipe_file(tmp_path):
     recipe.write_text("attack: {eps: 3}")
     with pytest.raises(
         RecipeError,
-        match=r"mine\.yaml: invalid value for 'attack\.eps'.*Received: attack\.eps=3",
+        match=r"mine\.yaml: attack\.eps: must be <= 1.*Received: eps=3",
     ):
         load_recipe(recipe)
+
+
+def test_attack_rules_live_in_the_library_and_recipes_name_the_key():
+    from advtrain.attacks import Attack
+    from advtrain.models.adversarial import AdversarialModel
+    from advtrain.utils.errors import ArgumentError
+
+    with pytest.raises(ArgumentError) as library:
+        Attack("pgd", eps=1.5)
+    assert library.value.argument == "eps" and "attack." not in str(library.value)
+    with pytest.raises(RecipeError, match=r"^r\.yaml: attack\.eps: ") as recipe:
+        recipe_from_dict({"attack": {"method": "pgd", "eps": 1.5}}, "r.yaml")
+    assert library.value.message in str(recipe.value)
+    # The training model's own arguments: the constructor's rules, by the
+    # recipe key that filled each (attack.mode fills attack_mode).
+    with pytest.raises(ArgumentError, match="attack_mode: must be one of"):
+        AdversarialModel.check_arguments(Attack("pgd", eps=0.1), attack_mode="eval")
+    with pytest.raises(RecipeError, match=r"^r\.yaml: attack\.mode: must be one"):
+        recipe_from_dict({"attack": {"mode": "eval"}}, "r.yaml")
+    # L2 balls are not bounded by the pixel range.
+    assert recipe_from_dict({"attack": {"norm": 2, "eps": 1.5}}).attack.eps == 1.5
 
 
 def test_missing_recipe_file_lists_shipped_ones(tmp_path):
@@ -288,7 +308,7 @@ def test_shipped_recipes_validate():
         ("attack: {eps: yes}", "'attack.eps': Input should be a valid number"),
         ("train: {batch_size: true}", "booleans, not numbers"),
         ("runtime: {steps_per_execution: true}", "'runtime.steps_per_execution'"),
-        ("attack: {norm: 2.5}", "Received: attack.norm=2.5"),
+        ("attack: {norm: 2.5}", "attack.norm: must be 'inf' (L-infinity) or 2"),
         ("eval: {norm: true}", "'eval.norm'"),
         ("train: {warmup_epochs: .inf}", "finite number"),
         ("attack: {eps: .nan}", "finite number"),

@@ -46,8 +46,8 @@ RUN_BY = {
         "tests/test_progress.py::"
         "test_cli_run_prints_plain_progress_lines_and_none_when_quiet"
     ],
-    # The script is `advtrain run recipes/quickstart.yaml` in .venv; the
-    # test runs that recipe as shipped and checks its promised numbers.
+    # The test runs the script itself in a subprocess and checks the
+    # recipe's promised numbers.
     "scripts/quickstart": [
         "tests/test_quickstart.py::test_quickstart_reaches_promised_accuracy"
     ],

@@ -40,7 +40,13 @@ TRADES_RECIPE = {
     "name": "tiny-trades",
     "data": {"source": "digits", "limit_train": 128, "limit_test": 32},
     "model": {"backbone": "small_cnn", "width": 4},
-    "attack": {"method": "trades", "eps": 0.1, "steps": 2, "beta": 1.0},
+    "attack": {
+        "method": "pgd",
+        "eps": 0.1,
+        "steps": 2,
+        "objective": "trades",
+        "objective_options": {"beta": 1.0},
+    },
     "train": {"epochs": 1, "batch_size": 32},
     "eval": {"pgd_steps": 1, "fgsm": False, "sanity_examples": 0},
     "output": {"tensorboard": False, "plots": False, "export_saved_model": True},
@@ -57,7 +63,7 @@ def trades_run(tmp_path_factory):
     return result
 
 
-def test_method_trades_runs_through_run(trades_run):
+def test_objective_trades_runs_through_run(trades_run):
     history, metrics = trades_run.history, trades_run.metrics
     # clean_loss is the cross-entropy, adv_loss TRADES's KL term.
     for key in ("loss", "clean_loss", "adv_loss", "adv_accuracy"):
@@ -66,7 +72,7 @@ def test_method_trades_runs_through_run(trades_run):
     assert "zero_grad_fraction" not in history  # PGD measures none
     assert 0.0 <= metrics["pgd_accuracy"] <= metrics["clean_accuracy"] <= 1.0
     saved = (trades_run.output_dir / "recipe.yaml").read_text()
-    assert "method: trades" in saved
+    assert "objective: trades" in saved and "beta: 1.0" in saved
 
 
 def test_run_saved_model_serves_what_model_keras_predicts(trades_run, digits):

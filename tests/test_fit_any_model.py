@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 
 import advtrain
 from advtrain.cli.commands import app
+from advtrain.data.streaming import array_batches
+from advtrain.recipe.build import build_from_builder, load_builder
 from advtrain.recipe.schema import ModelConfig
-from advtrain.train.fitting import array_batches, build_from_builder, load_builder
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -322,7 +323,7 @@ def _bn_cnn():
 
 def test_fit_rejects_a_bad_batchnorm_policy_in_one_line(tiny_data):
     for bad, message in (
-        ({"momentum": 2.0}, "batchnorm: .*momentum: expected auto"),
+        ({"momentum": 2.0}, "batchnorm: .*momentum: must be 'auto', 'adapt', a"),
         ({"recalibrate": "sometimes"}, "Received: recalibrate='sometimes'"),
         ({"momentun": 0.9}, "batchnorm: unknown key 'momentun'"),
     ):
@@ -367,7 +368,7 @@ def test_fit_applies_the_batchnorm_policy_and_reports_the_gap(digits):
     assert type(result.model.classifier.layers[2]).__name__ == "FusedBatchNormalization"
     assert gap["recalibrated"] == 0 and abs(gap["gap"]) <= 0.02
     assert gap["inference_mode_accuracy"] > 0.6
-    assert lines[-1].startswith("bn_gap: ")
+    assert lines[-1] == f"bn_gap: {100 * gap['gap']:+.2f} points"
 
     # Momentum kept at 0.99: the gap is measured, then recalibrated away.
     stale = advtrain.fit(

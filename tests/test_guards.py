@@ -100,7 +100,7 @@ def test_stop_ends_training_with_the_best_weights(digits):
     [
         ({"action": "restart"}, "action must be one of stop, rollback"),
         ({"drop": 0.0}, "drop must be in"),
-        ({"steps": 0}, "steps must be an int"),
+        ({"steps": 0}, "steps: must be an int"),
         ({"keep": "first"}, "keep must be one of best, last"),
     ],
 )
@@ -175,3 +175,21 @@ def test_keep_best_restores_the_best_epoch_when_training_ends_lower(digits):
     )  # fmt: skip
     assert last_guard.final is None
     assert last_guard.robust_accuracy() == pytest.approx(last_guard.accuracies[-1][1])
+
+
+def test_one_finite_check_serves_the_nan_guard_and_the_checkpoint():
+    from advtrain.train.checkpoint import NonFiniteStateError, capture_variables
+    from advtrain.train.guards import first_nonfinite_variable
+
+    inputs = keras.Input((4,))
+    bn = keras.layers.BatchNormalization(name="bn")
+    model = keras.Model(inputs, keras.layers.Dense(2)(bn(inputs)))
+    assert first_nonfinite_variable(model) is None
+    capture_variables(model)
+    # A non-trainable statistic turns NaN while the loss may stay finite.
+    bn.moving_variance.assign(np.full((4,), np.nan, "float32"))
+    path = bn.moving_variance.path
+    assert first_nonfinite_variable(model) == path
+    assert first_nonfinite_variable(model.variables) == path
+    with pytest.raises(NonFiniteStateError, match=f"variable {path} holds NaN"):
+        capture_variables(model)

@@ -117,7 +117,7 @@ def test_import_registers_every_serializable_class(fresh):
 
 
 def test_tfds_gtsrb_is_advtrains_builder(fresh):
-    assert fresh[0]["builder"] == "advtrain.data.gtsrb"
+    assert fresh[0]["builder"] == "advtrain.data.gtsrb.builder"
 
 
 def test_public_names_resolve(fresh):

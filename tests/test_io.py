@@ -11,7 +11,7 @@ from advtrain.utils.io import (
 
 
 def test_missing_data_path_is_file_not_found(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data.path .*no-mnist: not found"):
+    with pytest.raises(FileNotFoundError, match="^path .*no-mnist: not found"):
         check_data_paths(source="mnist", path=tmp_path / "no-mnist")
     with pytest.raises(FileNotFoundError, match="arrays: a folder with x_train"):
         check_data_paths(source="arrays", path=tmp_path / "p")
@@ -22,9 +22,9 @@ def test_missing_data_path_is_file_not_found(tmp_path):
 
 
 def test_cache_and_tfds_dirs_must_be_writable(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data.cache .* not found"):
+    with pytest.raises(FileNotFoundError, match="^cache .* not found"):
         check_data_paths(cache=str(tmp_path / "no" / "cache"))
-    with pytest.raises(ValueError, match="data.tfds_data_dir /proc/t: under /proc"):
+    with pytest.raises(ValueError, match="^tfds_data_dir /proc/t: under /proc"):
         check_data_paths(tfds_data_dir="/proc/t")
     check_data_paths(cache=str(tmp_path / "cache"), tfds_data_dir=tmp_path / "t")
 

@@ -55,8 +55,8 @@ def test_batch_not_divisible_by_replicas_is_a_clear_error():
     with pytest.raises(ValueError) as info:
         plan_batches(fake_runtime(3), 1000, batch_size=100)
     assert str(info.value) == (
-        "train.batch_size=100 does not divide across 3 replicas; use a "
-        "multiple of 3 (e.g. 99 or 102)."
+        "batch_size: does not divide across 3 replicas; use a multiple of 3 "
+        "(e.g. 99 or 102). Received: batch_size=100"
     )
 
 
@@ -73,7 +73,7 @@ def test_linear_lr_scaling_and_warmup_are_printed_with_numbers():
     assert plan.learning_rate == pytest.approx(0.4)
     assert plan.warmup_steps == 40
     assert (
-        "learning rate 0.4 = 0.1 x 1024/256 (train.scale_lr: linear in the "
+        "learning rate 0.4 = 0.1 x 1024/256 (scale_lr: linear in the "
         "global batch), linear warm-up from 0 over 40 steps (2 epochs)"
     ) in plan.describe()
 

@@ -31,6 +31,7 @@ from advtrain.attacks.common import (
     ModelFn,
     Norm,
     attack_inputs,
+    check_count,
     checked_norm,
     clip_pixels,
     int_labels,
@@ -225,9 +226,9 @@ def checkpoints(steps: int) -> list[int]:
 
 def _validate(eps, norm, steps, restarts, rho, momentum) -> str:
     norm = checked_norm(norm, eps)
-    for name, value in (("steps", steps), ("restarts", restarts)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1. Received: {name}={value!r}")
+    # Python ints: the step-size checkpoints are computed on the host.
+    check_count("steps", steps, tensor=False)
+    check_count("restarts", restarts, tensor=False)
     if not 0.0 < rho <= 1.0:
         raise ValueError(f"rho must be in (0, 1]. Received: rho={rho!r}")
     if not 0.0 <= momentum <= 1.0:

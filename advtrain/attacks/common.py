@@ -13,6 +13,8 @@ from typing import Any, Optional, Union
 import keras
 import tensorflow as tf
 
+from advtrain.utils.errors import ArgumentError
+
 Norm = Union[str, int, float]
 ModelFn = Callable[[tf.Tensor], tf.Tensor]
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -27,29 +29,47 @@ def canonical_norm(norm: Norm) -> str:
         return "inf"
     if text in ("2", "2.0", "l2"):
         return "2"
-    raise ValueError(
-        f"norm must be 'inf' (L-infinity) or 2 (L2). Received: norm={norm!r}"
+    raise ArgumentError(
+        "norm", f"must be 'inf' (L-infinity) or 2 (L2). Received: norm={norm!r}"
     )
 
 
-def check_eps(name: str, value: Any, upper: Optional[float] = None) -> None:
-    """Validates a non-negative finite scalar hyperparameter up front."""
+def check_eps(
+    name: str, value: Any, upper: Optional[float] = None, why: str = ""
+) -> None:
+    """Validates a non-negative finite scalar hyperparameter up front; with
+    `upper`, at most that (`why` says what the bound is)."""
     if isinstance(value, (tf.Tensor, tf.Variable)):
         return
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name} must be a number. Received: {name}={value!r}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(
-            f"{name} must be a finite number >= 0. Received: {name}={value}"
+        raise ArgumentError(
+            name, f"must be a finite number >= 0. Received: {name}={value}"
         )
     if upper is not None and value > upper:
-        raise ValueError(f"{name} must be <= {upper}. Received: {name}={value}")
+        raise ArgumentError(
+            name, f"must be <= {upper:g}{why}. Received: {name}={value}"
+        )
+
+
+def check_count(name: str, value: Any, tensor: bool = True) -> None:
+    """Validates a count (`steps`, `restarts`, `queries`): an int >= 1, or
+    with `tensor` a scalar integer tensor (known when the graph runs)."""
+    if tensor and tf.is_tensor(value):
+        if value.dtype.is_integer and value.shape.rank == 0:
+            return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        what = " or a scalar integer tensor" if tensor else ""
+        raise ArgumentError(
+            name, f"must be an int >= 1{what}. Received: {name}={value!r}"
+        )
 
 
 def check_fraction(name: str, value: Any) -> None:
     """Validates a share in [0, 1) up front (e.g. ZeroGrad's quantile)."""
     if not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1). Received: {name}={value!r}")
+        raise ArgumentError(name, f"must be in [0, 1). Received: {name}={value!r}")
 
 
 def per_example_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:

@@ -11,6 +11,7 @@ from advtrain.attacks.common import (
     ModelFn,
     Norm,
     attack_inputs,
+    check_count,
     check_eps,
     checked_norm,
     clip_pixels,
@@ -152,17 +153,6 @@ def default_step_size(eps: Any, steps: Any) -> Any:
     if not isinstance(steps, int):
         steps = tf.cast(steps, getattr(eps, "dtype", tf.float32))
     return 2.5 * eps / steps
-
-
-def check_count(name: str, value: Any) -> None:
-    """Validates `steps` / `restarts`: an int >= 1 or an integer tensor."""
-    if tf.is_tensor(value) and value.dtype.is_integer and value.shape.rank == 0:
-        return  # a value only known when the graph runs
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(
-            f"{name} must be an int >= 1 or a scalar integer tensor. "
-            f"Received: {name}={value!r}"
-        )
 
 
 def _outcome(model_fn, x_adv, y, loss_fn) -> tuple[tf.Tensor, tf.Tensor]:

@@ -34,6 +34,7 @@ from advtrain.attacks.common import (
     ModelFn,
     Norm,
     attack_inputs,
+    check_count,
     checked_norm,
     clip_pixels,
     int_labels,
@@ -125,9 +126,8 @@ def square(
 
 
 def _check_settings(queries, restarts, p_init) -> None:
-    for name, value in (("queries", queries), ("restarts", restarts)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1. Received: {name}={value!r}")
+    check_count("queries", queries, tensor=False)
+    check_count("restarts", restarts, tensor=False)
     if not 0.0 < p_init <= 1.0:
         raise ValueError(f"p_init must be in (0, 1]. Received: p_init={p_init!r}")
 

@@ -237,7 +237,7 @@ def _guarded(action):
 
 def _train(path: Path, resolved, output: Optional[Path]) -> None:
     """Runs a loaded recipe into `output` and prints the summary."""
-    from advtrain.utils.io import check_recipe_paths
+    from advtrain.recipe.run_folder import check_recipe_paths
 
     with _naming(path):
         check_recipe_paths(resolved, output)
@@ -294,7 +294,8 @@ def eval_(
 
     def action():
         from advtrain.recipe.loader import load_recipe
-        from advtrain.utils.io import check_keras_file, check_recipe_paths
+        from advtrain.recipe.run_folder import check_recipe_paths
+        from advtrain.utils.io import check_keras_file
 
         model_path = _model_file(target)
         if target.is_dir():
@@ -439,7 +440,7 @@ def profile(
 
         path = resolve_recipe_path(recipe)
         resolved = load_recipe(path, set_ or [])
-        from advtrain.utils.io import check_recipe_paths
+        from advtrain.recipe.run_folder import check_recipe_paths
 
         with _naming(path):
             check_recipe_paths(resolved, writes=False)
@@ -485,7 +486,7 @@ def launch(
         from advtrain.cli.launch import exit_code
         from advtrain.cli.launch import launch as run_launch
         from advtrain.recipe.loader import load_recipe
-        from advtrain.utils.io import check_recipe_paths
+        from advtrain.recipe.run_folder import check_recipe_paths
 
         path = resolve_recipe_path(recipe)
         with _naming(path):

@@ -189,7 +189,7 @@ def launch(
     overrides = list(overrides or []) + ["runtime.strategy=multi_worker"]
     resolved = load_recipe(recipe, overrides)
     out = _run_folder(resolved, output)
-    command = [python, "-m", "advtrain.cli.commands"] + (["--debug"] if debug else [])
+    command = [python, "-m", "advtrain.cli"] + (["--debug"] if debug else [])
     command += ["run", str(recipe)]
     command += [arg for item in overrides for arg in ("--set", item)]
     command += ["--output", str(out)]

@@ -150,7 +150,7 @@ class ProfileReport:
                     "0.47-0.50 vs 0.37-0.41 of a clean step on CPU); see "
                     "AdversarialModel(fused=) for its trade-off."
                 )
-            elif self.attack in ("pgd", "trades"):
+            elif self.attack == "pgd":
                 tips.append(
                     f"fewer attack.steps (now {self.attack_steps}): each "
                     "costs about one forward and one input backward pass."

@@ -292,14 +292,14 @@ def _layout(
     pair = (Path(f"{path}_x.npy"), Path(f"{path}_y.npy"))
     if not pair[0].parent.is_dir():
         raise DataError(
-            f"{path}: arrays directory not found (data.path). Expected a "
+            f"{path}: arrays directory not found. Expected a "
             "directory with x_train.npy, y_train.npy or a prefix of "
             "PREFIX_x.npy, PREFIX_y.npy."
         )
     for p in pair:
         if not p.is_file():
             raise DataError(
-                f"{p}: not found. Expected data.path to be a directory with "
+                f"{p}: not found. Expected the path to be a directory with "
                 "x_train.npy, y_train.npy or a prefix of PREFIX_x.npy, "
                 "PREFIX_y.npy."
             )

@@ -133,7 +133,7 @@ def _read_trees(root: Path, partial: bool):
     skipped) of the tree at `root`."""
     if not root.is_dir():
         raise DataError(
-            f"{root}: image directory not found (data.path). Expected "
+            f"{root}: image directory not found. Expected "
             "root/train/<class>/*.png or root/<class>/*.png."
         )
     train_root = root / "train" if (root / "train").is_dir() else root
@@ -174,7 +174,7 @@ def _image_format(root: Path, first: str, image_size) -> tuple[int, tuple[int, i
     if image_size is None:
         logger.info(
             "folder: images resized to %dx%d, the size of %s "
-            "(set data.image_size to choose).",
+            "(set image_size to choose).",
             size[0],
             size[1],
             first,

@@ -163,7 +163,7 @@ def load_mnist_idx(
     directory = Path(directory).expanduser()
     if not directory.is_dir():
         raise DataError(
-            f"{directory}: MNIST directory not found (data.path). Expected "
+            f"{directory}: MNIST directory not found. Expected "
             "the four IDX files there."
         )
     out, skipped = {}, 0

@@ -7,7 +7,6 @@ a recipe on digits never pays for importing tensorflow_datasets.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -51,12 +50,6 @@ class SourceRegistry(Registry):
 
     def names(self) -> list[str]:
         return sorted({*self._entries, *_BUILTIN_MODULES})
-
-    def unknown_message(self, name: Any) -> str:
-        known = self.names()
-        hint = difflib.get_close_matches(str(name), known, n=1)
-        did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
-        return f"Unknown {self.kind} '{name}'.{did_you_mean} Known: {', '.join(known)}."
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries or name in _BUILTIN_MODULES

@@ -2,7 +2,7 @@
 
 `hold_out` draws the test and validation indices the sources that have no
 split of their own use; `splits_from_arrays` turns in-memory arrays into
-`DataSplits`; `require` is the one-line error for a missing option.
+`DataSplits`; `require` is the one-line error for a missing argument.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from typing import Optional, TypeVar
 import numpy as np
 import tensorflow as tf
 
-from advtrain.data.errors import DataError
+from advtrain.data.errors import DataArgumentError
 from advtrain.data.pipeline import DataSplits
 
 T = TypeVar("T")
 
 
-def require(source: str, key: str, value: T, what: str) -> T:
-    """`value`, unless it is None: then a one-line error naming `data.key`."""
+def require(source: str, argument: str, value: T, what: str) -> T:
+    """`value`, unless it is None: then a one-line error naming `argument`."""
     if value is None:
-        raise DataError(
-            f"data.{key}: source {source} needs {what}. Received: {key}=None"
+        raise DataArgumentError(
+            argument, f"source {source} needs {what}. Received: {argument}=None"
         )
     return value
 

@@ -1,7 +1,7 @@
-"""Source `tfds`: any TFDS image classification dataset, by `data.tfds_name`.
+"""Source `tfds`: any TFDS image classification dataset, by `tfds_name`.
 
-The dataset is downloaded and prepared once into `data.tfds_data_dir`;
-`data.path` is passed as the TFDS manual directory for datasets that need
+The dataset is downloaded and prepared once into `tfds_data_dir`;
+`path` is passed as the TFDS manual directory for datasets that need
 one. It must have supervised keys `(image, label)`. The validation split is
 the first `val_fraction` of `train` (TFDS shuffles records when preparing);
 a dataset without a `test` split gives the last `test_fraction` of `train`.
@@ -20,7 +20,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from advtrain.data.errors import DataError
+from advtrain.data.errors import DataArgumentError, DataError
 from advtrain.data.pipeline import DataSplits
 from advtrain.data.sources import register_source
 from advtrain.data.splits import require
@@ -53,8 +53,8 @@ def prepare_tfds(
     try:
         builder = tfds.builder(name, data_dir=tfds_data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-        raise DataError(
-            f"data.tfds_name: unknown TFDS dataset. Received: tfds_name={name!r}"
+        raise DataArgumentError(
+            "tfds_name", f"unknown TFDS dataset. Received: tfds_name={name!r}"
         ) from None
     manual = None if path is None else str(Path(path).expanduser())
     try:
@@ -67,11 +67,12 @@ def prepare_tfds(
         raise
     except Exception as exc:  # noqa: BLE001 (network, disk, TFDS errors)
         hint = (
-            " Offline? Use source mnist with data.path for IDX files."
+            " Offline? Use source mnist with path set to the IDX files' folder."
             if (name == "mnist")
             else " Offline? Prepare it on a machine with network and copy "
-            f"{builder.data_dir} to the same path here (data.tfds_data_dir), "
-            "or put the files TFDS expects in data.path (manual_dir)."
+            f"{builder.data_dir} to the same path here (tfds_data_dir), "
+            "or put the files TFDS expects in the folder given as path "
+            "(manual_dir)."
         )
         raise DataError(
             f"tfds {name}: could not download or prepare into "
@@ -84,15 +85,15 @@ def prepare_tfds(
 def _class_label(name: str, info: tfds.core.DatasetInfo):
     """(image key, label feature) of a supervised classification dataset."""
     if info.supervised_keys is None or len(info.supervised_keys) != 2:
-        raise DataError(
-            f"data.tfds_name: {name} has no (image, label) supervised keys."
+        raise DataArgumentError(
+            "tfds_name", f"{name} has no (image, label) supervised keys."
         )
     image_key, label_key = info.supervised_keys
     label = info.features[label_key]
     if getattr(label, "num_classes", None) is None:
-        raise DataError(
-            f"data.tfds_name: {name} labels are not class labels. "
-            f"Received: {type(label).__name__}"
+        raise DataArgumentError(
+            "tfds_name",
+            f"{name} labels are not class labels. Received: {type(label).__name__}",
         )
     return image_key, label
 

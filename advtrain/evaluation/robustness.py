@@ -26,7 +26,7 @@ import tensorflow as tf
 from advtrain.attacks import Attack
 from advtrain.attacks.apgd import DEFAULT_TARGETS as APGD_TARGETS
 from advtrain.attacks.pgd import default_step_size
-from advtrain.utils.progress import Progress
+from advtrain.utils.progress import Echo, Progress
 
 
 def macro_f1(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> float:
@@ -341,7 +341,7 @@ def evaluate_robustness(
     seed: int = 0,
     batch_size: int = 256,
     budget: str = "standard",
-    progress: Optional[Callable[[str], None]] = None,
+    progress: Optional[Echo] = None,
     strategy: Optional[tf.distribute.Strategy] = None,
     **attack_keys: Any,
 ) -> dict[str, Any]:

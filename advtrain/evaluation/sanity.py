@@ -314,7 +314,7 @@ def masking_check(evaluation: dict[str, Any]) -> Optional[dict[str, Any]]:
         detail += (
             ": the gradients mislead the gradient attacks (gradient masking). "
             "Quote the worst case, not PGD; train with a stronger or multi-step "
-            "attack (attack.method: pgd or trades), a longer eps ramp, or "
+            "attack (PGD or TRADES), a longer eps ramp, or "
             "GradAlign"
         )
     return _check("gradient_free_not_stronger", passed, detail)

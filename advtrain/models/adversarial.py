@@ -12,6 +12,7 @@ import tensorflow as tf
 from advtrain.attacks import Attack
 from advtrain.attacks.common import as_float_tensor
 from advtrain.train.input_checks import InputChecks, label_kind, loss_name, output_shape
+from advtrain.utils.errors import ArgumentError
 
 ATTACK_MODES = ("inference", "train")
 FUSED_CHOICES = (True, False, "auto")
@@ -129,10 +130,11 @@ class AdversarialModel(keras.Model):
             `advtrain.models.batchnorm.fused.FusedBatchNormalization`, in
             place (same variables and results, TensorFlow's faster fused
             kernel); False leaves the model as it is.
-        batchnorm_momentum: "auto" (default): on the first `fit`, BN layers
-            still at Keras's default 0.99 get a momentum that suits the
-            run's length (see `fit`); a number sets every BN layer; None
-            keeps them.
+        batchnorm_momentum: "adapt" (default): on the first `fit`, BN
+            layers still at Keras's default 0.99 get a momentum that suits
+            the run's length (see `fit`); "auto": every BN layer gets it; a
+            number sets every BN layer; None keeps them
+            (`advtrain.models.batchnorm.policy.set_momentum`).
         eps_ramp_steps: 0 (default) or the number of optimizer steps over
             which the training attack's eps and step sizes grow linearly
             from ~0 to their values (`advtrain.models.eps_ramp.EpsRamp`,
@@ -167,7 +169,7 @@ class AdversarialModel(keras.Model):
         seed: Optional[int] = None,
         fused: Union[bool, str] = "auto",
         fused_batchnorm: bool = True,
-        batchnorm_momentum: Union[str, float, None] = "auto",
+        batchnorm_momentum: Union[str, float, None] = "adapt",
         eps_ramp_steps: int = 0,
         check_inputs: bool = True,
         **kwargs: Any,
@@ -207,39 +209,73 @@ class AdversarialModel(keras.Model):
         self.zero_grad_tracker = _MeasuredMean(name="zero_grad_fraction")
         self._zero_grad = None
 
+    @classmethod
+    def check_arguments(
+        cls,
+        attack: Union[Attack, dict, None] = None,
+        adv_weight: float = 0.5,
+        attack_mode: str = "inference",
+        fused: Union[bool, str] = "auto",
+        batchnorm_momentum: Union[str, float, None] = "adapt",
+        eps_ramp_steps: int = 0,
+    ) -> None:
+        """Applies the constructor's rules to these arguments without
+        building a model: a recipe checks its attack section this way when
+        it loads. A bad value is an `advtrain.utils.errors.ArgumentError`
+        naming the argument.
+
+        Example:
+
+        ```python
+        AdversarialModel.check_arguments(Attack("pgd", eps=0.1), fused=True)
+        # ArgumentError: fused: fused=True needs a single-step attack ...
+        ```
+        """
+        attack = _checked_arguments(
+            attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
+        )
+        cls._choose_step(fused, attack, adv_weight)
+
+    @classmethod
     def _choose_step(
-        self, fused: Union[bool, str], attack: Optional[Attack], adv_weight: float
+        cls, fused: Union[bool, str], attack: Optional[Attack], adv_weight: float
     ) -> tuple[bool, str]:
-        """(fused step or not, why): `fused` resolved for this model."""
+        """(fused step or not, why): `fused` resolved for this class."""
         if fused is not True and fused is not False and fused != "auto":
-            raise ValueError(
-                f"fused must be True, False or 'auto'. Received: fused={fused!r}"
+            raise ArgumentError(
+                "fused",
+                f"must be True, False or 'auto'. Received: fused={fused!r}",
             )
         overridden = [
             h
             for h in FUSED_BYPASSES
-            if getattr(type(self), h) is not getattr(AdversarialModel, h)
+            if getattr(cls, h) is not getattr(AdversarialModel, h)
         ]
         if fused is True and overridden:
-            raise ValueError(
+            raise ArgumentError(
+                "fused",
                 "fused=True needs the default generate_adversarial, "
                 "adversarial_loss, attack_model_fn and attack_loss_scale hooks "
-                f"(the fused step calls none of them); {type(self).__name__} "
-                f"overrides {', '.join(overridden)}. Received: fused=True"
+                f"(the fused step calls none of them); {cls.__name__} "
+                f"overrides {', '.join(overridden)}. Received: fused=True",
             )
         if fused is True and (attack is None or not attack.fusable):
-            raise ValueError(
+            received = (
+                "attack=None"
+                if attack is None
+                else f"method={attack.method!r}, backend={attack.backend!r}"
+            )
+            raise ArgumentError(
+                "fused",
                 "fused=True needs a single-step attack (method fgsm or "
-                f"fgsm_rs, backend advtrain). Received: attack={attack!r}"
+                f"fgsm_rs, backend advtrain). Received: {received}",
             )
         if fused != "auto":
             return fused, f"fused={fused}"
         if attack is None or adv_weight == 0:
             return False, "auto: no attack in training (adv_weight=0)"
         if overridden:
-            return False, (
-                f"auto: {type(self).__name__} overrides {', '.join(overridden)}"
-            )
+            return False, f"auto: {cls.__name__} overrides {', '.join(overridden)}"
         if attack.method != "fgsm" or attack.backend != "advtrain":
             return False, (
                 f"auto: method {attack.method} on the {attack.backend} backend "
@@ -268,13 +304,14 @@ class AdversarialModel(keras.Model):
     def fit(self, *args, **kwargs):
         """`keras.Model.fit`, with BatchNorm momentum set for the run first.
 
-        On the first call, `batchnorm_momentum="auto"` gives the
+        On the first call, `batchnorm_momentum="adapt"` gives the
         classifier's BN layers still at Keras's default 0.99 the momentum
         that suits this call's length (epochs x steps per epoch, from
         `steps_per_epoch`, the dataset's cardinality or the arrays'
         length; `advtrain.models.batchnorm.policy.auto_momentum`) and warns once
-        saying so; layers set to another momentum are kept. A number sets
-        every BN layer; None keeps them all.
+        saying so; layers set to another momentum are kept. "auto" gives
+        it to every BN layer, a number sets every BN layer; None keeps
+        them all.
 
         Labels whose shape does not suit the compiled cross-entropy
         (one-hot for a sparse loss, or the reverse) raise `LabelError`
@@ -291,21 +328,22 @@ class AdversarialModel(keras.Model):
 
     def _set_batchnorm_momentum(self, arguments: Optional[dict]) -> None:
         import inspect
-        import warnings
 
-        from advtrain.models import batchnorm
+        from advtrain.models.batchnorm.policy import (
+            MOMENTUM_RULES,
+            fit_total_steps,
+            set_momentum,
+        )
 
-        if self.batchnorm_momentum != "auto":
-            batchnorm.set_batchnorm_momentum(self.classifier, self.batchnorm_momentum)
-            note = None
-        else:
+        steps = None
+        if self.batchnorm_momentum in MOMENTUM_RULES:
             if arguments is None:
                 return  # Keras's own fit reports the bad arguments
-            names = inspect.signature(batchnorm.fit_total_steps).parameters
-            steps = batchnorm.fit_total_steps(
+            names = inspect.signature(fit_total_steps).parameters
+            steps = fit_total_steps(
                 **{k: v for k, v in arguments.items() if k in names}
             )
-            note = batchnorm.adapt_momentum(self.classifier, steps)
+        note = set_momentum(self.classifier, self.batchnorm_momentum, steps)
         if getattr(self, "train_function", None) is not None:
             self.train_function = None  # traced with the old momentum
         if note:
@@ -753,15 +791,9 @@ def _checked_arguments(
 ) -> Optional[Attack]:
     """Validates `AdversarialModel`'s arguments; returns the `Attack` (a
     config dict turned into one)."""
-    if not (
-        batchnorm_momentum in ("auto", None)
-        or isinstance(batchnorm_momentum, float)
-        and 0.0 < batchnorm_momentum < 1.0
-    ):
-        raise ValueError(
-            "batchnorm_momentum must be 'auto', a number in (0, 1) or None. "
-            f"Received: batchnorm_momentum={batchnorm_momentum!r}"
-        )
+    from advtrain.models.batchnorm.policy import check_momentum
+
+    check_momentum(batchnorm_momentum, "batchnorm_momentum")
     if isinstance(attack, dict):
         attack = Attack.from_config(attack)
     if attack is not None and not isinstance(attack, Attack):
@@ -769,27 +801,36 @@ def _checked_arguments(
             "attack must be an advtrain.attacks.Attack or its config dict. "
             f"Received: attack={attack!r}"
         )
-    if not isinstance(adv_weight, (int, float)) or not 0 <= adv_weight <= 1:
-        raise ValueError(
-            "adv_weight must be between 0.0 and 1.0. "
-            f"Received: adv_weight={adv_weight!r}"
+    number = isinstance(adv_weight, (int, float)) and not isinstance(adv_weight, bool)
+    if not number or not 0 <= adv_weight <= 1:
+        raise ArgumentError(
+            "adv_weight",
+            f"must be between 0.0 and 1.0. Received: adv_weight={adv_weight!r}",
         )
     if adv_weight > 0 and attack is None:
-        raise ValueError("adv_weight > 0 needs an attack. Received: attack=None")
+        raise ArgumentError(
+            "attack", "adv_weight > 0 needs an attack. Received: attack=None"
+        )
     if (
         isinstance(eps_ramp_steps, bool)
         or not isinstance(eps_ramp_steps, int)
         or eps_ramp_steps < 0
     ):
-        raise ValueError(
-            "eps_ramp_steps must be an integer >= 0. "
-            f"Received: eps_ramp_steps={eps_ramp_steps!r}"
+        raise ArgumentError(
+            "eps_ramp_steps",
+            f"must be an integer >= 0. Received: eps_ramp_steps={eps_ramp_steps!r}",
         )
-    if eps_ramp_steps and attack is None:
-        raise ValueError("eps_ramp_steps > 0 needs an attack. Received: attack=None")
+    if eps_ramp_steps and (attack is None or attack.backend != "advtrain"):
+        received = "attack=None" if attack is None else f"backend={attack.backend!r}"
+        raise ArgumentError(
+            "eps_ramp_steps",
+            "eps_ramp_steps > 0 needs an attack on the advtrain backend. "
+            f"Received: {received}",
+        )
     if attack_mode not in ATTACK_MODES:
-        raise ValueError(
-            f"attack_mode must be one of {', '.join(ATTACK_MODES)}. "
-            f"Received: attack_mode={attack_mode!r}"
+        raise ArgumentError(
+            "attack_mode",
+            f"must be one of {', '.join(ATTACK_MODES)}. "
+            f"Received: attack_mode={attack_mode!r}",
         )
     return attack

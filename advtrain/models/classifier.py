@@ -22,12 +22,14 @@ from advtrain.models.weights import (
     is_pretrained_name,
     load_weights_file,
 )
+from advtrain.utils.errors import ArgumentError
 
 
 def backbone_spec(name: str) -> BackboneSpec:
-    """The registry entry for `name`; ValueError listing the known ones."""
+    """The registry entry for `name`; an `ArgumentError` naming `backbone`
+    and listing the known ones."""
     if name not in backbones:
-        raise ValueError(f"model.backbone: {backbones.unknown_message(name)}")
+        raise ArgumentError("backbone", backbones.unknown_message(name))
     return backbones.get(name)
 
 
@@ -51,9 +53,10 @@ def backbone_input_size(
     if input_size is not None:
         size = (int(input_size[0]), int(input_size[1]))
         if min(size) < spec.min_size:
-            raise ValueError(
-                f"model.input_size: {backbone} needs sides >= "
-                f"{spec.min_size}. Received: input_size={list(size)}"
+            raise ArgumentError(
+                "input_size",
+                f"{backbone} needs sides >= {spec.min_size}. "
+                f"Received: input_size={list(size)}",
             )
         return size
     short = min(height, width)
@@ -102,8 +105,9 @@ def build_classifier(
         dropout: dropout rate before the logits (0: no dropout layer).
 
     Raises:
-        ValueError: unknown backbone, input size below the backbone's
-            minimum, or weights that cannot be fetched or loaded.
+        ArgumentError: (a ValueError) naming the argument: unknown
+            backbone, input size below the backbone's minimum, or weights
+            that cannot be fetched or loaded.
 
     Example:
 

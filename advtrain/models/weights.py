@@ -1,10 +1,10 @@
-"""Where backbone weights come from: `model.weights` in a recipe.
+"""Where backbone weights come from: the `weights` argument.
 
 - `imagenet`: Keras downloads the file once into `$KERAS_HOME/models/`
   (default `~/.keras/models/`) and reads it from there afterwards. Without
   network the download fails within seconds (a quick connection check
   before it, when the file is not cached) and the run stops with one
-  `ValueError` line naming the file, the folder to place it in, and the
+  `ArgumentError` line naming the file, the folder to place it in, and the
   alternatives.
 - a path: built without weights, then loaded. `.weights.h5` or `.keras`
   files saved by Keras 3 from the whole classifier (same backbone, input
@@ -27,7 +27,7 @@ import keras
 
 from advtrain.backbones.registry import BackboneSpec
 from advtrain.utils.downloads import check_reachable
-from advtrain.utils.errors import one_line
+from advtrain.utils.errors import ArgumentError, one_line
 
 PRETRAINED = ("imagenet",)
 # Where keras.applications downloads its ImageNet weights from.
@@ -94,16 +94,17 @@ def _weights_file(spec: BackboneSpec, url: str, side: int) -> str:
 def offline_message(
     name: str, spec: BackboneSpec, exc: BaseException, side: int
 ) -> str:
-    """The one-line error for a failed ImageNet download."""
+    """The one-line error for a failed ImageNet download (an
+    `ArgumentError` message about `weights`)."""
     url = _download_failure(exc) or ""
     file = _weights_file(spec, url, side)
     where = f" from {url}" if url else ""
     return (
-        f"model.weights: cannot download the imagenet weights for {name}"
+        f"cannot download the imagenet weights for {name}"
         f"{where} ({one_line(exc, limit=_QUOTED)}). Place {file} in "
         f"{keras_models_dir()}/ ($KERAS_HOME/models/, default "
-        "~/.keras/models/), or set model.weights: PATH to a weights file, "
-        "or model.weights: null to train from scratch. "
+        "~/.keras/models/), or set weights to the path of a weights file, "
+        "or to None (null) to train from scratch. "
         "Received: weights=imagenet"
     )
 
@@ -118,7 +119,7 @@ def _check_download(name: str, spec: BackboneSpec, side: int) -> None:
     try:
         check_reachable(WEIGHTS_URL)
     except OSError as exc:
-        raise ValueError(offline_message(name, spec, exc, side)) from None
+        raise ArgumentError("weights", offline_message(name, spec, exc, side)) from None
 
 
 def is_pretrained_name(weights: Optional[str]) -> bool:
@@ -141,17 +142,18 @@ def build_backbone(
     hold the classifier).
 
     Raises:
-        ValueError: pretrained weights unknown for this backbone, or their
-            download failed.
+        ArgumentError: pretrained weights unknown for this backbone, or
+            their download failed.
     """
     if not is_pretrained_name(weights):
         return spec.build(input_shape, weights=None, **options)
     if weights not in spec.pretrained:
         offered = ", ".join(spec.pretrained) or "none"
-        raise ValueError(
-            f"model.weights: backbone {name} has no '{weights}' weights "
-            f"(pretrained: {offered}); use a weights file path or null. "
-            f"Received: weights={weights}"
+        raise ArgumentError(
+            "weights",
+            f"backbone {name} has no '{weights}' weights (pretrained: "
+            f"{offered}); use a weights file path or None (null). "
+            f"Received: weights={weights}",
         )
     _check_download(name, spec, input_shape[0])
     with _socket_timeout(DOWNLOAD_TIMEOUT_S):
@@ -159,15 +161,16 @@ def build_backbone(
             return spec.build(input_shape, weights=weights, **options)
         except Exception as exc:  # noqa: BLE001 (get_file raises Exception)
             if _download_failure(exc) is not None:
-                raise ValueError(
-                    offline_message(name, spec, exc, input_shape[0])
+                raise ArgumentError(
+                    "weights", offline_message(name, spec, exc, input_shape[0])
                 ) from None
             if "corrupted file" in str(exc):
-                raise ValueError(
-                    f"model.weights: the cached imagenet weights for {name} "
+                raise ArgumentError(
+                    "weights",
+                    f"the cached imagenet weights for {name} "
                     f"in {keras_models_dir()}/ are corrupted "
                     f"({one_line(exc, limit=_QUOTED)}); delete the file to download "
-                    "it again. Received: weights=imagenet"
+                    "it again. Received: weights=imagenet",
                 ) from None
             raise
 
@@ -232,14 +235,15 @@ def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str)
     files in `~/.keras/models/`) goes to the backbone.
 
     Raises:
-        ValueError: missing file, unknown suffix, or weights that fit
-            neither.
+        ArgumentError: missing file, unknown suffix, or weights that fit
+            neither (naming `weights`).
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ValueError(
-            "model.weights: expected 'imagenet', a weights file or null; "
-            f"no such file. Received: weights={path}"
+        raise ArgumentError(
+            "weights",
+            "expected 'imagenet', a weights file or None (null); "
+            f"no such file. Received: weights={path}",
         )
     name = file.name
     if name.endswith((".weights.h5", ".keras")):
@@ -255,21 +259,24 @@ def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str)
             return "backbone"
         except (ValueError, KeyError) as exc:
             classifier.set_weights(saved)
-            raise ValueError(
-                f"model.weights: {path} fits neither the classifier "
+            raise ArgumentError(
+                "weights",
+                f"{path} fits neither the classifier "
                 f"({first}) nor the {backbone.name} backbone "
-                f"({one_line(exc, limit=_QUOTED)}). Received: weights={path}"
+                f"({one_line(exc, limit=_QUOTED)}). Received: weights={path}",
             ) from None
     if name.endswith((".h5", ".hdf5")):
         try:
             backbone.load_weights(str(file))
         except (ValueError, KeyError, OSError) as exc:
-            raise ValueError(
-                f"model.weights: cannot load {path} into the {backbone.name} "
-                f"backbone ({one_line(exc, limit=_QUOTED)}). Received: weights={path}"
+            raise ArgumentError(
+                "weights",
+                f"cannot load {path} into the {backbone.name} "
+                f"backbone ({one_line(exc, limit=_QUOTED)}). Received: weights={path}",
             ) from None
         return "backbone"
-    raise ValueError(
-        "model.weights: a weights file must end in .weights.h5, .keras or "
-        f".h5. Received: weights={path}"
+    raise ArgumentError(
+        "weights",
+        "a weights file must end in .weights.h5, .keras or "
+        f".h5. Received: weights={path}",
     )

@@ -6,21 +6,67 @@ optimizer, attack, training model, evaluation).
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable
 from typing import Any, Optional
 
 import keras
 
 from advtrain.attacks import Attack, make_attack
-from advtrain.recipe.schema import AttackConfig, Recipe
+from advtrain.recipe.keys import recipe_keys
+from advtrain.recipe.schema import AttackConfig, ModelConfig, Recipe, RecipeError
+from advtrain.utils.errors import one_line
 from advtrain.utils.progress import Echo
 
 
 def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
-    """The training attack a recipe's attack section describes (None for
-    `method: none`; TRADES's is PGD)."""
+    """The training attack a recipe's attack section describes, with its
+    `options` (None for `method: none`). A value the `Attack` refuses is a
+    RecipeError naming its key (`attack.eps: must be <= 1, ...`)."""
     from advtrain.attacks.attack import OPTION_KEYS
 
-    return make_attack(cfg.method, **_keys(cfg, *OPTION_KEYS))
+    with recipe_keys("attack"):
+        return make_attack(cfg.method, **_keys(cfg, *OPTION_KEYS))
+
+
+def check_attack_section(recipe: Recipe) -> None:
+    """The attack section checked by the library's own rules before
+    anything is built (`recipe_from_dict` calls it): the `Attack`, and the
+    objective's own arguments (`AdversarialModel.check_arguments`).
+
+    Raises:
+        RecipeError: naming the key whose value the library refused.
+    """
+    from advtrain.models.objectives import objectives
+
+    cfg = recipe.attack
+    attack = attack_from_config(cfg)
+    # One step stands for a ramp whose length the data decides.
+    ramp = 1 if cfg.eps_ramp_epochs else 0
+    objective = objectives.get(cfg.objective)
+    with recipe_keys("attack", **_MODEL_KEYS):
+        objective.check_arguments(attack, **_model_arguments(cfg, attack, ramp))
+
+
+# The recipe keys of the training model's own arguments, where the names
+# differ (`adv_weight` is `attack.adv_weight`).
+_MODEL_KEYS = {
+    "attack": "attack.method",
+    "attack_mode": "attack.mode",
+    "fused": "attack.fused_step",
+    "eps_ramp_steps": "attack.eps_ramp_epochs",
+}
+
+
+def _model_arguments(cfg: AttackConfig, attack, ramp: int) -> dict[str, Any]:
+    """The training model's own arguments from the attack section."""
+    return {
+        "adv_weight": cfg.adv_weight if attack is not None else 0.0,
+        "attack_mode": cfg.mode,
+        "fused": cfg.fused_step,
+        "eps_ramp_steps": ramp,
+    }
 
 
 def _keys(section, *names: str) -> dict[str, Any]:
@@ -32,21 +78,24 @@ def recipe_splits(recipe: Recipe):
     """`load_splits` with the recipe's data keys."""
     from advtrain.data import LOAD_OPTIONS, load_splits
 
-    return load_splits(recipe.data.source, **_keys(recipe.data, *LOAD_OPTIONS))
+    with recipe_keys("data"):
+        return load_splits(recipe.data.source, **_keys(recipe.data, *LOAD_OPTIONS))
 
 
 def recipe_runtime(recipe: Recipe):
     """`make_runtime` with the recipe's runtime keys."""
     from advtrain.train.runtime import make_runtime
 
-    return make_runtime(**recipe.runtime.model_dump())
+    with recipe_keys("runtime"):
+        return make_runtime(**recipe.runtime.model_dump())
 
 
 def recipe_plan(recipe: Recipe, runtime, train_size: int):
     """`plan_batches` with the recipe's train keys."""
     from advtrain.train.runtime import PLAN_KEYS, plan_batches
 
-    return plan_batches(runtime, train_size, **_keys(recipe.train, *PLAN_KEYS))
+    with recipe_keys("train"):
+        return plan_batches(runtime, train_size, **_keys(recipe.train, *PLAN_KEYS))
 
 
 def recipe_phases(recipe: Recipe, epochs: int) -> list:
@@ -87,40 +136,35 @@ def input_options(recipe: Recipe, training: bool = False) -> dict[str, Any]:
 def build_training_model(
     recipe: Recipe, classifier: keras.Model, steps_per_epoch: Optional[int] = None
 ) -> keras.Model:
-    """AdversarialModel (or TRADES, GradAlign) around `classifier` per the recipe.
+    """The registered objective `attack.objective` (an `AdversarialModel`
+    subclass) around `classifier`, with `attack.objective_options`.
     `steps_per_epoch` turns `attack.eps_ramp_epochs` into steps (without
     it there is no ramp)."""
-    from advtrain.models.adversarial import AdversarialModel
-    from advtrain.models.objectives.grad_align import GradAlign
-    from advtrain.models.objectives.trades import TRADES
+    from advtrain.models.objectives import objectives
 
     cfg = recipe.attack
     attack = attack_from_config(cfg)
     ramp = 0
-    if attack is not None and cfg.eps_ramp_epochs and steps_per_epoch:
+    if cfg.eps_ramp_epochs and steps_per_epoch:
         ramp = max(1, round(cfg.eps_ramp_epochs * steps_per_epoch))
-    if cfg.method == "trades":
-        return TRADES(
-            classifier,
-            attack,
-            beta=cfg.beta,
-            attack_mode=cfg.mode,
-            seed=recipe.train.seed,
-            eps_ramp_steps=ramp,
-            **_RECIPE_OWNS_BATCHNORM,
-        )
-    extra = {"grad_align": cfg.grad_align} if cfg.grad_align else {}
-    return (GradAlign if cfg.grad_align else AdversarialModel)(
-        classifier,
-        attack,
-        **extra,
-        adv_weight=cfg.adv_weight if attack is not None else 0.0,
-        attack_mode=cfg.mode,
-        seed=recipe.train.seed,
-        fused=cfg.fused_step if attack is not None else False,
-        eps_ramp_steps=ramp,
-        **_RECIPE_OWNS_BATCHNORM,
-    )
+    objective = objectives.get(cfg.objective)
+    try:
+        with recipe_keys("attack", **_MODEL_KEYS):
+            return objective(
+                classifier,
+                attack,
+                seed=recipe.train.seed,
+                **_model_arguments(cfg, attack, ramp),
+                **_RECIPE_OWNS_BATCHNORM,
+                **cfg.objective_options,
+            )
+    except RecipeError:
+        raise
+    except (TypeError, ValueError) as exc:
+        # The library names its arguments; say which recipe key chose them.
+        raise RecipeError(
+            f"attack.objective: {cfg.objective}: {one_line(exc)}"
+        ) from None
 
 
 # `model.batchnorm` (fused kernel, momentum for the whole run) is applied by
@@ -140,12 +184,10 @@ def build_run_model(
     `total_steps` (epochs x steps per epoch) sets `momentum: auto`;
     `steps_per_epoch` sets the length of `attack.eps_ramp_epochs`.
     """
-    from advtrain.models.batchnorm.policy import apply_batchnorm_policy
+    from advtrain.models.batchnorm.policy import POLICY_KEYS, apply_batchnorm_policy
     from advtrain.models.classifier import build_classifier
 
     if recipe.model.builder:
-        from advtrain.train.fitting import build_from_builder
-
         classifier = build_from_builder(
             recipe.model.builder,
             splits.image_shape,
@@ -153,18 +195,25 @@ def build_run_model(
             recipe.model,
         )
     else:
-        classifier = build_classifier(
-            splits.image_shape,
-            splits.num_classes,
-            **_keys(
-                recipe.model, "backbone", "weights", "input_size", "width", "dropout"
-            ),
+        with recipe_keys("model"):
+            classifier = build_classifier(
+                splits.image_shape,
+                splits.num_classes,
+                **_keys(
+                    recipe.model,
+                    "backbone",
+                    "weights",
+                    "input_size",
+                    "width",
+                    "dropout",
+                ),
+            )
+    with recipe_keys("model.batchnorm"):
+        apply_batchnorm_policy(
+            classifier,
+            total_steps=total_steps,
+            **_keys(recipe.model.batchnorm, *POLICY_KEYS),
         )
-    apply_batchnorm_policy(
-        classifier,
-        total_steps=total_steps,
-        **_keys(recipe.model.batchnorm, "momentum", "fused_kernel"),
-    )
     return classifier, build_training_model(recipe, classifier, steps_per_epoch)
 
 
@@ -208,3 +257,95 @@ def recipe_sanity_checks(
     if checks:
         echo(format_sanity_checks(checks))
     return checks
+
+
+# ---------------------------------------------------------------- model.builder
+def load_builder(spec: str, key: str = "model.builder") -> Callable:
+    """Imports "package.module:function" and returns the function.
+
+    Raises:
+        ValueError: one line naming `key`: bad format, module not
+            importable, no such attribute, or not callable.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ValueError(
+            f"{key}: expected 'package.module:function'. Received: {spec!r}"
+        )
+    module_name, attr = (part.strip() for part in spec.split(":"))
+    if not module_name or not attr:
+        raise ValueError(
+            f"{key}: expected 'package.module:function'. Received: {spec!r}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the recipe's
+        raise ValueError(
+            f"{key}: cannot import module '{module_name}' "
+            f"({type(exc).__name__}: {one_line(exc)}). Received: {spec!r}"
+        ) from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ValueError(
+                f"{key}: module '{module_name}' has no attribute '{attr}'. "
+                f"Received: {spec!r}"
+            )
+    if not callable(fn):
+        raise TypeError(f"{key}: '{attr}' is not callable. Received: {spec!r}")
+    return fn
+
+
+def build_from_builder(
+    spec: str,
+    image_shape: tuple[int, ...],
+    num_classes: int,
+    cfg: ModelConfig,
+) -> keras.Model:
+    """Builds the recipe's model with `model.builder`.
+
+    The function is called as `fn(image_shape, num_classes, model_cfg)`
+    when it takes parameters, else as `fn()`. It must return a
+    `keras.Model` mapping [0, 1] pixels to `num_classes` float32 logits;
+    advtrain's preprocessing and head are not added.
+
+    Raises:
+        ValueError: naming `model.builder`, when the function cannot be
+            imported, fails, or returns something else.
+    """
+    fn = load_builder(spec)
+    unsupported = {
+        "freeze": cfg.freeze != "all_trainable",
+        "head_only_epochs": cfg.head_only_epochs > 0,
+        "weights": cfg.weights is not None,
+    }
+    for key, used in unsupported.items():
+        if used:
+            raise ValueError(
+                f"model.{key}: applies to advtrain's backbones, not to a "
+                f"model.builder model (it trains whole; load weights in the "
+                f"builder). Received: {key}={getattr(cfg, key)!r}"
+            )
+    try:
+        required = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        required = [None]
+    args = (tuple(image_shape), int(num_classes), cfg) if required else ()
+    model = fn(*args)
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"model.builder: {spec} must return a keras.Model. "
+            f"Received: {type(model).__name__}"
+        )
+    out = model.outputs[0].shape if getattr(model, "outputs", None) else None
+    if out is not None and out[-1] != num_classes:
+        raise ValueError(
+            f"model.builder: {spec} returns {out[-1]} outputs; the data has "
+            f"{num_classes} classes. Received: output shape {tuple(out)}"
+        )
+    return model

@@ -13,7 +13,6 @@ recipe.attack.eps
 from __future__ import annotations
 
 import copy
-import difflib
 import re
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -24,8 +23,9 @@ from pydantic import (
     BaseModel,
 )
 
-from advtrain.recipe.schema import Recipe, RecipeError, _Section
+from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
+from advtrain.utils.options import Options, format_validation_error
 
 # Hostile or mistaken files fail fast: a recipe is a few KB of YAML.
 MAX_RECIPE_BYTES = 1_000_000
@@ -49,12 +49,21 @@ RENAMED_KEYS = {
     "model.batchnorm.fused": (
         "'model.batchnorm.fused_kernel' (TensorFlow's fused BatchNorm kernel)"
     ),
+    # Objectives are chosen by name since 0.2 (advtrain.register_objective).
+    "attack.grad_align": (
+        "'attack.objective: grad_align' with the weight in "
+        "'attack.objective_options.grad_align' (default 0.2)"
+    ),
+    "attack.beta": "'attack.objective_options.beta' (attack.objective: trades)",
 }
 
-
-# Union members pydantic names in an error's location ("float",
-# "literal['auto']", "function-after[...]"): not recipe keys.
-_TYPE_TAG = re.compile(r"(float|int|str|bool|none|[a-z-]+\[.*\])")
+# Values renamed in 0.2: a recipe still using one gets this line.
+RENAMED_VALUES = {
+    ("attack.method", "trades"): (
+        "'attack.objective: trades' with 'attack.method: pgd' (TRADES is a "
+        "training objective; PGD maximises its KL term)"
+    ),
+}
 
 
 def import_plugins(modules: Any) -> None:
@@ -166,79 +175,29 @@ def parse_yaml(text: str, source: str) -> Any:
     return data
 
 
-def _known_keys(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
-    for part in path:
-        field = model.model_fields.get(part)
-        if field is None:
-            return []
-        annotation = field.annotation
-        sub = _submodel(annotation)
-        if sub is None:
-            return []
-        model = sub
-    return list(model.model_fields)
+def format_recipe_error(exc: pydantic.ValidationError, source: str) -> str:
+    """`format_validation_error` for a recipe (or one of its sections):
+    unknown keys are compared with the section validated, renamed keys
+    say their new name."""
+    schema = next((m for m in _schemas(Options) if m.__name__ == exc.title), Recipe)
+    return format_validation_error(exc, source, schema, RENAMED_KEYS)
 
 
-def _submodel(annotation: Any) -> Optional[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return None
-
-
-def _format_error(
-    error: dict[str, Any], source: str, schema: type[BaseModel] = None
-) -> str:
-    loc = tuple(str(p) for p in error["loc"] if not _TYPE_TAG.fullmatch(str(p)))
-    path = ".".join(loc)
-    kind = error["type"]
-    if kind == "extra_forbidden" and path in RENAMED_KEYS:
-        return f"{source}: '{path}' was renamed {RENAMED_KEYS[path]}."
-    if kind == "extra_forbidden":
-        known = _known_keys(schema or Recipe, loc[:-1])
-        close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
-        hint = f" Did you mean '{'.'.join(loc[:-1] + (close[0],))}'?" if close else ""
-        allowed = ", ".join(known)
-        return f"{source}: unknown key '{path}'.{hint} Allowed here: {allowed}."
-    received = error.get("input")
-    message = error["msg"]
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    if isinstance(received, bool) and kind in ("int_type", "float_type"):
-        message = f"{message} (true/false/yes/no are booleans, not numbers)"
-    if isinstance(received, (dict, list)) and kind != "literal_error":
-        received_text = ""
-    else:
-        shown = repr(received)
-        if len(shown) > 80:
-            shown = f"{shown[:77]}..."
-        received_text = f" Received: {path or 'value'}={shown}"
-    where = f" for '{path}'" if path else ""
-    if "Received:" in message:  # a validator's own line says it already
-        return f"{source}: invalid value{where}: {message}"
-    return f"{source}: invalid value{where}: {message.rstrip('.')}.{received_text}"
-
-
-def format_validation_error(exc: pydantic.ValidationError, source: str) -> str:
-    """One line for a pydantic error: `SOURCE: invalid value for 'KEY': WHY.
-    Received: KEY=VALUE`, or `SOURCE: unknown key 'KEY'. Did you mean ...`.
-    The one formatter for recipes, `--set` overrides and `advtrain.fit`'s
-    keyword arguments (`source` names where the values came from)."""
-    errors = exc.errors(include_url=False)
-    # Prefer an unknown-key error: it usually explains the others.
-    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
-    # The model validated (a whole recipe, or one section on its own for
-    # advtrain.fit) gives the keys an unknown one is compared with.
-    schema = next(
-        (m for m in _Section.__subclasses__() if m.__name__ == exc.title), Recipe
-    )
-    line = _format_error(errors[0], source, schema)
-    if len(errors) > 1:
-        line += f" ({len(errors) - 1} more problem(s) after this one)"
-    return line
+def _schemas(base: type[BaseModel]) -> list[type[BaseModel]]:
+    found = []
+    for sub in base.__subclasses__():
+        found += [sub, *_schemas(sub)]
+    return found
 
 
 def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
-    return RecipeError(format_validation_error(exc, source))
+    for error in exc.errors(include_url=False):
+        key = ".".join(str(part) for part in error["loc"])
+        value = error.get("input")
+        if isinstance(value, str) and (key, value) in RENAMED_VALUES:
+            renamed = RENAMED_VALUES[key, value]
+            return RecipeError(f"{source}: '{key}: {value}' was renamed {renamed}.")
+    return RecipeError(format_recipe_error(exc, source))
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -277,9 +236,18 @@ def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
             f"Received: {type(data).__name__}"
         )
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
     except pydantic.ValidationError as exc:
         raise _first_error(exc, source) from None
+    from advtrain.recipe.build import check_attack_section
+
+    try:
+        # The values' rules are the library's: build the attack now.
+        check_attack_section(recipe)
+    except (TypeError, ValueError) as exc:
+        where = "" if isinstance(exc, RecipeError) else "attack: "
+        raise RecipeError(f"{source}: {where}{one_line(exc)}") from None
+    return recipe
 
 
 def load_recipe(

@@ -1,6 +1,6 @@
 """The run folder's rules: a new folder, or an unfinished run of the same
 resolved recipe (resumed); anything else is refused before a byte is
-written.
+written. And the paths a recipe names, checked before a run starts.
 """
 
 from __future__ import annotations
@@ -9,9 +9,16 @@ import datetime
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from advtrain.recipe.keys import recipe_keys
 from advtrain.recipe.loader import parse_yaml, recipe_from_dict
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.train.checkpoint import RunFolderError
+from advtrain.utils.io import (
+    PathLike,
+    check_data_paths,
+    check_readable_file,
+    check_writable_dir,
+)
 
 
 def recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -69,12 +76,43 @@ def check_run_dir(out: Path, recipe: Recipe) -> bool:
     return True
 
 
+def check_recipe_paths(
+    recipe: Recipe, output: Optional[PathLike] = None, *, writes: bool = True
+) -> None:
+    """Checks every path `recipe` names before a run starts: the data
+    section's (`advtrain.utils.io.check_data_paths`), model.weights is a
+    readable weights file, and, when `writes`, the run folder (`output`,
+    else output.dir, else runs/) can be written.
+
+    Raises:
+        FileNotFoundError, ValueError: naming the recipe key (or
+            --output), the path and the problem.
+    """
+    data = recipe.data
+    check_data_paths(
+        source=data.source,
+        path=data.path,
+        tfds_data_dir=data.tfds_data_dir,
+        cache=data.cache,
+        names=recipe_keys("data"),
+    )
+    weights = recipe.model.weights
+    if weights is not None and weights != "imagenet":
+        check_readable_file(weights, recipe_keys("model")["weights"])
+    if not writes:
+        return
+    if output is not None:
+        check_writable_dir(output, "--output")
+    elif recipe.output.dir:
+        check_writable_dir(recipe.output.dir, recipe_keys("output")["dir"])
+    else:
+        check_writable_dir("runs", "runs/")
+
+
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
     """The run folder: new, or an unfinished run of the same resolved recipe
     (which `run` resumes). Refuses anything else with a RecipeError naming
     the differing keys (`check_run_dir`)."""
-    from advtrain.utils.io import check_recipe_paths
-
     if output is None and recipe.output.dir:
         output = recipe.output.dir
     if output is None:

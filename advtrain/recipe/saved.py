@@ -10,10 +10,10 @@ from typing import Any, Union
 import keras
 
 from advtrain.recipe.build import (
-    _keys,
     evaluation_keys,
     input_options,
     recipe_sanity_checks,
+    recipe_splits,
 )
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
@@ -63,11 +63,11 @@ def evaluate_saved(
     When the model sits in a run folder, the result is also written there
     as `eval-metrics.json` (the training run's metrics.json is untouched).
     """
-    from advtrain.data import LOAD_OPTIONS, load_splits, make_input
+    from advtrain.data import make_input
     from advtrain.evaluation.robustness import evaluate_robustness
 
     model_path = Path(model_path)
-    splits = load_splits(recipe.data.source, **_keys(recipe.data, *LOAD_OPTIONS))
+    splits = recipe_splits(recipe)
     classifier = load_classifier(model_path, safe_mode=safe_mode)
     expected = tuple(classifier.input_shape[1:])
     if expected != tuple(splits.image_shape):

@@ -15,52 +15,33 @@ recipe.attack.eps
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from advtrain.models.batchnorm.options import BatchNormOptions
+from advtrain.train.options import PlanOptions, RuntimeOptions
+from advtrain.utils.errors import did_you_mean
+from advtrain.utils.options import Options, Seed
 
 
 class RecipeError(ValueError):
     """A recipe, override or CLI value that cannot be used (exit code 2)."""
 
 
-# Seeds go to numpy, TensorFlow and Keras (seed + epoch): int32 suits all.
-SEED_MAX = 2**31 - 1
-INT_MAX = 2**31 - 1
-# NUL, C0 controls except tab and newlines, DEL, unpaired surrogates.
-_BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 _NAME = re.compile(r"\w[\w.+=-]{0,99}")
 
-
-class _Section(BaseModel):
-    # strict: YAML's `yes` is not 1 and 2.5 is not an int; allow_inf_nan:
-    # every float here is a finite quantity.
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False
-    )
-
-    @field_validator("*")
-    @classmethod
-    def _plain_values(cls, value: Any) -> Any:
-        if isinstance(value, str) and _BAD_CHARS.search(value):
-            raise ValueError(
-                "text must not hold NUL, control characters or unpaired surrogates"
-            )
-        if isinstance(value, int) and not isinstance(value, bool):
-            if abs(value) > INT_MAX:
-                raise ValueError(f"integers must be within +-{INT_MAX}")
-        return value
+# The recipe's sections share the library's strict option rules.
+_Section = Options
 
 
 def _as_tuple(value: Any) -> Any:
@@ -70,12 +51,12 @@ def _as_tuple(value: Any) -> Any:
 
 Side = Annotated[int, Field(ge=1, le=16_384)]
 Size = Annotated[tuple[Side, Side], BeforeValidator(_as_tuple)]
-Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 
 
 def _norm_text(data: Any) -> Any:
-    """`norm: 2` and `norm: .inf` (YAML numbers) mean "2" and "inf";
-    any other number (2.5, true) is left for the Literal to refuse."""
+    """`norm: 2` and `norm: .inf` (YAML numbers) mean "2" and "inf"; any
+    other number (2.5) becomes its text, for the norm's rule to refuse
+    by value (a boolean is left for the type to refuse)."""
     if isinstance(data, dict) and "norm" in data:
         value = data["norm"]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -84,6 +65,7 @@ def _norm_text(data: Any) -> Any:
             return {**data, "norm": "2"}
         if value == math.inf:
             return {**data, "norm": "inf"}
+        return {**data, "norm": str(value)}
     return data
 
 
@@ -151,72 +133,25 @@ def _registered(kind: str, value: str, extra: tuple[str, ...] = ()) -> str:
         from advtrain.attacks import attacks as registry
     elif kind == "data source":
         from advtrain.data.sources import sources as registry
+    elif kind == "objective":
+        from advtrain.models.objectives import objectives as registry
     else:
         from advtrain.backbones.registry import backbones as registry
     if value in extra or value in registry:
         return value
     known = sorted({*registry.names(), *extra})
-    close = difflib.get_close_matches(value, known, n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
     raise ValueError(
-        f"unknown {kind} '{value}'.{hint} Known: {', '.join(known)} (a plugin "
-        f"module named in `plugins` can register more)"
+        f"unknown {kind} '{value}'.{did_you_mean(value, known)} Known: "
+        f"{', '.join(known)} (a plugin module named in `plugins` can "
+        "register more)"
     )
 
 
-class BatchNormConfig(_Section):
-    """BatchNorm policy (advtrain.models.batchnorm.policy, advtrain.models.freezing).
+class BatchNormConfig(BatchNormOptions):
+    __doc__ = BatchNormOptions.__doc__
 
-    momentum: overrides every BatchNormalization layer, nested ones included.
-        auto (default): chosen from the run's length so the moving average
-        spans about 5% of its training steps, clamped to [0.9, 0.99]
-        (`advtrain.models.batchnorm.policy.auto_momentum`); a number sets it; None
-        keeps each layer's own (0.99 for Keras layers).
-    trainable: whether the backbone's BN layers train while the backbone
-        (or its top_k layers) does. Trained BN uses batch statistics and
-        updates its moving statistics; frozen BN runs in inference mode and
-        nothing in it changes. None (default) means: trained under
-        freeze=all_trainable, frozen under top_k; freeze=frozen always
-        freezes them.
-    recalibrate: after training, re-estimate the moving statistics of the
-        trained BN layers on recalibrate_batches clean training batches:
-        auto (default) when the measured gap exceeds gap_threshold, true
-        always, false never. metrics.json reports the gap before and after.
-    gap_threshold: warn when train-mode and inference-mode accuracy differ
-        by more than this.
-    fused_kernel: compute the plain Keras BatchNormalization layers with
-        TensorFlow's fused kernel (advtrain.models.batchnorm.fused): the
-        same results to float rounding, faster training (scripts/bench_step
-        measures it). false keeps Keras's own computation.
-    """
-
+    # advtrain built the recipe's model: every BN layer follows the run.
     momentum: Union[float, str, None] = "auto"
-    trainable: Optional[bool] = None
-    recalibrate: Union[bool, str] = "auto"
-    recalibrate_batches: int = Field(50, ge=1)
-    gap_threshold: float = Field(0.05, ge=0.0, le=1.0)
-    fused_kernel: bool = True
-
-    @model_validator(mode="after")
-    def _auto_or_value(self) -> BatchNormConfig:
-        # One readable line instead of pydantic's per-union-member errors.
-        m = self.momentum
-        if (
-            isinstance(m, str)
-            and m != "auto"
-            or isinstance(m, float)
-            and not (0.0 < m < 1.0)
-        ):
-            raise ValueError(
-                "momentum: expected auto, a number in (0, 1) or null. "
-                f"Received: momentum={m!r}"
-            )
-        if isinstance(self.recalibrate, str) and self.recalibrate != "auto":
-            raise ValueError(
-                "recalibrate: expected auto, true or false. "
-                f"Received: recalibrate={self.recalibrate!r}"
-            )
-        return self
 
 
 class ModelConfig(_Section):
@@ -256,43 +191,58 @@ class ModelConfig(_Section):
         return self
 
 
-# The built-in single-step attacks with a random start.
-_RANDOM_START = ("fgsm_rs", "n_fgsm", "zerograd")
-
-
 class AttackConfig(_Section):
-    """The training attack. Pixel space: eps is in units of [0, 1] pixels."""
+    """The training attack. Pixel space: eps is in units of [0, 1] pixels.
 
-    # none, trades, or a registered attack (advtrain.attacks.register_attack):
+    Types only: the rules on the values (eps within the pixel range under
+    norm inf, step sizes, counts, which method takes which setting) are
+    the library's, applied when the recipe loads by building the `Attack`
+    and checking the objective's arguments
+    (`advtrain.recipe.build.check_attack_section`); an error names the key.
+    """
+
+    # none, or a registered attack (advtrain.attacks.register_attack):
     # fgsm, fgsm_rs, n_fgsm, zerograd, pgd, or one a plugin registers.
     method: str = "fgsm_rs"
-    eps: float = Field(8 / 255, ge=0.0, le=1.0)
+    eps: float = 8 / 255
     # FGSM random start step; default 1.25 * eps (Wong et al. 2020).
-    alpha: Optional[float] = Field(None, gt=0.0, le=2.0)
-    steps: int = Field(7, ge=1, le=1000)
-    step_size: Optional[float] = Field(None, gt=0.0)
-    norm: Literal["inf", "2"] = "inf"
+    alpha: Optional[float] = None
+    steps: int = 7
+    step_size: Optional[float] = None
+    # inf or 2 (L-infinity or L2).
+    norm: str = "inf"
     random_start: bool = True
     # fgsm_rs, n_fgsm, zerograd: clip the random start to the pixel range
     # before its gradient is taken (false: as drawn, like Wong et al.'s
     # MNIST code).
     clip_start: bool = True
     # n_fgsm: radius of the random start; default 2 * eps (de Jorge et al.).
-    noise: Optional[float] = Field(None, ge=0.0, le=2.0)
+    noise: Optional[float] = None
     # zerograd: share of each example's smallest gradient entries zeroed.
-    zero_quantile: float = Field(0.35, ge=0.0, lt=1.0)
-    backend: Literal["advtrain", "cleverhans"] = "advtrain"
-    adv_weight: float = Field(0.5, ge=0.0, le=1.0)
-    mode: Literal["inference", "train"] = "inference"
+    zero_quantile: float = 0.35
+    # advtrain, or cleverhans (fgsm and pgd only).
+    backend: str = "advtrain"
+    adv_weight: float = 0.5
+    # inference or train: the mode the classifier runs in for the attack.
+    mode: str = "inference"
     # The fused step (AdversarialModel(fused=)): the clean training pass's
     # own backward pass gives the attack's gradient (2 forward + 2 backward
-    # passes). auto: exactly for plain fgsm with 0 < adv_weight < 1 and no
-    # grad_align; true forces it (fgsm or fgsm_rs); false: never.
-    fused_step: Union[Literal["auto"], bool] = "auto"
-    beta: float = Field(6.0, ge=0.0)
-    # GradAlign (advtrain.models.GradAlign): weight of the gradient-alignment
-    # penalty; 0 (default) is off. About 3x the cost of an FGSM step.
-    grad_align: float = Field(0.0, ge=0.0)
+    # passes). auto: exactly for plain fgsm with 0 < adv_weight < 1 and the
+    # adversarial objective; true forces it (fgsm or fgsm_rs); false: never.
+    fused_step: Union[bool, str] = "auto"
+    # The attack function's own keyword arguments beyond the keys above,
+    # e.g. {rho: 0.5} for apgd_ce or a plugin attack's; checked against its
+    # signature (advtrain.attacks.attack.attack_options).
+    options: dict[str, Any] = Field(default_factory=dict)
+    # The training objective, a registered AdversarialModel subclass
+    # (advtrain.register_objective): adversarial (the clean/adversarial
+    # mix, adv_weight), trades (with method: pgd), grad_align, or one a
+    # plugin registers.
+    objective: str = "adversarial"
+    # The objective's own keyword arguments, checked against its signature:
+    # trades {beta: 6.0}; grad_align {grad_align: 0.2} (the penalty's
+    # weight; about 3x the cost of an FGSM step).
+    objective_options: dict[str, Any] = Field(default_factory=dict)
     # Training only: eps, alpha and step_size grow linearly from ~0 to their
     # values over this many epochs, step by step (advtrain.models.eps_ramp);
     # 0: full eps from the first step. Evaluation always uses the full eps.
@@ -306,69 +256,79 @@ class AttackConfig(_Section):
     @field_validator("method")
     @classmethod
     def _known_method(cls, value: str) -> str:
-        return _registered("attack", value, extra=("none", "trades"))
+        return _registered("attack", value, extra=("none",))
 
-    @model_validator(mode="after")
-    def _compatible(self) -> AttackConfig:
-        if self.backend == "cleverhans" and self.method not in ("fgsm", "pgd"):
+    @field_validator("options")
+    @classmethod
+    def _attack_takes_options(cls, value: dict, info: ValidationInfo) -> dict:
+        from advtrain.attacks.attack import CALL_KEYS, OPTION_KEYS, attack_options
+
+        method = info.data.get("method")
+        if method is None:  # refused already
+            return value
+        backend = info.data.get("backend", "advtrain")
+        try:
+            accepted = () if method == "none" else attack_options(method, backend)
+        except ValueError:  # not on that backend: _compatible says so
+            return value
+        return _checked_options(
+            f"attack '{method}'",
+            value,
+            accepted,
+            (*OPTION_KEYS, *CALL_KEYS),
+            "attack.options",
+        )
+
+    @field_validator("objective")
+    @classmethod
+    def _known_objective(cls, value: str, info: ValidationInfo) -> str:
+        from advtrain.models.objectives import objectives
+
+        _registered("objective", value)
+        method = info.data.get("method")
+        needed = getattr(objectives.get(value), "attack_method", None)
+        if value != "adversarial" and method == "none":
             raise ValueError(
-                "backend: cleverhans supports method fgsm or pgd. "
-                f"Received: method={self.method}"
+                f"objective {value} needs a training attack. Received: "
+                "attack.method=none"
             )
-        if not self.clip_start and self.method not in _RANDOM_START:
+        if needed is not None and method is not None and method != needed:
             raise ValueError(
-                f"clip_start: false applies to method {', '.join(_RANDOM_START)}"
-                f" only. Received: method={self.method}"
+                f"objective {value} maximises its loss with method {needed}: set "
+                f"attack.method: {needed}. Received: attack.method={method}"
             )
-        if self.eps_ramp_epochs and (
-            self.method == "none" or self.backend != "advtrain"
-        ):
-            raise ValueError(
-                "eps_ramp_epochs > 0 needs a training attack on the advtrain "
-                f"backend. Received: method={self.method}, backend={self.backend}"
-            )
-        if self.fused_step is True and self.method not in ("fgsm", "fgsm_rs"):
-            raise ValueError(
-                "fused_step: true needs method fgsm or fgsm_rs. "
-                f"Received: method={self.method}"
-            )
-        if self.grad_align and (
-            self.method in ("none", "trades") or self.fused_step is True
-        ):
-            raise ValueError(
-                "grad_align > 0 needs a training attack other than trades, "
-                f"without fused_step: true. Received: method={self.method}, "
-                f"fused_step={str(self.fused_step).lower()}"
-            )
-        return self
+        return value
+
+    @field_validator("objective_options")
+    @classmethod
+    def _objective_takes_options(cls, value: dict, info: ValidationInfo) -> dict:
+        from advtrain.models.objectives import objective_options, objectives
+        from advtrain.models.objectives.registry import RESERVED
+
+        name = info.data.get("objective")
+        if name is None:  # refused already
+            return value
+        accepted = objective_options(objectives.get(name))
+        return _checked_options(
+            f"objective '{name}'", value, accepted, RESERVED, "attack.objective_options"
+        )
 
 
-class TrainConfig(_Section):
-    """Optimisation and batch arithmetic (advtrain.train.runtime.plan_batches).
+def _checked_options(owner: str, options: dict, accepted, reserved, key: str) -> dict:
+    """`check_options` on the recipe key `key`, its TypeError as the
+    ValueError pydantic reports."""
+    from advtrain.utils.keywords import check_options
 
-    batch_size is the global batch, split evenly across replicas; epochs
-    are never divided by the number of workers. scale_lr: learning_rate is
-    the rate at reference_batch and scales linearly with the global batch
-    (lr x batch_size / reference_batch); warmup_epochs: linear warm-up
-    from 0 over that many epochs (may be fractional). Both are printed
-    with the resulting numbers at the start of a run.
-    """
+    try:
+        return check_options(owner, options, accepted, reserved, received=key)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
-    epochs: int = Field(10, ge=0)
-    # The global batch: split evenly across replicas.
-    batch_size: int = Field(64, ge=1)
-    steps_per_epoch: Optional[int] = Field(None, ge=1)
-    optimizer: Literal["adam", "sgd", "adamw"] = "adam"
-    learning_rate: float = Field(1e-3, gt=0.0, le=10.0)
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    # cosine: cosine decay to 0 after the warm-up; onecycle: linear decay
-    # to 0 after the warm-up (triangular, as in Wong et al. 2020).
-    lr_schedule: Literal["constant", "cosine", "onecycle"] = "constant"
-    scale_lr: bool = False
-    reference_batch: int = Field(256, ge=1)
-    warmup_epochs: float = Field(0.0, ge=0.0)
-    seed: Seed = 0
+
+class TrainConfig(PlanOptions):
+    """`PlanOptions` (optimisation and batch arithmetic) and the
+    catastrophic-overfitting guard (advtrain.train.guards)."""
+
     # Catastrophic-overfitting guard (advtrain.train.guards): after each epoch,
     # PGD (co_guard_pgd_steps, the training eps) on co_guard_examples fixed
     # training examples; a fall of more than co_guard_drop (absolute) below
@@ -454,40 +414,8 @@ class EvalConfig(_Section):
         return self
 
 
-class RuntimeConfig(_Section):
-    """Where and how the step runs (advtrain.train.runtime.make_runtime).
-
-    strategy: auto (multi_worker when TF_CONFIG or a SLURM step names
-        several tasks, mirrored over several GPUs or cpu_replicas, else
-        default), default, one_device, mirrored, multi_worker (from
-        TF_CONFIG, as `advtrain launch` sets it, or SLURM), tpu.
-    cpu_replicas: split the CPU into N logical devices (mirrored then
-        trains N replicas; for tests and for checking reductions).
-    precision: Keras dtype policy; logits and losses stay float32.
-    jit_compile: XLA for the train step and its attack; auto = off (see
-        make_runtime for why).
-    steps_per_execution: train steps per host call; auto = the largest
-        divisor of the steps per epoch up to 32 (1 under mirrored and
-        multi_worker, where Keras 3 cannot loop steps).
-    """
-
-    strategy: Literal[
-        "auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
-    ] = "auto"
-    cpu_replicas: Optional[int] = Field(None, ge=1, le=64)
-    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
-    jit_compile: Union[Literal["auto"], bool] = "auto"
-    steps_per_execution: Union[Literal["auto"], int] = "auto"
-    deterministic: bool = False
-
-    @model_validator(mode="after")
-    def _positive_steps(self) -> RuntimeConfig:
-        spe = self.steps_per_execution
-        if isinstance(spe, int) and spe < 1:
-            raise ValueError(
-                f"steps_per_execution must be 'auto' or >= 1. Received: {spe}"
-            )
-        return self
+class RuntimeConfig(RuntimeOptions):
+    __doc__ = RuntimeOptions.__doc__
 
 
 class OutputConfig(_Section):

@@ -32,12 +32,23 @@ def describe(recipe: Recipe, splits, runtime, plan, echo: Echo) -> None:
         f"norm={attack.norm} adv_weight={recipe.attack.adv_weight:g} "
         f"backend={attack.backend} mode={recipe.attack.mode}"
         + _method_options(attack)
+        + _pairs(attack.options)
         + (f" eps_ramp_epochs={ramp:g}" if ramp else "")
-        + (
-            f" grad_align={recipe.attack.grad_align:g}"
-            if recipe.attack.grad_align
-            else ""
-        )
+        + _objective(recipe.attack.objective, recipe.attack.objective_options)
+    )
+
+
+def _objective(name: str, options: dict[str, Any]) -> str:
+    """The objective and its options, e.g. ` objective=trades beta=1`; ""
+    for the plain adversarial mix."""
+    return "" if name == "adversarial" else f" objective={name}" + _pairs(options)
+
+
+def _pairs(options: dict[str, Any]) -> str:
+    """` name=value` for each option, e.g. ` scale=0.5`."""
+    return "".join(
+        f" {k}={format(v, 'g') if isinstance(v, float) else v}"
+        for k, v in options.items()
     )
 
 

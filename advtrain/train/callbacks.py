@@ -15,14 +15,13 @@ import keras
 import numpy as np
 
 from advtrain.train.preemption import Preempted, resume_hint
+from advtrain.utils.progress import Echo
 
 
 class ProgressLine(keras.callbacks.Callback):
     """One line per epoch: metrics, seconds and samples per second."""
 
-    def __init__(
-        self, echo: Callable[[str], None], epochs: int, samples_per_epoch: int
-    ):
+    def __init__(self, echo: Echo, epochs: int, samples_per_epoch: int):
         super().__init__()
         self.echo = echo
         self.epochs = epochs

@@ -53,6 +53,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from advtrain.utils.errors import ArgumentError
 from advtrain.utils.io import atomic_write_json, atomic_write_text
 from advtrain.utils.progress import Echo
 
@@ -192,20 +193,20 @@ def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
     Raises:
         NonFiniteStateError: a model variable holds NaN or Inf.
     """
+    from advtrain.train.guards import first_nonfinite_variable
+
+    groups = _groups(model)
+    bad = first_nonfinite_variable(groups["model"])
+    if bad is not None:
+        raise NonFiniteStateError(
+            f"variable {bad} holds NaN or Inf; not checkpointing it"
+        )
     arrays: dict[str, np.ndarray] = {}
     spec: dict[str, list] = {}
-    for group, variables in _groups(model).items():
+    for group, variables in groups.items():
         spec[group] = []
         for i, variable in enumerate(variables):
             value = _plain(variable)
-            if (
-                group == "model"
-                and value.dtype.kind == "f"
-                and not np.isfinite(value).all()
-            ):
-                raise NonFiniteStateError(
-                    f"variable {variable.path} holds NaN or Inf; not checkpointing it"
-                )
             spec[group].append(
                 [str(variable.path), list(value.shape), str(value.dtype)]
             )
@@ -543,31 +544,37 @@ def restore_variables(
 
 
 def resolve_monitor(
-    setting: str,
-    mode: str,
+    monitor: str,
+    monitor_mode: str,
     *,
     has_validation: bool,
     attacks: bool,
     validates_adversarially: bool,
 ) -> tuple[str, str]:
-    """`output.monitor` and `output.monitor_mode` with "auto" resolved.
+    """The checkpoint's `monitor` and `monitor_mode` with "auto" resolved.
 
     "auto" is robust accuracy: on the validation split when there is one
     and the model's `test_step` attacks (otherwise `val_adv_accuracy`
     would be the untouched metric, always 0), else on the training batches.
+
+    Raises:
+        ArgumentError: naming `monitor`, a validation metric without a
+            validation split.
     """
-    if setting == "auto":
+    if monitor == "auto":
         if not attacks:
-            setting = "val_accuracy" if has_validation else "accuracy"
+            monitor = "val_accuracy" if has_validation else "accuracy"
         elif has_validation and validates_adversarially:
-            setting = "val_adv_accuracy"
+            monitor = "val_adv_accuracy"
         else:
-            setting = "adv_accuracy"
-    elif setting.startswith("val_") and not has_validation:
-        raise ValueError(
-            f"output.monitor={setting} needs a validation split; set "
-            "data.val_fraction > 0 or monitor a training metric."
+            monitor = "adv_accuracy"
+    elif monitor.startswith("val_") and not has_validation:
+        raise ArgumentError(
+            "monitor",
+            "a validation metric needs a validation split; set "
+            "val_fraction > 0 or monitor a training metric. "
+            f"Received: monitor={monitor}",
         )
-    if mode == "auto":
-        mode = "min" if setting.endswith("loss") else "max"
-    return setting, mode
+    if monitor_mode == "auto":
+        monitor_mode = "min" if monitor.endswith("loss") else "max"
+    return monitor, monitor_mode

@@ -11,11 +11,7 @@ trained or not. Recipes reach the same path with
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
-import mmap
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Optional, Union
 
 import keras
@@ -23,14 +19,16 @@ import numpy as np
 import pydantic
 import tensorflow as tf
 
-from advtrain.data.arrays import read_rows
-from advtrain.recipe.loader import format_validation_error
-from advtrain.recipe.schema import (
-    BatchNormConfig,
-    ModelConfig,
-    RuntimeConfig,
-    TrainConfig,
+from advtrain.data.streaming import array_batches
+from advtrain.models.batchnorm.options import BatchNormOptions
+from advtrain.models.batchnorm.policy import (
+    POLICY_KEYS,
+    SETTLE_KEYS,
+    apply_batchnorm_policy,
+    batchnorm_layers,
+    settle_batchnorm,
 )
+from advtrain.train.options import PlanOptions, RuntimeOptions
 from advtrain.train.runtime import (
     PLAN_KEYS,
     BatchPlan,
@@ -39,15 +37,11 @@ from advtrain.train.runtime import (
     make_runtime,
     plan_batches,
 )
-from advtrain.utils.errors import one_line
+from advtrain.utils.options import format_validation_error
 from advtrain.utils.progress import Echo
 
 ModelOrBuilder = Union[keras.Model, Callable[[], keras.Model]]
 
-# In-memory arrays up to this size become one constant tensor
-# (from_tensor_slices); larger ones, and every memory map, are read one
-# batch at a time.
-_CONSTANT_BYTES = 64 * 2**20
 # Held-out examples for the BatchNorm gap.
 _GAP_EXAMPLES = 512
 
@@ -83,7 +77,7 @@ def fit(
     model: ModelOrBuilder,
     data: Any,
     *,
-    runtime: Union[Runtime, RuntimeConfig, dict, None] = None,
+    runtime: Union[Runtime, RuntimeOptions, dict, None] = None,
     attack: Any = None,
     adv_weight: float = 0.5,
     fused: Union[bool, str] = "auto",
@@ -99,7 +93,7 @@ def fit(
     warmup_epochs: float = 0.0,
     shuffle: bool = True,
     seed: int = 0,
-    batchnorm: Union[BatchNormConfig, dict, None] = None,
+    batchnorm: Union[BatchNormOptions, dict, None] = None,
     validation_data: Any = None,
     callbacks: Optional[list] = None,
     verbose: Union[int, str] = 0,
@@ -128,7 +122,7 @@ def fit(
             mmap_mode="r")` stream from disk), or a `tf.data.Dataset` of
             examples when `batch_size` is given, else of global batches.
             Arrays and examples are `shuffle`d anew each epoch.
-        runtime: a `RuntimeConfig`, its dict or a `Runtime`; default auto.
+        runtime: a `RuntimeOptions`, its dict or a `Runtime`; default auto.
         attack: an `Attack`, its config dict, a method name, or None.
         adv_weight: the adversarial loss weight.
         loss: a Keras loss (default when attacking: cross-entropy from
@@ -137,18 +131,19 @@ def fit(
         fused: `AdversarialModel`'s step choice: "auto" (the fused step for
             plain FGSM with 0 < adv_weight < 1), True or False.
         optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
-        learning_rate: as in the recipe's `train` section.
-        scale_lr: as in the recipe's `train` section.
-        reference_batch: as in the recipe's `train` section.
-        warmup_epochs: as in the recipe's `train` section.
-        epochs: as in the recipe's `train` section.
-        steps_per_epoch: as in the recipe's `train` section.
-        batch_size: the global batch, as in the recipe's `train` section;
-            required for arrays.
-        seed: as in the recipe's `train` section.
-        batchnorm: the recipe's `model.batchnorm` keys (dict or
-            `BatchNormConfig`): fused kernel, auto momentum and recalibration
-            when the measured gap exceeds `gap_threshold`, by default.
+        learning_rate: see `PlanOptions` (advtrain.train.options).
+        scale_lr: see `PlanOptions` (advtrain.train.options).
+        reference_batch: see `PlanOptions` (advtrain.train.options).
+        warmup_epochs: see `PlanOptions` (advtrain.train.options).
+        epochs: see `PlanOptions` (advtrain.train.options).
+        steps_per_epoch: see `PlanOptions` (advtrain.train.options).
+        batch_size: the global batch (`PlanOptions`); required for arrays.
+        seed: see `PlanOptions` (advtrain.train.options).
+        batchnorm: `BatchNormOptions` (advtrain.models.batchnorm.options)
+            or its dict: by default the fused kernel, momentum "adapt"
+            (layers at Keras's 0.99 follow the run's length, others stay)
+            and recalibration when the measured gap exceeds
+            `gap_threshold`; `advtrain.models.batchnorm.policy`.
         validation_data: passed to `Model.fit`.
         callbacks: passed to `Model.fit`.
         verbose: passed to `Model.fit`.
@@ -231,7 +226,7 @@ def _plan(rt: Runtime, size: Optional[int], batch: int, options: dict, say: Echo
         )
     optimizer = options["optimizer"]
     train = _validated(
-        TrainConfig,
+        PlanOptions,
         {
             **{key: options[key] for key in _TRAIN_KEYS},
             "batch_size": batch,
@@ -254,7 +249,11 @@ def _compiled_model(rt, plan, train, bn, options, say):
     attack, loss, optimizer = (options[k] for k in ("attack", "loss", "optimizer"))
     with rt.strategy.scope():
         net = classifier = _model_in_scope(options["model"], rt)
-        note = _apply_batchnorm(net, bn, plan.epochs * plan.steps_per_epoch)
+        note = apply_batchnorm_policy(
+            net,
+            total_steps=plan.epochs * plan.steps_per_epoch,
+            **{key: bn[key] for key in POLICY_KEYS},
+        )
         if note:
             say(note)
         attack = _as_attack(attack)
@@ -328,39 +327,23 @@ def _label_checked(train_ds, net, classifier, loss):
 def _batchnorm_options(batchnorm: Any) -> dict[str, Any]:
     """The BatchNorm policy's keys, validated, defaults filled in."""
     if batchnorm is None:
-        batchnorm = BatchNormConfig()
+        batchnorm = BatchNormOptions()
     elif isinstance(batchnorm, dict):
-        batchnorm = _validated(BatchNormConfig, batchnorm, "batchnorm")
-    elif not isinstance(batchnorm, BatchNormConfig):
+        batchnorm = _validated(BatchNormOptions, batchnorm, "batchnorm")
+    elif not isinstance(batchnorm, BatchNormOptions):
         raise TypeError(
-            "batchnorm must be a BatchNormConfig, its dict or None. "
+            "batchnorm must be a BatchNormOptions, its dict or None. "
             f"Received: batchnorm={batchnorm!r}"
         )
     return batchnorm.model_dump()
 
 
-def _apply_batchnorm(
-    model: keras.Model, bn: dict[str, Any], total_steps: int
-) -> Optional[str]:
-    """Fused kernel and momentum before training; a note on what changed."""
-    from advtrain.models.batchnorm import policy as bn_policy
-
-    if bn["fused_kernel"]:
-        from advtrain.models.batchnorm.fused import fuse_batchnorm
-
-        fuse_batchnorm(model)
-    if bn["momentum"] == "auto":
-        return bn_policy.adapt_momentum(model, total_steps)
-    if bn["momentum"] is not None:
-        bn_policy.set_batchnorm_momentum(model, bn["momentum"])
-    return None
-
-
 def _settle_batchnorm(model, bn, data, validation_data, train_ds, plan, say):
-    """The gap (and recalibration) after training; None when the model has
-    no BatchNorm or is not a classifier with integer labels."""
-    from advtrain.models.batchnorm.policy import batchnorm_layers, settle_batchnorm
-
+    """`batchnorm`'s after-training step
+    (`advtrain.models.batchnorm.policy.settle_batchnorm`) on up to 512
+    held-out examples (`validation_data`, else the training data); None
+    when the model has no BatchNorm or is not a classifier with integer
+    labels."""
     if not batchnorm_layers(model):
         return None
     examples = _gap_examples(validation_data if validation_data is not None else data)
@@ -375,20 +358,10 @@ def _settle_batchnorm(model, bn, data, validation_data, train_ds, plan, say):
         y,
         batch_size=min(plan.per_replica_batch, len(y)),
         train_batches=train_ds,
-        recalibrate=bn["recalibrate"],
-        gap_threshold=bn["gap_threshold"],
-        recalibrate_batches=bn["recalibrate_batches"],
+        **{key: bn[key] for key in SETTLE_KEYS},
+        echo=say,
     )
-    line = f"bn_gap: {100 * report['gap']:+.2f} points"
-    if report["recalibrated"]:
-        line += (
-            f" after recalibrating on {report['recalibrated']} batch(es) "
-            f"({100 * report['before']['gap']:+.2f} before)"
-        )
-    say(line)
-    warning = report.pop("warning")
-    if warning:
-        say(f"warning: {warning}")
+    report.pop("warning")  # echoed; the result keeps the numbers
     return report
 
 
@@ -430,24 +403,24 @@ def _is_classification(model: keras.Model, x: np.ndarray, y: np.ndarray) -> bool
 
 def _validated(cls, values: dict, source: str = "advtrain.fit"):
     """`cls(**values)`, a pydantic error turned into one ValueError line
-    (`advtrain.recipe.schema.format_validation_error`)."""
+    (`advtrain.utils.options.format_validation_error`)."""
     try:
         return cls(**values)
     except pydantic.ValidationError as exc:
-        raise ValueError(format_validation_error(exc, source)) from None
+        raise ValueError(format_validation_error(exc, source, cls)) from None
 
 
 def _as_runtime(runtime: Any) -> Runtime:
     if isinstance(runtime, Runtime):
         return runtime
     if runtime is None:
-        runtime = RuntimeConfig()
+        runtime = RuntimeOptions()
     if isinstance(runtime, dict):
-        runtime = _validated(RuntimeConfig, runtime, "runtime")
-    if isinstance(runtime, RuntimeConfig):
+        runtime = _validated(RuntimeOptions, runtime, "runtime")
+    if isinstance(runtime, RuntimeOptions):
         return make_runtime(**runtime.model_dump())
     raise TypeError(
-        "runtime must be a Runtime, RuntimeConfig, dict or None. "
+        "runtime must be a Runtime, RuntimeOptions, dict or None. "
         f"Received: runtime={runtime!r}"
     )
 
@@ -569,225 +542,4 @@ def _dataset_data(ds, batch_size, shuffle, seed):
     return ds.repeat(), size, int(batch)
 
 
-def _epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
-    """`epoch(key)` for key 0, 1, 2, ... (repeat: the same stream from every
-    iterator), or one epoch with a fresh random key per iterator."""
-    if repeat:
-        keys = tf.data.Dataset.counter()
-    else:
-        keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
-        keys = keys.take(1)
-    return keys.flat_map(epoch)
-
-
-def array_batches(
-    x: np.ndarray,
-    y: np.ndarray,
-    batch_size: int,
-    *,
-    shuffle: bool = True,
-    seed: int = 0,
-    repeat: bool = False,
-) -> tf.data.Dataset:
-    """Global batches of `(x, y)`; large arrays and memory maps stream.
-
-    Small in-memory arrays become a constant tensor. A memory map (from
-    `np.load(path, mmap_mode="r")`) or an array over 64 MiB is read one
-    batch at a time: a memory map with plain file reads, so the file
-    never becomes resident in the process (its pages stay in the page
-    cache, not in the process). Shuffling then permutes the order of
-    contiguous blocks of `batch_size` rows and the rows within each batch,
-    which keeps reads sequential. The last partial batch is dropped.
-
-    Without `repeat`: one epoch, in a new order for every iterator. With
-    `repeat`: epochs without end, epoch e in the order drawn from
-    (seed, e), and every iterator replays the same stream.
-
-    Example:
-
-    ```python
-    x = np.load("features.npy", mmap_mode="r")
-    ds = array_batches(x, labels, 256)
-    ```
-    """
-    y = np.asarray(y)
-    n = len(y) // batch_size * batch_size
-    if n == 0:
-        raise ValueError(
-            f"batch_size={batch_size} is larger than the {len(y)} examples."
-        )
-    blocks = n // batch_size
-    if not isinstance(x, np.memmap) and np.asarray(x).nbytes <= _CONSTANT_BYTES:
-        epoch = _constant_epoch(np.asarray(x), y, blocks, batch_size, shuffle, seed)
-        prefetch = tf.data.AUTOTUNE
-    else:
-        epoch = _streamed_epoch(x, y, blocks, batch_size, shuffle, seed)
-        prefetch = 2
-    ds = _epochs(epoch, repeat=repeat, seed=seed)
-    cardinality = tf.data.INFINITE_CARDINALITY if repeat else blocks
-    ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
-    return ds.prefetch(prefetch)
-
-
-def _constant_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
-    """`epoch(key)`: the batches of one epoch, gathered from constants."""
-    xs, ys = tf.constant(x), tf.constant(y)
-
-    def epoch(key):
-        rows = tf.range(len(y), dtype=tf.int64)
-        if shuffle:
-            rows = tf.random.experimental.stateless_shuffle(
-                rows, seed=tf.stack([tf.constant(seed, tf.int64), key])
-            )
-        rows = tf.reshape(rows[: blocks * batch_size], (blocks, batch_size))
-        return tf.data.Dataset.from_tensor_slices(rows).map(
-            lambda r: (tf.gather(xs, r), tf.gather(ys, r))
-        )
-
-    return epoch
-
-
-def _streamed_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
-    """`epoch(key)`: the batches of one epoch, read a block at a time."""
-    read = _row_reader(x)
-
-    def generate(key):
-        rng = np.random.default_rng([seed % 2**32, int(key) % 2**32])
-        order = rng.permutation(blocks) if shuffle else np.arange(blocks)
-        for block in order:
-            start = int(block) * batch_size
-            xb = read(start, start + batch_size)
-            yb = y[start : start + batch_size]
-            if shuffle:
-                rows = rng.permutation(batch_size)
-                xb, yb = xb[rows], yb[rows]
-            yield xb, yb
-
-    spec = (
-        tf.TensorSpec((batch_size, *x.shape[1:]), tf.as_dtype(x.dtype)),
-        tf.TensorSpec((batch_size, *y.shape[1:]), tf.as_dtype(y.dtype)),
-    )
-
-    def epoch(key):
-        return tf.data.Dataset.from_generator(
-            generate, args=(key,), output_signature=spec
-        )
-
-    return epoch
-
-
-def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
-    """`read(start, stop)` copies rows; file reads for whole memory maps."""
-    filename = getattr(x, "filename", None)
-    base_ok = (
-        isinstance(x, np.memmap)
-        and filename is not None
-        and x.flags.c_contiguous
-        and isinstance(getattr(x, "base", None), mmap.mmap)
-    )
-    if not base_ok:
-        return lambda start, stop: np.array(x[start:stop])
-    row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
-    offset = int(x.offset)
-    path = Path(filename)
-    if path.stat().st_size < offset + len(x) * row_bytes:
-        raise ValueError(f"{path}: shorter than its array header says.")
-
-    def read(start: int, stop: int) -> np.ndarray:
-        return read_rows(path, offset, x.shape[1:], x.dtype, np.arange(start, stop))
-
-    return read
-
-
 # ---------------------------------------------------------------- builder
-
-
-def load_builder(spec: str, key: str = "model.builder") -> Callable:
-    """Imports "package.module:function" and returns the function.
-
-    Raises:
-        ValueError: one line naming `key`: bad format, module not
-            importable, no such attribute, or not callable.
-    """
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(
-            f"{key}: expected 'package.module:function'. Received: {spec!r}"
-        )
-    module_name, attr = (part.strip() for part in spec.split(":"))
-    if not module_name or not attr:
-        raise ValueError(
-            f"{key}: expected 'package.module:function'. Received: {spec!r}"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the recipe's
-        raise ValueError(
-            f"{key}: cannot import module '{module_name}' "
-            f"({type(exc).__name__}: {one_line(exc)}). Received: {spec!r}"
-        ) from None
-    fn = module
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise ValueError(
-                f"{key}: module '{module_name}' has no attribute '{attr}'. "
-                f"Received: {spec!r}"
-            )
-    if not callable(fn):
-        raise TypeError(f"{key}: '{attr}' is not callable. Received: {spec!r}")
-    return fn
-
-
-def build_from_builder(
-    spec: str,
-    image_shape: tuple[int, ...],
-    num_classes: int,
-    cfg: ModelConfig,
-) -> keras.Model:
-    """Builds the recipe's model with `model.builder`.
-
-    The function is called as `fn(image_shape, num_classes, model_cfg)`
-    when it takes parameters, else as `fn()`. It must return a
-    `keras.Model` mapping [0, 1] pixels to `num_classes` float32 logits;
-    advtrain's preprocessing and head are not added.
-
-    Raises:
-        ValueError: naming `model.builder`, when the function cannot be
-            imported, fails, or returns something else.
-    """
-    fn = load_builder(spec)
-    unsupported = {
-        "freeze": cfg.freeze != "all_trainable",
-        "head_only_epochs": cfg.head_only_epochs > 0,
-        "weights": cfg.weights is not None,
-    }
-    for key, used in unsupported.items():
-        if used:
-            raise ValueError(
-                f"model.{key}: applies to advtrain's backbones, not to a "
-                f"model.builder model (it trains whole; load weights in the "
-                f"builder). Received: {key}={getattr(cfg, key)!r}"
-            )
-    try:
-        required = [
-            p
-            for p in inspect.signature(fn).parameters.values()
-            if p.default is p.empty
-            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        required = [None]
-    args = (tuple(image_shape), int(num_classes), cfg) if required else ()
-    model = fn(*args)
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            f"model.builder: {spec} must return a keras.Model. "
-            f"Received: {type(model).__name__}"
-        )
-    out = model.outputs[0].shape if getattr(model, "outputs", None) else None
-    if out is not None and out[-1] != num_classes:
-        raise ValueError(
-            f"model.builder: {spec} returns {out[-1]} outputs; the data has "
-            f"{num_classes} classes. Received: output shape {tuple(out)}"
-        )
-    return model

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -17,17 +17,33 @@ import numpy as np
 import tensorflow as tf
 
 from advtrain.attacks import pgd
+from advtrain.attacks.common import check_count
 from advtrain.utils.io import atomic_path
+from advtrain.utils.progress import Echo
 
 ACTIONS = ("stop", "rollback")
 KEEPS = ("best", "last")
 
 
-def first_nonfinite_variable(model: keras.Model) -> Optional[str]:
-    """The path of the first float variable of `model` (trainable or not:
-    BatchNorm moving mean and variance included) that holds NaN or Inf, or
-    None. One device read per variable, one host sync in all."""
-    variables = [v for v in model.weights if "float" in str(v.dtype)]
+def first_nonfinite_variable(
+    state: Union[keras.layers.Layer, Iterable[keras.Variable]],
+) -> Optional[str]:
+    """The path of the first float variable that holds NaN or Inf, or None:
+    the one finite-value check (the NaN guard, checkpoints, the saved model).
+
+    `state` is a model, whose weights are checked (trainable or not:
+    BatchNorm moving mean and variance included), or the variables to
+    check. One device read per variable, one host sync in all.
+
+    Example:
+
+    ```python
+    name = first_nonfinite_variable(model)  # None, or "dense/kernel"
+    ```
+    """
+    if isinstance(state, keras.layers.Layer):
+        state = state.weights
+    variables = [v for v in state if "float" in str(v.dtype)]
     if not variables:
         return None
     finite = tf.stack([tf.reduce_all(tf.math.is_finite(v.value)) for v in variables])
@@ -97,7 +113,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         steps: int = 10,
         drop: float = 0.2,
         action: str = "rollback",
-        echo: Callable[[str], None] = print,
+        echo: Echo = print,
         classifier: Optional[keras.Model] = None,
         seed: int = 0,
         state_path: Union[str, Path, None] = None,
@@ -119,8 +135,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             )
         if not 0.0 < drop <= 1.0:
             raise ValueError(f"drop must be in (0, 1]. Received: drop={drop!r}")
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an int >= 1. Received: steps={steps!r}")
+        check_count("steps", steps)
         self.x = tf.convert_to_tensor(x, tf.float32)
         self.y = tf.convert_to_tensor(np.asarray(y).reshape(-1), tf.int64)
         if self.x.shape[0] == 0 or self.x.shape[0] != self.y.shape[0]:
@@ -266,8 +281,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             f"end of training: PGD accuracy on {int(self.y.shape[0])} "
             f"training examples {100 * last:.1f}% after epoch {last_epoch}, "
             f"{100 * self.best_accuracy:.1f}% after epoch {self.best_epoch}: "
-            f"kept the epoch {self.best_epoch} weights (train.co_guard_keep: "
-            "best)"
+            f"kept the epoch {self.best_epoch} weights (keep: best)"
         )
         return self.final
 

@@ -1,4 +1,4 @@
-"""Strategy, precision, XLA and batch arithmetic, resolved from the recipe.
+"""Strategy, precision, XLA and batch arithmetic, resolved once per run.
 
 Everything here is decided once at the start of a run and printed, so the
 user sees how the batch is split and what the machine will do.
@@ -15,7 +15,7 @@ from typing import Optional, Union
 import keras
 import tensorflow as tf
 
-from advtrain.utils.errors import one_line
+from advtrain.utils.errors import ArgumentError, one_line
 
 # Keras 3 traces steps_per_execution > 32 into a loop that tf.data rejects
 # (keras-team/keras#20344); more steps per call gains little anyway.
@@ -133,10 +133,11 @@ def _split_cpu(replicas: int) -> None:
     except RuntimeError:
         existing = len(tf.config.list_logical_devices("CPU"))
         if existing != replicas:
-            raise ValueError(
-                f"runtime.cpu_replicas={replicas}: TensorFlow already started "
-                f"with {existing} CPU device(s) in this process; set it before "
-                "any TensorFlow work (a fresh `advtrain run`)."
+            raise ArgumentError(
+                "cpu_replicas",
+                f"TensorFlow already started with {existing} CPU device(s) in "
+                "this process; set it before any TensorFlow work (a fresh "
+                f"process). Received: cpu_replicas={replicas}",
             ) from None
 
 
@@ -179,14 +180,16 @@ def _cluster_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
         try:
             return tf.distribute.cluster_resolver.SlurmClusterResolver()
         except (RuntimeError, ValueError, OSError) as exc:
-            raise ValueError(
-                f"runtime.strategy=multi_worker: cannot read the SLURM job "
-                f"({type(exc).__name__}: {exc})."
+            raise ArgumentError(
+                "strategy",
+                f"cannot read the SLURM job ({type(exc).__name__}: {exc}). "
+                "Received: strategy=multi_worker",
             ) from None
-    raise ValueError(
-        "runtime.strategy=multi_worker needs a cluster: TF_CONFIG (set by "
-        "`advtrain launch --workers N`) or a SLURM job step with several "
-        "tasks (srun). Received: neither."
+    raise ArgumentError(
+        "strategy",
+        "multi_worker needs a cluster: TF_CONFIG (set by `advtrain launch "
+        "--workers N`) or a SLURM job step with several tasks (srun); found "
+        "neither. Received: strategy=multi_worker",
     )
 
 
@@ -196,10 +199,10 @@ def _tpu_strategy() -> tf.distribute.Strategy:
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as exc:
-        raise ValueError(
-            "runtime.strategy=tpu: no TPU found "
-            f"({type(exc).__name__}: {one_line(exc)}). Use auto, "
-            "default, one_device or mirrored."
+        raise ArgumentError(
+            "strategy",
+            f"no TPU found ({type(exc).__name__}: {one_line(exc)}). Use auto, "
+            "default, one_device or mirrored. Received: strategy=tpu",
         ) from None
     return tf.distribute.TPUStrategy(resolver)
 
@@ -231,8 +234,9 @@ def make_runtime(
     into logical devices, which TensorFlow allows only before it starts.
 
     Raises:
-        ValueError: the strategy cannot be set up here (no TPU, no
-            cluster for multi_worker, CPU already initialised).
+        ArgumentError: naming `strategy` or `cpu_replicas`, which cannot be
+            set up here (no TPU, no cluster for multi_worker, CPU already
+            initialised).
     """
     if cpu_replicas:
         _split_cpu(cpu_replicas)
@@ -329,7 +333,7 @@ class BatchPlan:
         if self.reference_batch is not None:
             lr += (
                 f" = {self.base_learning_rate:g} x {self.global_batch}/"
-                f"{self.reference_batch} (train.scale_lr: linear in the "
+                f"{self.reference_batch} (scale_lr: linear in the "
                 "global batch)"
             )
         if self.warmup_steps:
@@ -371,7 +375,7 @@ def resolve_steps_per_execution(
             notes.append(
                 f"{steps_per_epoch} steps per epoch have no divisor from 4 to "
                 f"{MAX_STEPS_PER_EXECUTION}: {spe} step(s) per host call; set "
-                "train.steps_per_epoch to a multiple of 8 or 16 for speed"
+                "steps_per_epoch to a multiple of 8 or 16 for speed"
             )
         return spe, notes
     wanted = int(setting)
@@ -379,7 +383,7 @@ def resolve_steps_per_execution(
     spe = _largest_divisor(steps_per_epoch, cap)
     if spe != wanted:
         notes.append(
-            f"runtime.steps_per_execution={wanted} -> {spe}, the largest "
+            f"steps_per_execution={wanted} -> {spe}, the largest "
             f"value up to {cap} that divides "
             f"the {steps_per_epoch} steps per epoch"
         )
@@ -407,8 +411,8 @@ def plan_batches(
     the learning rate is `learning_rate * batch_size / reference_batch`.
 
     Raises:
-        ValueError: the global batch does not divide across replicas, or
-            is larger than the training set.
+        ArgumentError: naming `batch_size`, when the global batch does not
+            divide across replicas or is larger than the training set.
 
     Example:
 
@@ -420,16 +424,18 @@ def plan_batches(
     replicas = runtime.replicas
     if batch_size % replicas:
         lower = batch_size - batch_size % replicas
-        raise ValueError(
-            f"train.batch_size={batch_size} does not divide across "
-            f"{replicas} replicas; use a multiple of {replicas} (e.g. "
-            f"{max(lower, replicas)} or {lower + replicas})."
+        raise ArgumentError(
+            "batch_size",
+            f"does not divide across {replicas} replicas; use a multiple of "
+            f"{replicas} (e.g. {max(lower, replicas)} or {lower + replicas}). "
+            f"Received: batch_size={batch_size}",
         )
     steps = steps_per_epoch or train_size // batch_size
     if steps < 1:
-        raise ValueError(
-            f"train.batch_size={batch_size} is larger than the training "
-            f"set ({train_size} examples); lower it."
+        raise ArgumentError(
+            "batch_size",
+            f"larger than the training set ({train_size} examples); lower "
+            f"it. Received: batch_size={batch_size}",
         )
     spe, notes = resolve_steps_per_execution(
         runtime.steps_per_execution_setting, steps, runtime

@@ -2,8 +2,9 @@
 
 The checks run before anything heavy is imported or anything is written,
 so a bad path costs a second and leaves no run folder behind. Each raises
-one line naming the key (or option), the path and what is wrong with it:
-`FileNotFoundError` for a path that is not there, `ValueError` otherwise.
+one line naming the argument (or the label its caller passes: an option, a
+recipe key), the path and what is wrong with it: `FileNotFoundError` for a
+path that is not there, `ValueError` otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import json
 import os
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -20,7 +21,7 @@ PathLike = Union[str, Path]
 
 _SYSTEM_DIRS = (Path("/proc"), Path("/sys"), Path("/dev"))
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-# Sources whose data.path names a folder (arrays: a folder or a prefix).
+# Sources whose `path` names a folder (arrays: a folder or a prefix).
 _FOLDER_SOURCES = ("mnist", "gtsrb", "folder")
 
 
@@ -61,7 +62,7 @@ def check_writable_dir(path: PathLike, what: str) -> None:
 
     Args:
         path: the folder (it may not exist yet).
-        what: the option or recipe key it came from, e.g. "--output".
+        what: the argument or option it came from, e.g. "--output".
 
     Raises:
         ValueError: naming `what`, the path and the problem.
@@ -146,70 +147,45 @@ def check_data_paths(
     path: Optional[PathLike] = None,
     tfds_data_dir: Optional[PathLike] = None,
     cache: str = "auto",
+    names: Optional[Mapping[str, str]] = None,
 ) -> None:
-    """Checks the paths of a data section (keyword arguments named like its
-    keys): `path` exists for the sources that read it, `tfds_data_dir`
-    and the `cache` file prefix's folder can be written.
+    """Checks the paths `advtrain.data.load_splits` and `make_input` take
+    (keyword arguments named like theirs): `path` exists for the sources
+    that read it, `tfds_data_dir` and the `cache` file prefix's folder can
+    be written. Errors name each argument as `names` maps it (a caller's
+    label for it, e.g. an option), else by its own name.
 
     Raises:
         FileNotFoundError: `path` (or the cache's folder) is not there.
         ValueError: a path that is the wrong kind or cannot be written.
     """
+    names = names or {}
     if path is not None and source in (*_FOLDER_SOURCES, "arrays"):
+        what = names.get("path", "path")
         folder = Path(path)
         prefix = Path(f"{path}_x.npy")
         if source == "arrays" and not folder.is_dir() and not prefix.is_file():
             raise FileNotFoundError(
-                f"data.path {folder}: not found (arrays: a folder with "
+                f"{what} {folder}: not found (arrays: a folder with "
                 f"x_train.npy, or a prefix with {prefix.name})."
             )
         if source != "arrays" and folder.exists() and not folder.is_dir():
-            raise ValueError(f"data.path {folder}: is a file, expected a folder.")
+            raise ValueError(f"{what} {folder}: is a file, expected a folder.")
         if source != "arrays" and not folder.is_dir():
-            raise FileNotFoundError(f"data.path {folder}: not found.")
+            raise FileNotFoundError(f"{what} {folder}: not found.")
     if tfds_data_dir is not None:
-        check_writable_dir(tfds_data_dir, "data.tfds_data_dir")
+        check_writable_dir(tfds_data_dir, names.get("tfds_data_dir", "tfds_data_dir"))
     if cache not in ("auto", "memory", "none"):
+        what = names.get("cache", "cache")
         parent = Path(cache).parent
         if parent.exists() and not parent.is_dir():
             raise ValueError(
-                f"data.cache {cache}: folder {parent} is a file (the cache is "
+                f"{what} {cache}: folder {parent} is a file (the cache is "
                 "a file prefix in an existing folder)."
             )
         if not parent.is_dir():
             raise FileNotFoundError(
-                f"data.cache {cache}: folder {parent} not found (the cache is "
+                f"{what} {cache}: folder {parent} not found (the cache is "
                 "a file prefix in an existing folder)."
             )
-        check_writable_dir(parent, "data.cache")
-
-
-def check_recipe_paths(
-    recipe: Any, output: Optional[PathLike] = None, *, writes: bool = True
-) -> None:
-    """Checks every path an `advtrain.recipe.schema.Recipe` names before a run
-    starts: the data section's (`check_data_paths`), model.weights is a
-    readable weights file, and, when `writes`, the run folder (`output`,
-    else output.dir, else runs/) can be written.
-
-    Raises:
-        FileNotFoundError, ValueError: naming the recipe key, the path and
-            the problem.
-    """
-    data = recipe.data
-    check_data_paths(
-        source=data.source,
-        path=data.path,
-        tfds_data_dir=data.tfds_data_dir,
-        cache=data.cache,
-    )
-    weights = recipe.model.weights
-    if weights is not None and weights != "imagenet":
-        check_readable_file(weights, "model.weights")
-    if not writes:
-        return
-    if output is None:
-        output = recipe.output.dir or "runs"
-        check_writable_dir(output, "output.dir" if recipe.output.dir else "runs/")
-    else:
-        check_writable_dir(output, "--output")
+        check_writable_dir(parent, what)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
+
+from advtrain.utils.errors import did_you_mean
 
 T = TypeVar("T")
 
@@ -44,10 +45,9 @@ class Registry(Generic[T]):
             raise ValueError(self.unknown_message(name)) from None
 
     def unknown_message(self, name: Any) -> str:
-        known = ", ".join(sorted(self._entries))
-        hint = difflib.get_close_matches(str(name), self._entries, n=1)
-        did_you_mean = f" Did you mean '{hint[0]}'?" if hint else ""
-        return f"Unknown {self.kind} '{name}'.{did_you_mean} Known: {known}."
+        known = self.names()
+        hint = did_you_mean(name, known)
+        return f"Unknown {self.kind} '{name}'.{hint} Known: {', '.join(known)}."
 
     def names(self) -> list[str]:
         return sorted(self._entries)

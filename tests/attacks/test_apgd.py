@@ -106,7 +106,7 @@ def test_registered_attacks_run_through_attack_spec(cnn, test_digits):
 
 def test_invalid_settings_fail_up_front(cnn, test_digits):
     x, y = test_digits[0][:4], tf.constant(test_digits[1][:4])
-    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+    with pytest.raises(ValueError, match="steps: must be an int >= 1"):
         apgd_ce(cnn, x, y, eps=EPS, steps=0)
     with pytest.raises(ValueError, match="targets must be an int >= 0"):
         apgd_dlr(cnn, x, y, eps=EPS, targets=-1)

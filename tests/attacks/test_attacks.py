@@ -179,10 +179,10 @@ def test_labels_default_to_predictions(trained_dense, batch):
 @pytest.mark.parametrize(
     "call,message",
     [
-        (lambda f, x: fgsm(f, x, eps=-0.1), "eps must be a finite number >= 0"),
-        (lambda f, x: fgsm(f, x, eps=0.1, norm=1), "norm must be 'inf'"),
-        (lambda f, x: pgd(f, x, eps=0.1, steps=0), "steps must be an int >= 1"),
-        (lambda f, x: pgd(f, x, eps=0.1, restarts=0), "restarts must be"),
+        (lambda f, x: fgsm(f, x, eps=-0.1), "eps: must be a finite number >= 0"),
+        (lambda f, x: fgsm(f, x, eps=0.1, norm=1), "norm: must be 'inf'"),
+        (lambda f, x: pgd(f, x, eps=0.1, steps=0), "steps: must be an int >= 1"),
+        (lambda f, x: pgd(f, x, eps=0.1, restarts=0), "restarts: must be"),
         (
             lambda f, x: fgsm(f, tf.cast(x * 255, tf.uint8), eps=0.1),
             "Attacks work on float pixels",

@@ -5,9 +5,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 from helpers import dense_classifier
 
 from advtrain.attacks import Attack, make_attack, register_attack
+from advtrain.attacks.attack import attack_options
 from advtrain.attacks.common import attack_inputs, clip_pixels, input_gradient
 from advtrain.models import AdversarialModel
 
@@ -69,7 +71,9 @@ def batch_of_digits(digits):
 
 def test_make_attack_maps_recipe_methods():
     assert make_attack("none") is None
-    assert make_attack("trades", eps=0.3, steps=5) == Attack("pgd", eps=0.3, steps=5)
+    # TRADES is an objective now (attack.objective), not an attack.
+    with pytest.raises(ValueError, match="Unknown attack 'trades'"):
+        make_attack("trades", eps=0.3)
     assert make_attack("fgsm_rs", eps=0.1, clip_start=False) == Attack(
         "fgsm_rs", eps=0.1, clip_start=False
     )
@@ -86,3 +90,116 @@ def test_make_attack_rejects_unknown_keys_and_methods():
 def test_training_pgd_defaults_to_seven_steps():
     # One default with the recipe's attack.steps.
     assert Attack("pgd").steps == 7
+
+
+# ---------------------------------------------------------------- options
+
+SCALES = []
+SEEN = []
+
+
+@register_attack("test_scaled_step")
+def scaled_step(model_fn, x, y=None, *, eps, scale=1.0, loss_fn=None, loss_scale=None):
+    """`scale` x an FGSM step; records the scale it was given (when traced)."""
+    SCALES.append(scale)
+    x, y = attack_inputs(model_fn, x, y)
+    grad = input_gradient(model_fn, x, y, loss_fn, loss_scale)
+    return clip_pixels(x + scale * eps * tf.sign(grad), 0.0, 1.0)
+
+
+@register_attack("test_any_options")
+def any_options(model_fn, x, y=None, *, eps, **kwargs):
+    """Takes any keyword; records them."""
+    SEEN.append(kwargs)
+    return tf.convert_to_tensor(x)
+
+
+def test_attack_options_are_its_own_keyword_arguments():
+    assert attack_options("test_scaled_step") == ("scale",)
+    assert attack_options("apgd_ce") == ("rho", "momentum")
+    assert attack_options("pgd") == ()
+    assert attack_options("test_any_options") is None
+
+
+def test_an_attack_receives_its_options(trained_dense, batch_of_digits):
+    x, y = batch_of_digits
+    f = lambda z: trained_dense(z, training=False)  # noqa: E731
+    SCALES.clear()
+    attack = Attack("test_scaled_step", eps=0.2, options={"scale": 0.25})
+    moved = np.abs(attack(f, x, y).numpy() - x.numpy())
+    assert SCALES == [0.25]
+    assert 0.04 < moved.max() <= 0.05 + 1e-6
+    SEEN.clear()
+    Attack("test_any_options", eps=0.1, options={"anything": 3})(f, x, y)
+    assert SEEN[-1]["anything"] == 3 and SEEN[-1]["steps"] == 7
+
+
+def test_an_option_the_attack_does_not_take_is_refused():
+    with pytest.raises(TypeError) as info:
+        Attack("test_scaled_step", eps=0.1, options={"scal": 2})
+    assert str(info.value) == (
+        "attack 'test_scaled_step' takes no option 'scal'. Did you mean "
+        "'scale'? Its options: scale. Received: options.scal=2"
+    )
+    # A field or a per-call keyword is never an option, **kwargs or not.
+    with pytest.raises(TypeError, match="'steps' is not an option of attack 'pgd'"):
+        Attack("pgd", options={"steps": 3})
+    with pytest.raises(TypeError, match="'seed' is not an option"):
+        Attack("test_any_options", options={"seed": 3})
+    with pytest.raises(TypeError, match="options must map option names"):
+        Attack("test_scaled_step", options=[("scale", 2)])
+
+
+def test_options_survive_config_replace_and_the_training_model(digits):
+    x, y = digits[0][:64], digits[1][:64]
+    attack = Attack("test_scaled_step", eps=0.2, options={"scale": 0.5})
+    assert Attack.from_config(attack.get_config()) == attack
+    assert attack.replace(eps=0.1).options == {"scale": 0.5}
+    model = AdversarialModel(
+        dense_classifier(seed=1), attack, adv_weight=1.0, eps_ramp_steps=2
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    SCALES.clear()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert SCALES and set(SCALES) == {0.5}  # the train step, eps ramped
+    SCALES.clear()
+    model.evaluate(x, y, batch_size=32, verbose=0)
+    assert SCALES and set(SCALES) == {0.5}  # the test step (validation)
+    restored = AdversarialModel.from_config(model.get_config())
+    assert restored.attack.options == {"scale": 0.5}
+
+
+def test_a_recipe_passes_attack_options_to_the_training_attack(tmp_path):
+    from advtrain.recipe.build import build_training_model
+    from advtrain.recipe.loader import load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text("attack: {method: test_scaled_step, eps: 0.2}\n")
+    recipe = load_recipe(path, ["attack.options.scale=0.5"])
+    model = build_training_model(recipe, dense_classifier())
+    assert model.attack.options == {"scale": 0.5}
+    saved = yaml.safe_load(recipe.to_yaml())
+    assert saved["attack"]["options"] == {"scale": 0.5}
+
+
+def test_a_recipe_with_an_unknown_attack_option_fails_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from advtrain.cli.commands import app
+
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "attack: {method: test_scaled_step, eps: 0.2, options: {scal: 2}}\n"
+    )
+    result = CliRunner().invoke(app, ["run", str(path), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0, result.output
+    assert (
+        "invalid value for 'attack.options': attack 'test_scaled_step' takes no "
+        "option 'scal'. Did you mean 'scale'? Its options: scale. "
+        "Received: attack.options.scal=2"
+    ) in result.output
+    assert not (tmp_path / "o").exists()

@@ -110,13 +110,13 @@ def test_schedule_and_l2_pattern_follow_the_paper():
 
 def test_invalid_settings_fail_up_front(cnn, test_digits):
     x, y = test_digits[0][:4], test_digits[1][:4]
-    with pytest.raises(ValueError, match="queries must be an int >= 1"):
+    with pytest.raises(ValueError, match="queries: must be an int >= 1"):
         square(cnn, x, y, eps=EPS, queries=0)
     with pytest.raises(ValueError, match="p_init must be in"):
         square(cnn, x, y, eps=EPS, p_init=0.0)
     with pytest.raises(ValueError, match="height, width, channels"):
         square(cnn, x.reshape(4, -1), y, eps=EPS)
-    with pytest.raises(ValueError, match="queries must be an int >= 1"):
+    with pytest.raises(ValueError, match="queries: must be an int >= 1"):
         Attack("square", eps=EPS, queries=0)
 
 

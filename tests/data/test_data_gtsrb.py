@@ -201,7 +201,7 @@ def test_wrong_layout_names_what_was_expected(tmp_path):
 
 def test_image_size_is_required(gtsrb_written, tmp_path):
     message = _error(_options(gtsrb_written[0], tmp_path, image_size=None))
-    assert message.startswith("data.image_size: ")
+    assert message.startswith("image_size: source gtsrb needs one image size")
 
 
 def test_csv_row_with_missing_file(gtsrb_copy, tmp_path):

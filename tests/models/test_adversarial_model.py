@@ -121,9 +121,9 @@ def test_keras_round_trip(tmp_path, digits):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(adv_weight=1.5), "adv_weight must be between 0.0 and 1.0"),
+        (dict(adv_weight=1.5), "adv_weight: must be between 0.0 and 1.0"),
         (dict(adv_weight=0.5, attack=None), "needs an attack"),
-        (dict(attack_mode="eval"), "attack_mode must be one of"),
+        (dict(attack_mode="eval"), "attack_mode: must be one of"),
         (dict(attack="fgsm"), "attack must be an advtrain.attacks.Attack"),
     ],
 )

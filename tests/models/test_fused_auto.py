@@ -109,7 +109,7 @@ def test_true_and_false_still_force_and_other_values_are_refused():
         dense_classifier(), Attack("fgsm", eps=0.1), 0.5, fused=False
     )
     assert off.fused_step is False and "fused=False" in off.step_note
-    with pytest.raises(ValueError, match="fused must be True, False or 'auto'"):
+    with pytest.raises(ValueError, match="fused: must be True, False or 'auto'"):
         AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.1), fused="yes")
 
 
@@ -180,8 +180,8 @@ def test_config_round_trip_keeps_the_choices(tmp_path):
         ({"method": "fgsm_rs"}, False),
         ({"method": "fgsm_rs", "fused_step": True}, True),
         ({"method": "fgsm", "adv_weight": 1.0}, False),
-        ({"method": "fgsm", "grad_align": 0.2}, False),
-        ({"method": "trades"}, False),
+        ({"method": "fgsm", "objective": "grad_align"}, False),
+        ({"method": "pgd", "objective": "trades"}, False),
     ],
 )
 def test_recipe_fused_step_auto(attack, fused):
@@ -192,7 +192,7 @@ def test_recipe_fused_step_auto(attack, fused):
 
 
 def test_recipe_refuses_forcing_the_fused_step_for_pgd():
-    with pytest.raises(ValueError, match="fused_step: true needs method fgsm"):
+    with pytest.raises(ValueError, match="attack.fused_step: fused=True needs a"):
         recipe_from_dict({"name": "t", "attack": {"method": "pgd", "fused_step": True}})
 
 

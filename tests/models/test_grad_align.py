@@ -101,13 +101,37 @@ def test_bad_weights_are_refused():
         GradAlign(_classifier(), None, adv_weight=0.0)
 
 
-def test_recipe_builds_gradalign_and_refuses_it_with_trades(tmp_path):
+def test_recipe_builds_gradalign_and_refuses_it_without_an_attack(tmp_path):
     from advtrain.recipe.build import build_training_model
 
     path = tmp_path / "r.yaml"
-    path.write_text("attack: {method: fgsm, eps: 0.1, grad_align: 0.2}\n")
+    path.write_text(
+        "attack: {method: fgsm, eps: 0.1, objective: grad_align,"
+        " objective_options: {grad_align: 0.3}}\n"
+    )
     model = build_training_model(load_recipe(path), _classifier())
-    assert isinstance(model, GradAlign) and model.grad_align == 0.2
-    path.write_text("attack: {method: trades, grad_align: 0.2}\n")
-    with pytest.raises(RecipeError, match="grad_align > 0 needs"):
+    assert isinstance(model, GradAlign) and model.grad_align == 0.3
+    path.write_text("attack: {method: none, objective: grad_align}\n")
+    with pytest.raises(RecipeError, match="objective grad_align needs a training"):
         load_recipe(path)
+
+
+@pytest.mark.parametrize("clip_noise", [False, True])
+def test_clip_noise_keeps_the_noisy_point_in_the_pixel_range(clip_noise):
+    model = _compiled(GradAlign(_classifier(), Attack("fgsm", eps=0.3),
+                                adv_weight=1.0, grad_align=1.0, seed=1,
+                                clip_noise=clip_noise))  # fmt: skip
+    x, y = _data()
+    x[:16] = 0.0  # at the range's edge: half of eta points outside it
+    seen = []
+    gradient = model._input_gradient
+    model._input_gradient = lambda inputs, labels: (
+        seen.append(inputs.numpy()) or gradient(inputs, labels)
+    )
+    model(x)
+    model.adversarial_loss(x, y, None, x, model(x, training=True), None)
+    noisy = seen[1]  # the clean gradient first, then the noisy point's
+    assert noisy.min() >= 0.0 if clip_noise else noisy.min() < -0.1
+    assert noisy.max() <= 1.0 if clip_noise else noisy.max() > 1.0
+    again = GradAlign.from_config(model.get_config())
+    assert again.clip_noise is clip_noise

@@ -7,18 +7,27 @@ With the default momentum 0.99 the averages need a few hundred steps to
 forget their initial values, so a short run ends with moving statistics
 that lag the weights: the model is accurate in training mode (batch
 statistics) and poor in inference mode (moving statistics). The policy,
-the same for recipes, `advtrain.fit` and `AdversarialModel`:
+the same for recipes, `advtrain.fit` and `AdversarialModel` (they only
+map their arguments onto it and echo its lines):
 
-1. momentum from the run's length (`auto_momentum`): the moving average
-   spans about 5% of the training steps, clamped to [0.9, 0.99]. Recipes
-   set it on every BN layer (`apply_batchnorm_policy`); the Python API
-   only on layers still at Keras's default 0.99 (`adapt_momentum`).
+1. before training, `apply_batchnorm_policy`: the fused kernel
+   (`advtrain.models.batchnorm.fused`) and the momentum (`set_momentum`),
+   one of
+   - "auto": every BN layer gets the run-length momentum
+     (`auto_momentum`: the moving average spans about 5% of the training
+     steps, clamped to [0.9, 0.99]); the recipe's default, since advtrain
+     built the model;
+   - "adapt": only layers still at Keras's default 0.99 get it, layers set
+     to anything else are someone's choice and stay (`adapt_momentum`);
+     the default of `advtrain.fit` and `AdversarialModel`, whose model is
+     the user's;
+   - a number in (0, 1) for every BN layer, or None to keep them all;
 2. train;
 3. `settle_batchnorm`: measure `bn_gap` on held-out data; recalibrate the
    moving statistics on clean training data (`recalibrate_batchnorm`)
    when the gap exceeds the threshold (or always / never), measure again,
-   and return both measurements; `bn_gap_warning` advises from the actual
-   setting when a gap remains.
+   echo the gap and return both measurements; `bn_gap_warning` advises
+   from the actual setting when a gap remains.
 
 Which BN layers train at all is the freezing policy's business
 (`advtrain.models.freezing`): a BN layer with `trainable=False` runs in
@@ -28,12 +37,22 @@ inference mode even when the model is called with `training=True`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Optional, Union
 
 import keras
 import numpy as np
 
+from advtrain.utils.errors import ArgumentError
+from advtrain.utils.progress import Echo
+
+# The momentum rules (see the module docstring); a number or None is the
+# other choice.
+MOMENTUM_RULES = ("auto", "adapt")
+# `apply_batchnorm_policy`'s and `settle_batchnorm`'s policy keywords,
+# named as the recipe's `model.batchnorm` keys and `BatchNormOptions`.
+POLICY_KEYS = ("momentum", "fused_kernel")
+SETTLE_KEYS = ("recalibrate", "gap_threshold", "recalibrate_batches")
 # Keras's own BatchNormalization momentum: the Python API treats a layer
 # still at this value as not chosen by the user.
 KERAS_DEFAULT_MOMENTUM = 0.99
@@ -77,14 +96,32 @@ def batchnorm_layers(
     ]
 
 
+def check_momentum(momentum: Any, name: str = "momentum") -> None:
+    """The one rule for a momentum setting: "auto", "adapt", a number in
+    (0, 1) or None; else a ValueError naming `name`."""
+    number = isinstance(momentum, (int, float)) and not isinstance(momentum, bool)
+    if momentum is None or (number and 0.0 < momentum < 1.0):
+        return
+    if isinstance(momentum, str) and momentum in MOMENTUM_RULES:
+        return
+    raise ArgumentError(
+        name,
+        "must be 'auto', 'adapt', a number in (0, 1) or None. "
+        f"Received: {name}={momentum!r}",
+    )
+
+
 def set_batchnorm_momentum(model: keras.layers.Layer, momentum: float) -> int:
     """Sets `momentum` on every BN layer of `model`; returns how many.
 
     Call it before `compile`/`fit`: a traced train step keeps the momentum
     it was traced with.
     """
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1). Received: momentum={momentum}")
+    if momentum is None or isinstance(momentum, str):
+        raise ArgumentError(
+            "momentum", f"must be a number in (0, 1). Received: momentum={momentum!r}"
+        )
+    check_momentum(momentum)
     layers = batchnorm_layers(model)
     for layer in layers:
         layer.momentum = float(momentum)
@@ -121,13 +158,31 @@ def auto_momentum(total_steps: Optional[int]) -> float:
     return round(max(min(momentum, fade), 0.5), 4)
 
 
-def resolve_momentum(
-    momentum: Union[str, float, None], total_steps: Optional[int]
-) -> Optional[float]:
-    """The recipe's `model.batchnorm.momentum` as a number (None: keep)."""
+def set_momentum(
+    model: keras.layers.Layer,
+    momentum: Union[str, float, None],
+    total_steps: Optional[int] = None,
+) -> Optional[str]:
+    """Sets the BN momentum by the policy's rule (module docstring):
+    "auto" (every layer) or "adapt" (layers at Keras's 0.99) from the run's
+    length `total_steps` (epochs x steps per epoch; None: unknown), a
+    number (every layer), or None (keep). Returns `adapt_momentum`'s note
+    when "adapt" changed layers, else None.
+
+    Example:
+
+    ```python
+    set_momentum(classifier, "auto", total_steps=660)  # every layer: 0.97
+    ```
+    """
+    check_momentum(momentum)
+    if momentum == "adapt":
+        return adapt_momentum(model, total_steps)
     if momentum == "auto":
-        return auto_momentum(total_steps)
-    return momentum
+        momentum = auto_momentum(total_steps)
+    if momentum is not None:
+        set_batchnorm_momentum(model, momentum)
+    return None
 
 
 def apply_batchnorm_policy(
@@ -136,17 +191,16 @@ def apply_batchnorm_policy(
     total_steps: Optional[int] = None,
     momentum: Union[str, float, None] = "auto",
     fused_kernel: bool = True,
-) -> int:
-    """Applies the BN momentum to every BN layer and, with `fused_kernel`,
-    switches plain Keras BN layers to the fused kernel; returns the BN
-    layer count.
+) -> Optional[str]:
+    """The policy before training: with `fused_kernel`, plain Keras BN
+    layers switch to the fused kernel; then `set_momentum`. Returns its
+    note (None unless "adapt" changed layers).
 
-    The keywords are the recipe's `model.batchnorm` keys, with its
-    defaults. `momentum="auto"` is `auto_momentum(total_steps)` (the run's
-    epochs x steps per epoch); None keeps each layer's own. `trainable` is
-    applied by `advtrain.models.freezing.apply_phase`, which decides what
-    trains; recalibration and the gap report run after training
-    (`settle_batchnorm`).
+    The keywords are `POLICY_KEYS`, the recipe's `model.batchnorm` keys
+    with the recipe's defaults. `trainable` is applied by
+    `advtrain.models.freezing.apply_phase`, which decides what trains;
+    recalibration and the gap report run after training
+    (`settle_batchnorm`). Call it before `compile`/`fit`.
 
     Example:
 
@@ -155,14 +209,12 @@ def apply_batchnorm_policy(
     classifier.compile(...)
     ```
     """
+    check_momentum(momentum)
     if fused_kernel:
         from advtrain.models.batchnorm.fused import fuse_batchnorm
 
         fuse_batchnorm(model)
-    value = resolve_momentum(momentum, total_steps)
-    if value is None:
-        return len(batchnorm_layers(model))
-    return set_batchnorm_momentum(model, value)
+    return set_momentum(model, momentum, total_steps)
 
 
 def adapt_momentum(
@@ -429,6 +481,7 @@ def bn_gap_warning(
     threshold: float = 0.05,
     momentum: Optional[float] = None,
     recalibrated: bool = False,
+    names: Optional[Mapping[str, str]] = None,
 ) -> Optional[str]:
     """A one-line warning when the BN gap exceeds `threshold`, else None.
 
@@ -436,6 +489,8 @@ def bn_gap_warning(
     in use (`momentum`: the layers' momentum, None when unknown),
     recalibration unless it already ran, and a larger batch when batch
     statistics are the noisy side or recalibration did not close the gap.
+    It names the settings `momentum`, `recalibrate` and `batch_size` as
+    `names` maps them (how the caller's user sets them), else so.
 
     Example:
 
@@ -445,6 +500,8 @@ def bn_gap_warning(
     """
     if abs(gap) <= threshold:
         return None
+    names = names or {}
+    batch_size = names.get("batch_size", "batch_size")
     if gap > 0:
         cause = (
             "training-mode accuracy exceeds inference-mode accuracy by "
@@ -459,15 +516,15 @@ def bn_gap_warning(
                 else round(max(0.5, 1 - 2 * (1 - momentum)), 4)
             )
             now = "" if momentum is None else f" (now {momentum:g})"
-            fixes.append(f"model.batchnorm.momentum: {lower:g}{now}")
+            fixes.append(f"{names.get('momentum', 'momentum')}: {lower:g}{now}")
             fixes.append(
-                "model.batchnorm.recalibrate: true to re-estimate the "
-                "statistics on clean training data after training"
+                f"{names.get('recalibrate', 'recalibrate')}: true to re-estimate "
+                "the statistics on clean training data after training"
             )
         else:
             cause += " even after recalibration on clean training data"
             fixes.append(
-                "a larger train.batch_size (per-batch statistics vary "
+                f"a larger {batch_size} (per-batch statistics vary "
                 "between batches) or held-out data closer to the training "
                 "data"
             )
@@ -477,7 +534,7 @@ def bn_gap_warning(
             f"{-gap:.3f} (threshold {threshold:.3f}): batch statistics are "
             "noisy"
         )
-        fixes = ["a larger train.batch_size"]
+        fixes = [f"a larger {batch_size}"]
     return f"BatchNorm gap: {cause}. Fix: {'; or '.join(fixes)}."
 
 
@@ -498,21 +555,30 @@ def settle_batchnorm(
     recalibrate: Union[bool, str] = "auto",
     gap_threshold: float = 0.05,
     recalibrate_batches: int = 50,
+    echo: Optional[Echo] = None,
+    names: Optional[Mapping[str, str]] = None,
 ) -> dict[str, Any]:
     """After training: measure the BN gap, recalibrate when the policy
-    says so, measure again.
+    says so, measure again; the one settle step of recipes and
+    `advtrain.fit`.
 
     `recalibrate`: "auto" recalibrates when |gap| > `gap_threshold`, True
     always, False never. Only a model with trainable BN layers is
-    recalibrated (nothing else would change).
+    recalibrated (nothing else would change). `echo` receives one line
+    with the gap (and the recalibration) and the warning line, if any.
 
     Args:
         model: the classifier.
         x, y: held-out images and labels for `bn_gap`.
-        batch_size: training-mode batch size for `bn_gap`.
+        batch_size: training-mode batch size for `bn_gap`: the
+            per-replica training batch, which each replica's BatchNorm
+            normalised over.
         train_batches: clean training batches for `recalibrate_batchnorm`.
-        recalibrate, gap_threshold, recalibrate_batches: the policy, the
-            recipe's `model.batchnorm` keys.
+        recalibrate, gap_threshold, recalibrate_batches: the policy
+            (`SETTLE_KEYS`), the recipe's `model.batchnorm` keys.
+        echo: receives the lines (None: silent).
+        names: how the warning names the settings it advises on
+            (`bn_gap_warning`).
 
     Returns:
         `bn_gap`'s dict for the final weights, plus `recalibrated` (the
@@ -543,5 +609,16 @@ def settle_batchnorm(
         gap_threshold,
         momentum=layer_momentum(model),
         recalibrated=batches > 0,
+        names=names,
     )
+    if echo is not None:
+        line = f"bn_gap: {100 * after['gap']:+.2f} points"
+        if batches:
+            line += (
+                f" after recalibrating on {batches} clean training batch(es) "
+                f"({100 * before['gap']:+.2f} before)"
+            )
+        echo(line)
+        if warning:
+            echo(f"warning: {warning}")
     return {**after, "recalibrated": batches, "before": before, "warning": warning}

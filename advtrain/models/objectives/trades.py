@@ -8,6 +8,7 @@ import keras
 import tensorflow as tf
 
 from advtrain.models.adversarial import AdversarialModel
+from advtrain.models.objectives.registry import register_objective
 
 
 def per_example_kl(p_clean, logits_adv):
@@ -18,6 +19,7 @@ def per_example_kl(p_clean, logits_adv):
     return tf.reduce_sum(p * (log_p - log_q), axis=-1)
 
 
+@register_objective("trades")
 @keras.saving.register_keras_serializable(package="advtrain")
 class TRADES(AdversarialModel):
     """Trades accuracy for robustness with a KL term.
@@ -42,10 +44,18 @@ class TRADES(AdversarialModel):
     """
 
     needs_clean_logits = True
+    # The attack method that maximises the KL term, whatever the attack's
+    # own (`register_objective`: a builder checks the attack against it).
+    attack_method = "pgd"
 
     def __init__(self, classifier, attack=None, beta: float = 6.0, **kwargs: Any):
         kwargs.setdefault("adv_weight", 0.5)
         super().__init__(classifier, attack, **kwargs)
+        if self.attack is None:
+            raise ValueError(
+                "TRADES needs an attack (its eps, steps and step size "
+                "maximise the KL term). Received: attack=None"
+            )
         if not isinstance(beta, (int, float)) or beta < 0:
             raise ValueError(f"beta must be >= 0. Received: beta={beta!r}")
         self.beta = float(beta)
@@ -55,7 +65,9 @@ class TRADES(AdversarialModel):
             tf.nn.softmax(tf.cast(self.attack_model_fn(x), tf.float32))
         )
         # The KL's maximiser is PGD on the advtrain backend, one start.
-        attack = self.attack.replace(method="pgd", backend="advtrain", restarts=1)
+        attack = self.attack.replace(
+            method=self.attack_method, backend="advtrain", restarts=1
+        )
         x_adv = attack(
             self.attack_model_fn,
             x,

@@ -1,0 +1,75 @@
+"""The runtime's and the batch plan's typed options, shared by
+`advtrain.fit` and the recipe's `runtime` and `train` sections.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import Field, model_validator
+
+from advtrain.utils.options import Options, Seed
+
+
+class RuntimeOptions(Options):
+    """Where and how the step runs (advtrain.train.runtime.make_runtime).
+
+    strategy: auto (multi_worker when TF_CONFIG or a SLURM step names
+        several tasks, mirrored over several GPUs or cpu_replicas, else
+        default), default, one_device, mirrored, multi_worker (from
+        TF_CONFIG, as `advtrain launch` sets it, or SLURM), tpu.
+    cpu_replicas: split the CPU into N logical devices (mirrored then
+        trains N replicas; for tests and for checking reductions).
+    precision: Keras dtype policy; logits and losses stay float32.
+    jit_compile: XLA for the train step and its attack; auto = off (see
+        make_runtime for why).
+    steps_per_execution: train steps per host call; auto = the largest
+        divisor of the steps per epoch up to 32 (1 under mirrored and
+        multi_worker, where Keras 3 cannot loop steps).
+    """
+
+    strategy: Literal[
+        "auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
+    ] = "auto"
+    cpu_replicas: Optional[int] = Field(None, ge=1, le=64)
+    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"
+    jit_compile: Union[Literal["auto"], bool] = "auto"
+    steps_per_execution: Union[Literal["auto"], int] = "auto"
+    deterministic: bool = False
+
+    @model_validator(mode="after")
+    def _positive_steps(self) -> RuntimeOptions:
+        spe = self.steps_per_execution
+        if isinstance(spe, int) and spe < 1:
+            raise ValueError(
+                f"steps_per_execution must be 'auto' or >= 1. Received: {spe}"
+            )
+        return self
+
+
+class PlanOptions(Options):
+    """Optimisation and batch arithmetic (advtrain.train.runtime.plan_batches).
+
+    batch_size is the global batch, split evenly across replicas; epochs
+    are never divided by the number of workers. scale_lr: learning_rate is
+    the rate at reference_batch and scales linearly with the global batch
+    (lr x batch_size / reference_batch); warmup_epochs: linear warm-up
+    from 0 over that many epochs (may be fractional). Both are printed
+    with the resulting numbers at the start of a run.
+    """
+
+    epochs: int = Field(10, ge=0)
+    # The global batch: split evenly across replicas.
+    batch_size: int = Field(64, ge=1)
+    steps_per_epoch: Optional[int] = Field(None, ge=1)
+    optimizer: Literal["adam", "sgd", "adamw"] = "adam"
+    learning_rate: float = Field(1e-3, gt=0.0, le=10.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    # cosine: cosine decay to 0 after the warm-up; onecycle: linear decay
+    # to 0 after the warm-up (triangular, as in Wong et al. 2020).
+    lr_schedule: Literal["constant", "cosine", "onecycle"] = "constant"
+    scale_lr: bool = False
+    reference_batch: int = Field(256, ge=1)
+    warmup_epochs: float = Field(0.0, ge=0.0)
+    seed: Seed = 0

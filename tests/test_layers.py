@@ -1,0 +1,118 @@
+"""The two layers stay apart: the library never imports the recipe
+application or the CLI, and never names a recipe key in what it says.
+
+Library errors name arguments (`weights`, `batch_size`); the recipe layer
+says which key it filled them from (`advtrain.recipe.build`).
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "advtrain"
+LIBRARY = ("attacks", "backbones", "models", "data", "train", "evaluation", "utils")
+APPLICATION = ("advtrain.recipe", "advtrain.cli")
+
+
+def library_files() -> list[Path]:
+    return sorted(p for name in LIBRARY for p in (PACKAGE / name).rglob("*.py"))
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every module an import names, top-level or inside a function."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.lineno, node.module))
+            found += [
+                (node.lineno, f"{node.module}.{alias.name}") for alias in node.names
+            ]
+    return found
+
+
+def recipe_keys() -> list[str]:
+    """Every dotted key a recipe has (`model.weights`, `data.augment.flip`)."""
+    from pydantic import BaseModel
+
+    from advtrain.recipe.schema import Recipe
+
+    def walk(model: type[BaseModel], prefix: str) -> list[str]:
+        keys = []
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}"
+            sub = field.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                keys += [key, *walk(sub, f"{key}.")] if prefix else walk(sub, f"{key}.")
+            elif prefix:
+                keys.append(key)
+        return keys
+
+    return walk(Recipe, "")
+
+
+def messages(tree: ast.AST) -> list[tuple[int, str]]:
+    """The string constants a module holds, docstrings excepted."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            docstrings.add(id(body[0].value))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+@pytest.mark.parametrize("path", library_files(), ids=lambda p: p.stem)
+def test_library_does_not_import_the_application(path):
+    tree = ast.parse(path.read_text())
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for line, module in imported_modules(tree)
+        if module.startswith(APPLICATION)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_library_messages_name_arguments_not_recipe_keys():
+    keys = recipe_keys()
+    assert "model.weights" in keys and "model.batchnorm.momentum" in keys
+    sections = sorted({key.split(".")[0] for key in keys})
+    pattern = re.compile(
+        r"(?<![\w.])(" + "|".join(map(re.escape, keys)) + r")(?![\w])"
+        # a key put together at run time: "data." + name
+        r"|(?<![\w.])((?:" + "|".join(sections) + r")\.)$"
+    )
+    bad = []
+    for path in library_files():
+        for line, text in messages(ast.parse(path.read_text())):
+            match = pattern.search(text)
+            if match:
+                where = path.relative_to(PACKAGE.parent)
+                bad.append(f"{where}:{line} names {match.group(0)}: {text!r}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checks_see_a_violation(tmp_path):
+    """The two checks above fire on a module that breaks the rule."""
+    tree = ast.parse(
+        "def f():\n"
+        "    from advtrain.recipe.schema import Recipe\n"
+        "    raise ValueError(f'train.batch_size={1} is too large')\n"
+    )
+    modules = [m for _, m in imported_modules(tree)]
+    assert any(m.startswith(APPLICATION) for m in modules)
+    texts = [t for _, t in messages(tree)]
+    assert any("train.batch_size" in t for t in texts)
