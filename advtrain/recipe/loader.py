@@ -226,17 +226,22 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
-    """Validates a parsed recipe; errors are one-line RecipeErrors."""
+def _sections(data: Any, source: str) -> dict:
+    """A parsed recipe as its mapping of sections (an empty file is {})."""
     if data is None:
-        data = {}
+        return {}
     if not isinstance(data, dict):
         raise RecipeError(
             f"{source}: a recipe must be a mapping of sections. "
             f"Received: {type(data).__name__}"
         )
+    return data
+
+
+def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
+    """Validates a parsed recipe; errors are one-line RecipeErrors."""
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = Recipe.model_validate(_sections(data, source))
     except pydantic.ValidationError as exc:
         raise _first_error(exc, source) from None
     from advtrain.recipe.build import check_attack_section
@@ -281,13 +286,6 @@ def load_recipe(
         raise RecipeError(
             f"{path}: not UTF-8 text (byte {exc.start}); a recipe is YAML."
         ) from None
-    data = parse_yaml(text, str(path))
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise RecipeError(
-            f"{path}: a recipe must be a mapping of sections. "
-            f"Received: {type(data).__name__}"
-        )
+    data = _sections(parse_yaml(text, str(path)), str(path))
     data = apply_overrides(data, overrides or [])
     return recipe_from_dict(data, str(path))
