@@ -62,6 +62,72 @@ def test_digits(digits):
     return x[1500:], y[1500:]
 
 
+@pytest.fixture(scope="session")
+def replica_runs(request, tmp_path_factory):
+    """`replica_runs(name)` -> {replicas: arrays} for a script registered
+    with `helpers.on_replicas`. The first call runs every script the
+    session's selected tests name (`@pytest.mark.replicas(NAME)`) in one
+    process per replica count."""
+    from helpers import REPLICA_SCRIPTS, run_replica_scripts
+
+    names = {
+        mark.args[0]
+        for item in request.session.items
+        for mark in item.iter_markers("replicas")
+    }
+    unknown = names - set(REPLICA_SCRIPTS)
+    assert not unknown, f"no script registered for {sorted(unknown)}"
+    results = {}
+
+    def get(name: str) -> dict:
+        assert name in names, f"mark the test @pytest.mark.replicas({name!r})"
+        if not results:
+            folder = tmp_path_factory.mktemp("replicas")
+            results.update(run_replica_scripts(folder, sorted(names)))
+        found = {r: results[name, r] for r in REPLICA_SCRIPTS[name][1]}
+        for r, value in found.items():
+            assert not isinstance(value, str), f"{name} on {r} replica(s):\n{value}"
+        return found
+
+    return get
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Groups for `pytest -n 2 --dist loadgroup` (scripts/test): tests that
+    start a launch (workers on free loopback ports) run one after another;
+    the replica checks share one pair of processes; the tests of a module
+    with a module-scoped run share one worker, so the run happens once.
+    Then the order: the longest work first."""
+    for item in items:
+        if item.get_closest_marker("launch"):
+            group = "launch"
+        elif item.get_closest_marker("replicas"):
+            group = "replicas"
+        elif any(
+            fixture.scope == "module"
+            for defs in item._fixtureinfo.name2fixturedefs.values()
+            for fixture in defs
+        ):
+            group = item.module.__name__
+        else:
+            continue
+        item.add_marker(pytest.mark.xdist_group(group))
+    # Longest first, so no long group is left for the end: the launches,
+    # the replica processes, then the slow tests and shared runs.
+    items.sort(key=_start_order)
+
+
+def _start_order(item) -> int:
+    if item.get_closest_marker("launch"):
+        return 0
+    if item.get_closest_marker("replicas"):
+        return 1
+    if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group"):
+        return 2
+    return 3
+
+
 @pytest.fixture
 def sparse_ce():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)

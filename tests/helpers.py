@@ -46,15 +46,21 @@ def accuracy(model, x, y) -> float:
 # ------------------------------------------------- one vs two CPU replicas
 
 # Logical CPU devices must be configured before TensorFlow starts, so each
-# replica count trains in its own process. A script starts with this
-# prelude (`runtime` is ready, `out` is where it saves its arrays) and
-# ends with `np.savez(out, **arrays)`.
-REPLICA_PRELUDE = """\
-import os, sys
+# replica count needs its own process. Rather than a pair of processes per
+# test, a test module registers its script (`on_replicas`), marks its test
+# `@pytest.mark.replicas(NAME)`, and reads the arrays through the session
+# fixture `replica_runs` (conftest.py): every selected script runs in one
+# 1-replica and one 2-replica process. A script sees `np`, `runtime` (ready
+# for its replica count) and `out` (where it saves: `np.savez(out, ...)`);
+# an exception in one script fails its own test only.
+REPLICA_SCRIPTS: dict[str, tuple[str, tuple[int, ...]]] = {}
+
+REPLICA_RUNNER = """\
+import json, os, sys, traceback
 import numpy as np
 from advtrain.train.runtime import make_runtime
 
-replicas, out = int(sys.argv[1]), sys.argv[2]
+replicas, jobs, folder = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 runtime = make_runtime(
     strategy="mirrored" if replicas > 1 else "default",
     cpu_replicas=replicas if replicas > 1 else None,
@@ -62,35 +68,70 @@ runtime = make_runtime(
 )
 assert runtime.replicas == replicas, runtime.describe()
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+for name, script in jobs.items():
+    out = os.path.join(folder, f"{name}-{replicas}.npz")
+    scope = {"__name__": "__replicas__", "np": np, "runtime": runtime, "out": out}
+    try:
+        exec(compile(script, name, "exec"), scope)
+    except BaseException:
+        with open(out + ".error", "w") as error:
+            error.write(traceback.format_exc())
 """
 
 
-def run_on_replicas(tmp_path, body: str, replicas=(1, 2)) -> dict:
-    """Runs REPLICA_PRELUDE + `body` once per replica count, concurrently;
-    returns {replicas: the arrays it saved}."""
+def on_replicas(name: str, script: str, replicas=(1, 2)) -> str:
+    """Registers `script` to run once per replica count in the session's
+    shared replica processes; returns `name`."""
+    import textwrap
+
+    REPLICA_SCRIPTS[name] = (textwrap.dedent(script), tuple(replicas))
+    return name
+
+
+def run_replica_scripts(folder, names) -> dict:
+    """Runs the scripts `names` in one process per replica count, at the
+    same time; returns {(name, replicas): arrays, or the error text}."""
+    import json
     import os
     import subprocess
     import sys
-    import textwrap
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    script = tmp_path / "replicas.py"
-    script.write_text(REPLICA_PRELUDE + textwrap.dedent(body))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(root))
     env.pop("TF_CONFIG", None)
-    procs = {
-        r: subprocess.Popen(
-            [sys.executable, str(script), str(r), str(tmp_path / f"r{r}.npz")],
+    counts = sorted({r for n in names for r in REPLICA_SCRIPTS[n][1]})
+    procs = {}
+    for r in counts:
+        jobs = {n: REPLICA_SCRIPTS[n][0] for n in names if r in REPLICA_SCRIPTS[n][1]}
+        procs[r] = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                REPLICA_RUNNER,
+                str(r),
+                json.dumps(jobs),
+                str(folder),
+            ],
             cwd=root,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for r in replicas
-    }
-    for proc in procs.values():
-        output, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, output[-3000:]
-    return {r: np.load(tmp_path / f"r{r}.npz") for r in replicas}
+    logs = {r: proc.communicate(timeout=900)[0] for r, proc in procs.items()}
+    results = {}
+    for name in names:
+        for r in REPLICA_SCRIPTS[name][1]:
+            path = Path(folder) / f"{name}-{r}.npz"
+            error = Path(str(path) + ".error")
+            if error.exists():
+                results[name, r] = error.read_text()
+            elif path.exists():
+                results[name, r] = np.load(path)
+            else:
+                code = procs[r].returncode
+                results[name, r] = (
+                    f"{r}-replica process exit {code}:\n{logs[r][-3000:]}"
+                )
+    return results

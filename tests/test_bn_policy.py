@@ -28,7 +28,7 @@ from advtrain.recipe.run import run
 # A run small enough for seconds: no PGD, no sanity checks, no artifacts
 # beyond model.keras and metrics.json.
 QUIET = {
-    "eval": {"pgd_steps": 0, "fgsm": False, "sanity_examples": 0},
+    "eval": {"attacks": ["fgsm"], "sanity_examples": 0},
     "output": {"tensorboard": False, "plots": False, "export_saved_model": False},
 }
 

@@ -96,7 +96,19 @@ def test_run_writes_the_run_folder(run_dir):
         assert (run_dir / name).is_file(), name
     assert (run_dir / "checkpoints" / "epoch-0002").is_dir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    for key in ("clean_accuracy", "fgsm_accuracy", "pgd_accuracy", "macro_f1"):
+    # The clean accuracy is the saved model's on the run's test split,
+    # recomputed here from the files the run wrote.
+    from advtrain.recipe.build import recipe_splits
+    from advtrain.recipe.loader import load_recipe
+    from advtrain.recipe.saved import load_classifier
+
+    test = recipe_splits(load_recipe(run_dir / "recipe.yaml")).test
+    x, y = (np.stack(a) for a in zip(*test.as_numpy_iterator(), strict=True))
+    assert metrics["examples"] == len(y) == 32
+    logits = load_classifier(run_dir / "model.keras").predict(x, verbose=0)
+    recomputed = float(np.mean(np.argmax(logits, axis=-1) == y))
+    assert metrics["clean_accuracy"] == pytest.approx(recomputed)
+    for key in ("fgsm_accuracy", "pgd_accuracy", "macro_f1"):
         assert 0.0 <= metrics[key] <= 1.0, key
     # The headline is the worst case: at most every attack's accuracy.
     worst = metrics["robust_accuracy"]
@@ -214,6 +226,7 @@ def test_bad_recipe_name_is_one_line():
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 def test_launch_two_workers(tmp_path):
     # The launcher in a fresh interpreter too (test_distributed checks
     # what launch does, with the launcher inside the test process).

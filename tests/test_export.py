@@ -48,7 +48,7 @@ TRADES_RECIPE = {
         "objective_options": {"beta": 1.0},
     },
     "train": {"epochs": 1, "batch_size": 32},
-    "eval": {"pgd_steps": 1, "fgsm": False, "sanity_examples": 0},
+    "eval": {"attacks": ["pgd"], "pgd_steps": 1, "sanity_examples": 0},
     "output": {"tensorboard": False, "plots": False, "export_saved_model": True},
 }
 

@@ -1,9 +1,6 @@
 """`advtrain.fit` and `model.builder`: any Keras model through the runtime."""
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -13,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import yaml
-from helpers import run_on_replicas
+from helpers import on_replicas
 from typer.testing import CliRunner
 
 import advtrain
@@ -197,9 +194,10 @@ def test_array_batches_streams_blocks_in_shuffled_order(tmp_path):
 # ---------------------------------------------------------------- LSTM
 
 
-LSTM_SCRIPT = textwrap.dedent("""
+LSTM_SCRIPT = on_replicas(
+    "fit_lstm",
+    """
     import json
-    import numpy as np
     from advtrain.train.fitting import fit
 
     def build():
@@ -215,33 +213,26 @@ LSTM_SCRIPT = textwrap.dedent("""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 5, 8)).astype("float32")
     y = rng.normal(size=(64, 4)).astype("float32")
+    lines = []
     result = fit(build, (x, y), loss="mse", batch_size=64, epochs=1,
-                 runtime={"strategy": "mirrored", "cpu_replicas": 2})
-    print(json.dumps({
+                 runtime=runtime, echo=lines.append)
+    np.savez(out, echo="\\n".join(lines), summary=json.dumps({
         "replicas": result.runtime.replicas,
         "per_replica": result.plan.per_replica_batch,
         "steps": int(result.model.optimizer.iterations.numpy()),
         "loss": result.history["loss"][-1],
         "units": [l.units for l in result.model.layers[:3]],
     }))
-""")
+""",
+    replicas=(2,),
+)
 
 
-def test_lstm_regressor_under_two_cpu_replicas(tmp_path):
-    script = tmp_path / "lstm.py"
-    script.write_text(LSTM_SCRIPT)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "runtime: mirrored strategy on cpu, 2 replica(s)" in proc.stdout
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.mark.replicas(LSTM_SCRIPT)
+def test_lstm_regressor_under_two_cpu_replicas(replica_runs):
+    result = replica_runs(LSTM_SCRIPT)[2]
+    assert "runtime: mirrored strategy on cpu, 2 replica(s)" in str(result["echo"])
+    summary = json.loads(str(result["summary"]))
     assert summary["replicas"] == 2
     assert summary["per_replica"] == 32
     assert summary["steps"] == 1
@@ -251,7 +242,9 @@ def test_lstm_regressor_under_two_cpu_replicas(tmp_path):
 
 # ---------------------------------------------------------------- shuffle
 
-SHUFFLE_SCRIPT = """
+SHUFFLE_SCRIPT = on_replicas(
+    "fit_shuffle",
+    """
     import keras
     import tensorflow as tf
     import advtrain
@@ -276,13 +269,15 @@ SHUFFLE_SCRIPT = """
         for i, w in enumerate(result.model.get_weights()):
             arrays[f"{name}/w{i}"] = w
     np.savez(out, **arrays)
-"""
+""",
+)
 
 
-def test_shuffled_fit_trains_alike_on_one_and_two_replicas(tmp_path):
+@pytest.mark.replicas(SHUFFLE_SCRIPT)
+def test_shuffled_fit_trains_alike_on_one_and_two_replicas(replica_runs):
     # Keras opens an extra iterator under a strategy (to build the model);
     # a stream that reshuffled per iterator trained on another order.
-    arrays = run_on_replicas(tmp_path, SHUFFLE_SCRIPT)
+    arrays = replica_runs(SHUFFLE_SCRIPT)
     one, two = arrays[1], arrays[2]
     assert sorted(one.files) == sorted(two.files) and len(one.files) == 8
     for key in one.files:
@@ -458,7 +453,7 @@ def test_builder_recipe_runs_and_bad_import_exits_2(builders, tmp_path):
         "model": {"builder": f"{builders}:dense_logits", "width": 8},
         "attack": {"method": "fgsm", "eps": 0.1},
         "train": {"epochs": 1, "batch_size": 32},
-        "eval": {"pgd_steps": 1, "fgsm": False, "sanity_examples": 0},
+        "eval": {"attacks": ["pgd"], "pgd_steps": 1, "sanity_examples": 0},
         "output": {
             "tensorboard": False,
             "plots": False,

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import dense_classifier, run_on_replicas
+from helpers import dense_classifier, on_replicas
 
 from advtrain.attacks import Attack
 from advtrain.models import TRADES, AdversarialModel
@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # the input gradient is rounding noise: its sign follows 1e-8 weight
 # differences, so it runs one step only ("trades_pgd"); "trades" trains
 # TRADES's loss for 4 steps on a fixed perturbation.
-TRAIN = """
+TRAIN = on_replicas(
+    "hooks_subclasses",
+    """
     import keras
     import tensorflow as tf
     from advtrain.attacks import Attack
@@ -70,11 +72,13 @@ TRAIN = """
         for key, values in history.items():
             arrays[f"{name}/metric/{key}"] = np.array(values[-1])
     np.savez(out, **arrays)
-"""
+""",
+)
 
 
-def test_subclass_losses_and_logs_match_on_one_and_two_replicas(tmp_path):
-    arrays = run_on_replicas(tmp_path, TRAIN)
+@pytest.mark.replicas(TRAIN)
+def test_subclass_losses_and_logs_match_on_one_and_two_replicas(replica_runs):
+    arrays = replica_runs(TRAIN)
     one, two = arrays[1], arrays[2]
     assert sorted(one.files) == sorted(two.files)
     for case in ("pairing", "trades", "trades_pgd"):

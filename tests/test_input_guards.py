@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import bn_classifier, dense_classifier, run_on_replicas
+from helpers import bn_classifier, dense_classifier, on_replicas
 
 import advtrain
 from advtrain.attacks import Attack
@@ -210,7 +210,9 @@ def test_label_kind_knows_keras_cross_entropies():
 
 # ---------------------------------------------------------------- replicas
 
-REPLICAS = """
+REPLICAS = on_replicas(
+    "input_guards",
+    """
     import keras
     import tensorflow as tf
     import advtrain
@@ -249,11 +251,14 @@ REPLICAS = """
         except Exception as exc:
             arrays[name] = np.array(f"{type(exc).__name__}: {exc}")
     np.savez(out, **arrays)
-"""
+""",
+    replicas=(2,),
+)
 
 
-def test_bad_inputs_stop_training_on_two_cpu_replicas(tmp_path):
-    found = {k: str(v) for k, v in run_on_replicas(tmp_path, REPLICAS, (2,))[2].items()}
+@pytest.mark.replicas(REPLICAS)
+def test_bad_inputs_stop_training_on_two_cpu_replicas(replica_runs):
+    found = {k: str(v) for k, v in replica_runs(REPLICAS)[2].items()}
     for name in ("model_pixels", "fit_pixels"):
         assert found[name].startswith("PixelRangeError: Training inputs must be"), found
         assert "Received: pixel range [" in found[name]

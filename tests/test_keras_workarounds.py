@@ -13,6 +13,8 @@ import pytest
 from advtrain.cli.launch import free_ports, tf_configs
 
 ROOT = Path(__file__).resolve().parents[1]
+# Two workers on free loopback ports: one launch at a time under xdist.
+pytestmark = pytest.mark.launch
 
 # Two workers fit a plain Keras model under MultiWorkerMirroredStrategy,
 # with or without advtrain's workaround.

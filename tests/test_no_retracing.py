@@ -1,10 +1,6 @@
 """Evaluation traces each attack kind once: no tf.function retracing for a
 smaller last batch or for other eps / steps / restarts (AttackRunner)."""
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import tensorflow as tf
 from helpers import bn_classifier
@@ -43,38 +39,6 @@ def test_pgd_hyperparameters_as_tensors_match_python_values():
         )
     )(tf.constant(3), tf.constant(2))
     np.testing.assert_allclose(eager.numpy(), traced.numpy(), atol=1e-6)
-
-
-_EVALUATE = """
-import os, sys
-sys.path.insert(0, {tests!r})
-import numpy as np, tensorflow as tf
-from helpers import bn_classifier
-from advtrain.evaluation.robustness import evaluate_robustness
-from advtrain.evaluation.sanity import run_sanity_checks
-model = bn_classifier()
-x = np.random.default_rng(0).random((70, 8, 8, 1)).astype("float32")
-ds = tf.data.Dataset.from_tensor_slices((x, np.arange(70) % 10)).batch(32)
-keys = dict(eps=0.1, pgd_steps=2, pgd_restarts=2, batch_size=32)
-evaluate_robustness(
-    model, ds, **keys, eps_sweep=[0.0, 0.05, 0.1], default_eps=0.1, num_classes=10
-)
-run_sanity_checks(model, ds, **keys, default_eps=0.1, max_examples=40)
-print("done")
-"""
-
-
-def test_evaluation_and_sanity_checks_log_no_retracing():
-    # A fresh interpreter, as `advtrain eval` runs: TensorFlow counts the
-    # traces of one Python function over the whole process, so evaluations
-    # earlier in a test session would count against this one.
-    script = _EVALUATE.format(tests=os.path.dirname(__file__))
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().endswith("done")
-    assert "retracing" not in result.stderr
 
 
 def test_evaluation_traces_each_attack_kind_once(monkeypatch):

@@ -38,7 +38,7 @@ SINGLE = {
     "model": {"backbone": "small_cnn", "width": 4},
     "attack": {"method": "fgsm_rs", "eps": 0.1},
     "train": {"epochs": 2, "batch_size": 16},
-    "eval": {"pgd_steps": 1, "fgsm": False, "sanity_examples": 0},
+    "eval": {"attacks": ["pgd"], "pgd_steps": 1, "sanity_examples": 0},
     "runtime": {"deterministic": True, "steps_per_execution": 1},
     "output": {"tensorboard": False, "plots": False, "export_saved_model": False},
 }
@@ -234,6 +234,7 @@ def worker_pids(log: Path) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 def test_sigterm_to_launch_stops_all_workers_after_one_checkpoint(tmp_path):
     out = tmp_path / "out"
     log = tmp_path / "launch.log"
@@ -281,6 +282,7 @@ def test_sigterm_to_launch_stops_all_workers_after_one_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.launch
 def test_lost_worker_is_named_and_the_run_restarts_from_the_checkpoint(tmp_path):
     out = tmp_path / "out"
     log = tmp_path / "launch.log"

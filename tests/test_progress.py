@@ -92,9 +92,11 @@ def test_epoch_progress_follows_fit_steps():
 
 # A whole run, as small as it gets, from a fresh interpreter.
 _TINY = [
+    "data.limit_test=64",
     "train.epochs=1",
     "train.steps_per_epoch=3",
     "runtime.steps_per_execution=1",
+    "eval.attacks=[fgsm,pgd]",
     "eval.pgd_steps=1",
     "eval.pgd_restarts=1",
     "eval.eps_sweep=[]",
@@ -125,7 +127,7 @@ def test_cli_run_prints_plain_progress_lines_and_none_when_quiet(tmp_path):
     assert loud.returncode == 0, loud.stderr[-2000:]
     assert "\r" not in loud.stdout
     assert "epoch 1/1  1/3 steps (33%)" in loud.stdout
-    assert "evaluating (clean, fgsm, pgd)  2/2 batches (100%)  359 examples" in (
+    assert "evaluating (clean, fgsm, pgd)  1/1 batches (100%)  64 examples" in (
         loud.stdout
     )
     # The global form, `advtrain --quiet run ...`; `run --quiet` is the same.

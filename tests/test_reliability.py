@@ -43,7 +43,7 @@ TINY = {
     "model": {"backbone": "small_cnn", "width": 4},
     "attack": {"method": "fgsm_rs", "eps": 0.1},
     "train": {"epochs": 3, "batch_size": 32},
-    "eval": {"pgd_steps": 1, "fgsm": False},
+    "eval": {"attacks": ["pgd"], "pgd_steps": 1},
     "runtime": {"deterministic": True, "steps_per_execution": 2},
     "output": {
         "tensorboard": False,

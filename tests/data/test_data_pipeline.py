@@ -1,12 +1,9 @@
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import on_replicas
 
 from advtrain.data import cache_mode, make_input, make_replica_input
 from advtrain.data.pipeline import _shuffle_buffer
@@ -137,18 +134,14 @@ def test_replica_input_rejects_uneven_batch():
         make_replica_input(_dataset(), context, global_batch=8, training=True)
 
 
-_MIRRORED = textwrap.dedent(
+_MIRRORED = on_replicas(
+    "mirrored_input",
     """
     import json
-    import numpy as np
     import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2
-    )
     from advtrain.data import make_distributed_input
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = runtime.strategy  # MirroredStrategy over two logical CPUs
     images = np.zeros((32, 4, 4, 1), np.uint8)
     ds = tf.data.Dataset.from_tensor_slices((images, np.arange(32)))
     dist = make_distributed_input(ds, strategy, global_batch=8, training=True)
@@ -157,23 +150,15 @@ _MIRRORED = textwrap.dedent(
         per_replica = strategy.experimental_local_results(y)
         steps.append([r.numpy().tolist() for r in per_replica])
     replicas = strategy.num_replicas_in_sync
-    print(json.dumps({"replicas": replicas, "steps": steps}))
-    """
+    np.savez(out, result=json.dumps({"replicas": replicas, "steps": steps}))
+    """,
+    replicas=(2,),
 )
 
 
-@pytest.mark.slow  # a fresh TensorFlow process: logical CPUs precede init
-def test_mirrored_replicas_get_distinct_examples():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    out = subprocess.run(
-        [sys.executable, "-c", _MIRRORED],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+@pytest.mark.replicas(_MIRRORED)  # logical CPUs precede TensorFlow's start
+def test_mirrored_replicas_get_distinct_examples(replica_runs):
+    result = json.loads(str(replica_runs(_MIRRORED)[2]["result"]))
     assert result["replicas"] == 2
     assert len(result["steps"]) == 4
     labels = []
