@@ -43,6 +43,30 @@ def accuracy(model, x, y) -> float:
     return float(np.mean(np.argmax(model(x, training=False), axis=-1) == y))
 
 
+def run_console(cwd, *args, **env):
+    """`advtrain ARGS` through the installed console script in `cwd`, as a
+    user runs it: a fresh interpreter, `env` added, no PYTHONPATH (unlike
+    `python -m`, the script does not put the current folder on sys.path).
+    Asserts exit 0; returns the finished process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    environ = {**os.environ, **{k: str(v) for k, v in env.items()}}
+    environ.pop("PYTHONPATH", None)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "advtrain"), *map(str, args)],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 # ------------------------------------------------- one vs two CPU replicas
 
 # Logical CPU devices must be configured before TensorFlow starts, so each

@@ -62,12 +62,6 @@ TRAIN = on_replicas(
 )
 
 
-def _env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
-    env.pop("TF_CONFIG", None)
-    return env
-
-
 @pytest.mark.replicas(TRAIN)
 def test_two_cpu_replicas_match_one_replica(replica_runs):
     arrays = replica_runs(TRAIN)

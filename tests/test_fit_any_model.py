@@ -4,7 +4,6 @@ import json
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -19,7 +18,6 @@ from advtrain.data.streaming import array_batches
 from advtrain.recipe.build import build_from_builder, load_builder
 from advtrain.recipe.schema import ModelConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 

@@ -6,7 +6,6 @@ replica count runs in its own process (as in test_distributed.py).
 """
 
 import warnings
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -16,8 +15,6 @@ from helpers import dense_classifier, on_replicas
 
 from advtrain.attacks import Attack
 from advtrain.models import TRADES, AdversarialModel
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # Three subclasses trained on a BN-free classifier with SGD + momentum;
 # weights and epoch logs saved per case. The attacks are deterministic.

@@ -11,13 +11,10 @@ run's own lines).
 """
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import yaml
+from helpers import run_console
 from typer.testing import CliRunner
 
 from advtrain.cli.commands import app
@@ -102,20 +99,9 @@ def test_a_recipe_uses_a_registered_attack_and_data_source(tmp_path):
     recipe = tmp_path / "plugin.yaml"
     recipe.write_text(yaml.safe_dump(RECIPE))
     mark = tmp_path / "mark.txt"
-    env = dict(os.environ, PLUGIN_MARK=str(mark))
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        # The console script: unlike `python -m`, it does not put the
-        # current folder on sys.path; advtrain searches it for plugins.
-        [str(Path(sys.executable).parent / "advtrain")]
-        + ["run", "plugin.yaml", "-o", "out"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The console script does not put the current folder on sys.path;
+    # advtrain searches it for plugins.
+    done = run_console(tmp_path, "run", "plugin.yaml", "-o", "out", PLUGIN_MARK=mark)
     assert "data: stripes 96 train / 0 val / 24 test" in done.stdout
     assert "attack: sign_noise eps=0.1" in done.stdout
     assert "scale=0.5 objective=logit_pairing pairing=0.25" in done.stdout

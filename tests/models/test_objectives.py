@@ -3,16 +3,12 @@ TRADES, GradAlign or a registered subclass with `attack.objective` and
 passes it `attack.objective_options`, checked against its signature."""
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import keras
 import pytest
 import tensorflow as tf
 import yaml
-from helpers import dense_classifier
+from helpers import dense_classifier, run_console
 
 import advtrain
 from advtrain.models import TRADES, AdversarialModel, GradAlign
@@ -218,17 +214,7 @@ def test_advtrain_run_trains_the_objective_a_recipe_names(
         "output": {"tensorboard": False, "plots": False, "export_saved_model": False},
     }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "advtrain"), "run", "r.yaml", "-o", "out"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_console(tmp_path, "run", "r.yaml", "-o", "out")
     assert banner in done.stdout
     assert step in done.stdout
     with open(tmp_path / "out" / "history.csv") as handle:
