@@ -13,11 +13,16 @@ Public API:
                                    (its `plugins` key imports the module)
 
 Importing the package imports TensorFlow (once, without its C++ start-up
-lines; see `advtrain._tfimport`) and registers everything a saved run needs
-in a fresh process: advtrain's Keras layers, models and schedules, so
-`keras.saving.load_model("model.keras")` works, and the `gtsrb` TFDS
-builder, so `tfds.builder("gtsrb")` finds it.
+lines; see `advtrain._tfimport`) and the library, which registers
+everything a saved run needs in a fresh process: advtrain's Keras layers,
+models and schedules, so `keras.saving.load_model("model.keras")` works,
+and the `gtsrb` TFDS builder, so `tfds.builder("gtsrb")` finds it. The
+recipe application (`load_recipe`, `Recipe`, `RecipeError`, `run`) is
+imported on first use of one of its names: the library never loads it.
 """
+
+import importlib
+from typing import TYPE_CHECKING
 
 from advtrain._tfimport import import_tensorflow
 
@@ -39,16 +44,42 @@ from advtrain.data import register_source  # noqa: E402
 from advtrain.evaluation.robustness import evaluate  # noqa: E402
 from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
 from advtrain.models.objectives import register_objective  # noqa: E402
-from advtrain.recipe.loader import load_recipe  # noqa: E402
-from advtrain.recipe.run import run  # noqa: E402
-from advtrain.recipe.schema import Recipe, RecipeError  # noqa: E402
 from advtrain.train import runtime  # noqa: E402, F401  (OneCycle)
 
 # `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule named
 # `fit` would replace this function on the package with the module.
 from advtrain.train.fitting import fit  # noqa: E402
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
+
+# The application's names, imported on first use (PEP 562): the recipe
+# application sits above the library, so `import advtrain.attacks` (which
+# runs this file) must not load it.
+_APPLICATION = {
+    "load_recipe": "advtrain.recipe.loader",
+    "Recipe": "advtrain.recipe.schema",
+    "RecipeError": "advtrain.recipe.schema",
+    "run": "advtrain.recipe.run",
+}
+
+if TYPE_CHECKING:  # the same names, for type checkers and the API reference
+    from advtrain.recipe.loader import load_recipe
+    from advtrain.recipe.run import run
+    from advtrain.recipe.schema import Recipe, RecipeError
+
+
+def __getattr__(name: str):
+    module = _APPLICATION.get(name)
+    if module is None:
+        raise AttributeError(f"module 'advtrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_APPLICATION})
+
 
 __all__ = [
     "AdversarialModel",

@@ -12,7 +12,6 @@ from advtrain.models.adversarial import AdversarialModel
 from advtrain.models.batchnorm.fused import FusedBatchNormalization
 from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.models.batchnorm.policy import (
-    adapt_momentum,
     apply_batchnorm_policy,
     auto_momentum,
     batchnorm_layers,
@@ -20,6 +19,7 @@ from advtrain.models.batchnorm.policy import (
     bn_gap_warning,
     fit_total_steps,
     recalibrate_batchnorm,
+    set_momentum,
     settle_batchnorm,
 )
 from advtrain.recipe.loader import load_recipe, recipe_from_dict
@@ -69,12 +69,12 @@ def test_auto_momentum_follows_the_run_length():
         auto_momentum(0)
 
 
-def test_recipe_momentum_auto_number_or_keep():
+def test_momentum_auto_number_or_keep():
     model = user_cnn(second_momentum=0.95)
     apply_batchnorm_policy(model, momentum=None, fused_kernel=False)
     assert [bn.momentum for bn in batchnorm_layers(model)] == [0.99, 0.95]
-    apply_batchnorm_policy(model, total_steps=500)
-    assert [bn.momentum for bn in batchnorm_layers(model)] == [0.96, 0.96]
+    apply_batchnorm_policy(model, total_steps=500)  # auto, the default
+    assert [bn.momentum for bn in batchnorm_layers(model)] == [0.96, 0.95]
     apply_batchnorm_policy(model, momentum=0.8)
     assert [bn.momentum for bn in batchnorm_layers(model)] == [0.8, 0.8]
 
@@ -86,21 +86,12 @@ def test_empty_recipe_is_the_safe_defaults(tmp_path):
     assert (bn.momentum, bn.recalibrate, bn.fused_kernel) == ("auto", "auto", True)
 
 
-def test_momentum_rules_mean_the_same_everywhere():
-    # "auto": every layer; "adapt": only layers at Keras's 0.99. The recipe
-    # defaults to auto (advtrain built the model), the Python API to adapt.
-    every = user_cnn(second_momentum=0.95)
-    assert apply_batchnorm_policy(every, total_steps=66, momentum="auto") is None
-    assert [bn.momentum for bn in batchnorm_layers(every)] == [0.9, 0.9]
-    chosen = user_cnn(second_momentum=0.95)
-    note = apply_batchnorm_policy(chosen, total_steps=66, momentum="adapt")
-    assert [bn.momentum for bn in batchnorm_layers(chosen)] == [0.9, 0.95]
-    assert "-> 0.9 on 1 layer(s)" in note
-    assert BatchNormOptions().momentum == "adapt"
+def test_auto_is_the_one_default_everywhere():
+    assert BatchNormOptions().momentum == "auto"
     assert recipe_from_dict({}, "empty").model.batchnorm.momentum == "auto"
-    assert AdversarialModel(user_cnn(), adv_weight=0).batchnorm_momentum == "adapt"
+    assert AdversarialModel(user_cnn(), adv_weight=0).batchnorm_momentum == "auto"
     for bad in ("fast", 1.0, True):
-        with pytest.raises(ValueError, match="'auto', 'adapt', a number in"):
+        with pytest.raises(ValueError, match="must be 'auto', a number in"):
             apply_batchnorm_policy(user_cnn(), momentum=bad)
         with pytest.raises(ValueError, match="Received: batchnorm_momentum="):
             AdversarialModel(user_cnn(), adv_weight=0, batchnorm_momentum=bad)
@@ -108,14 +99,30 @@ def test_momentum_rules_mean_the_same_everywhere():
             recipe_from_dict({"model": {"batchnorm": {"momentum": bad}}}, "r")
 
 
-def test_python_api_keeps_momenta_the_user_chose():
+def test_adapt_was_renamed_auto():
+    renamed = "'adapt' was renamed 'auto' in 0.3"
+    with pytest.raises(ValueError, match=renamed):
+        apply_batchnorm_policy(user_cnn(), momentum="adapt")
+    with pytest.raises(ValueError, match=renamed):
+        BatchNormOptions(momentum="adapt")
+    with pytest.raises(ValueError, match=f"batchnorm_momentum: {renamed}"):
+        AdversarialModel(user_cnn(), adv_weight=0, batchnorm_momentum="adapt")
+    with pytest.raises(ValueError, match=f"'model.batchnorm.*{renamed}"):
+        recipe_from_dict({"model": {"batchnorm": {"momentum": "adapt"}}}, "r")
+    # A model saved by 0.2 holds "adapt" in its config, and still loads.
+    config = AdversarialModel(user_cnn(), adv_weight=0).get_config()
+    config["batchnorm_momentum"] = "adapt"
+    assert AdversarialModel.from_config(config).batchnorm_momentum == "auto"
+
+
+def test_auto_keeps_momenta_someone_chose():
     model = user_cnn(second_momentum=0.95)
-    note = adapt_momentum(model, total_steps=66)
+    note = set_momentum(model, "auto", total_steps=66)
     assert [bn.momentum for bn in batchnorm_layers(model)] == [0.9, 0.95]
     assert "0.99 (Keras's default) -> 0.9 on 1 layer(s)" in note
     assert "66 steps" in note and "\n" not in note
-    assert adapt_momentum(model, total_steps=66) is None  # nothing left at 0.99
-    assert adapt_momentum(user_cnn(), total_steps=10**5) is None  # 0.99 suits
+    assert set_momentum(model, "auto", total_steps=66) is None  # none at 0.99
+    assert set_momentum(user_cnn(), "auto", total_steps=10**5) is None  # 0.99 suits
 
 
 def test_fit_total_steps_reads_keras_fit_arguments():

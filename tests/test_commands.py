@@ -139,6 +139,23 @@ def test_eval_run_folder(run_dir):
     assert metrics["examples"] == 32
 
 
+def test_eval_save_examples_writes_them_to_the_run_folder(run_dir):
+    # FGSM alone keeps it quick; the examples are under test, not the attacks.
+    fgsm = sets(["eval.attacks=[fgsm]"])
+    result = ok(advtrain("eval", run_dir, "--save-examples", *fgsm))
+    path = run_dir / "adversarial_examples.npz"
+    assert f"broken) written to {path}" in result.stdout
+    with np.load(path) as saved:
+        x, x_adv, attack = saved["x"], saved["x_adv"], saved["attack"]
+        assert x.shape == x_adv.shape == (32, 8, 8, 1)
+        for key in ("y", "predicted", "robust"):
+            assert saved[key].shape == (32,), key
+        assert np.max(np.abs(x_adv - x)) <= float(saved["eps"]) + 1e-6
+        np.testing.assert_array_equal(saved["robust"], attack == "")
+        assert set(attack) <= {"", "clean", "fgsm"}
+    assert "adversarial_examples" not in (run_dir / "eval-metrics.json").read_text()
+
+
 def test_eval_model_file_with_shipped_recipe(run_dir):
     # The quickstart recipe's data with the run's model; the --set keeps
     # the evaluation small (the README's example raises pgd_restarts).

@@ -44,7 +44,12 @@ BAD = [
         [],
         "'model.warmup_epochs' was renamed 'model.head_only_epochs'",
     ),
-    ("attack: {fused: true}", [], "'attack.fused' was renamed 'attack.fused_step'"),
+    ("attack: {fused: true}", [], "'attack.fused' was renamed 'attack.reuse_gradient'"),
+    (
+        "attack: {fused_step: true}",
+        [],
+        "'attack.fused_step' was renamed 'attack.reuse_gradient' in 0.3",
+    ),
     (
         "model: {batchnorm: {fused: false}}",
         ["--set", "train.epochs=1"],
@@ -58,8 +63,21 @@ BAD = [
     (
         "attack: {method: pgd, clip_start: false}",
         [],
-        "attack.clip_start: False applies to the attacks with a random start "
-        "that take it (fgsm_rs, n_fgsm, zerograd)",
+        "attack.clip_start: pgd does not take clip_start; it takes eps, steps, "
+        "step_size, norm, random_start, restarts, clip_min, clip_max. "
+        "Received: clip_start=False",
+    ),
+    # The case: a key another method takes, set for fgsm.
+    (
+        "attack: {method: fgsm, steps: 50, step_size: 0.3}",
+        [],
+        "attack.steps: fgsm does not take steps; it takes eps, norm, clip_min, "
+        "clip_max. Received: steps=50",
+    ),
+    (
+        "attack: {method: pgd, options: {alpha: 0.5}}",
+        [],
+        "'alpha' has a key of its own: set attack.alpha",
     ),
     ("model: {batchnorm: {fused_kernel: maybe}}", [], "'model.batchnorm.fused_kernel'"),
     ("data: {source: imagenet}", [], "'data.source'"),

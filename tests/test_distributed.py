@@ -45,7 +45,7 @@ TRAIN = on_replicas(
         with runtime.strategy.scope():
             classifier = dense_classifier(seed=0)
             model = AdversarialModel(classifier, attack, 0.5, seed=0,
-                                     fused=fused)
+                                     reuse_gradient=fused)
             model.compile(
                 optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
                 loss=keras.losses.SparseCategoricalCrossentropy(

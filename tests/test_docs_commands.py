@@ -30,6 +30,7 @@ RUN_BY = {
     "advtrain eval": [
         "tests/test_commands.py::test_eval_run_folder",
         "tests/test_commands.py::test_eval_model_file_with_shipped_recipe",
+        "tests/test_commands.py::test_eval_save_examples_writes_them_to_the_run_folder",
     ],
     "advtrain resume": ["tests/test_commands.py::test_resume_interrupted_run"],
     "advtrain export": [
@@ -51,6 +52,19 @@ RUN_BY = {
     "scripts/quickstart": [
         "tests/test_quickstart.py::test_quickstart_reaches_promised_accuracy"
     ],
+    # The scripts in examples/ (docs/your-model-your-data.md), each run in
+    # a fresh interpreter by its test.
+    **{
+        f"python examples/{name}.py": [f"tests/test_examples.py::test_{name}"]
+        for name in (
+            "own_model_numpy",
+            "own_tf_data_and_folder",
+            "finetune_pretrained",
+            "research_subclass",
+            "plugin_attack_and_objective",
+            "evaluate_saved_model",
+        )
+    },
     "scripts/test": [".ci/run"],
     "scripts/docs": [".ci/run"],
 }

@@ -316,7 +316,7 @@ def _bn_cnn():
 
 def test_fit_rejects_a_bad_batchnorm_policy_in_one_line(tiny_data):
     for bad, message in (
-        ({"momentum": 2.0}, "batchnorm: .*momentum: must be 'auto', 'adapt', a"),
+        ({"momentum": 2.0}, "batchnorm: .*momentum: must be 'auto', a number in"),
         ({"recalibrate": "sometimes"}, "Received: recalibrate='sometimes'"),
         ({"momentun": 0.9}, "batchnorm: unknown key 'momentun'"),
     ):
@@ -471,3 +471,25 @@ def test_builder_recipe_runs_and_bad_import_exits_2(builders, tmp_path):
     assert result.exit_code == 2
     assert "model.builder: cannot import module 'no_such_package_q'" in (result.output)
     assert load_builder(f"{builders}:no_arguments")().output_shape == (None, 10)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"fused": True}, "fit: `fused` was renamed `reuse_gradient` in 0.3"),
+        ({"atack": "fgsm"}, "fit got an unknown keyword argument 'atack'. Did "),
+        (
+            {"evaluation": {"pgd_stpes": 3}},
+            "fit: evaluation got an unknown keyword argument 'pgd_stpes'. Did you "
+            "mean 'pgd_steps'?",
+        ),
+    ],
+)
+def test_fit_refuses_what_it_does_not_take_naming_the_closest(tiny_data, bad, message):
+    # Before training: no keyword is accepted and ignored.
+    x, y = tiny_data
+    with pytest.raises(TypeError, match=message):
+        advtrain.fit(
+            tiny_regressor, (x, y), loss="mse", batch_size=20, test_data=(x, y),
+            **bad,
+        )  # fmt: skip

@@ -170,10 +170,14 @@ def test_only_measured_metrics_are_logged(digits, make, expected):
 
 def test_fused_refuses_subclasses_that_override_a_hook():
     with pytest.raises(ValueError, match="TRADES overrides generate_adversarial"):
-        TRADES(dense_classifier(), Attack("fgsm", eps=0.1), fused=True)
+        TRADES(dense_classifier(), Attack("fgsm", eps=0.1), reuse_gradient=True)
     with pytest.raises(ValueError, match="LogitPairing overrides adversarial_loss"):
-        LogitPairing(dense_classifier(), Attack("fgsm", eps=0.1), 0.5, fused=True)
-    AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.1), 0.5, fused=True)
+        LogitPairing(
+            dense_classifier(), Attack("fgsm", eps=0.1), 0.5, reuse_gradient=True
+        )
+    AdversarialModel(
+        dense_classifier(), Attack("fgsm", eps=0.1), 0.5, reuse_gradient=True
+    )
 
 
 @pytest.mark.parametrize(

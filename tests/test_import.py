@@ -23,6 +23,9 @@ import keras
 import tensorflow_datasets as tfds
 
 model_path, names, data_dir = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+# Before any public name is used: the application's are imported lazily.
+undir = [n for n in advtrain.__all__ if n not in dir(advtrain)]
+from advtrain import run
 model = keras.saving.load_model(model_path)
 x = np.linspace(0.0, 1.0, 2 * 8 * 8).reshape(2, 8, 8, 1).astype("float32")
 print(json.dumps({
@@ -34,6 +37,8 @@ print(json.dumps({
     ],
     "builder": type(tfds.builder("gtsrb", data_dir=data_dir)).__module__,
     "missing": [n for n in advtrain.__all__ if not hasattr(advtrain, n)],
+    "undir": undir,
+    "run": f"{run.__module__}.{run.__name__}",
     "fit": type(advtrain.fit).__name__,
     "version": advtrain.__version__,
 }))
@@ -122,7 +127,8 @@ def test_tfds_gtsrb_is_advtrains_builder(fresh):
 
 def test_public_names_resolve(fresh):
     out = fresh[0]
-    assert out["missing"] == []
+    assert out["missing"] == [] and out["undir"] == []
+    assert out["run"] == "advtrain.recipe.run.run"  # from advtrain import run
     assert out["fit"] == "function"  # not the advtrain.train.fitting module
     assert out["version"]
 

@@ -12,7 +12,7 @@ from helpers import bn_classifier, dense_classifier, on_replicas
 import advtrain
 from advtrain.attacks import Attack
 from advtrain.models import AdversarialModel
-from advtrain.train.input_checks import LabelError, PixelRangeError, label_kind
+from advtrain.models.input_checks import LabelError, PixelRangeError, label_kind
 
 RNG = np.random.default_rng(0)
 X = RNG.random((64, 8, 8, 1), dtype=np.float32)
@@ -21,9 +21,12 @@ SPARSE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 CATEGORICAL = keras.losses.CategoricalCrossentropy(from_logits=True)
 
 
-def _model(attack=None, loss=SPARSE, fused="auto", **compile_kwargs):
+def _model(attack=None, loss=SPARSE, reuse_gradient="auto", **compile_kwargs):
     model = AdversarialModel(
-        bn_classifier(), attack or Attack("fgsm", eps=0.1), 0.5, fused=fused
+        bn_classifier(),
+        attack or Attack("fgsm", eps=0.1),
+        0.5,
+        reuse_gradient=reuse_gradient,
     )
     model.compile(optimizer="sgd", loss=loss, **compile_kwargs)
     return model
@@ -54,7 +57,7 @@ MODES = {
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("fused", ["auto", False])
 def test_0_255_pixels_stop_adversarial_model_fit(mode, fused):
-    model = _model(fused=fused, **MODES[mode])
+    model = _model(reuse_gradient=fused, **MODES[mode])
     before = model.classifier.get_weights()
     with pytest.raises(PixelRangeError) as caught:
         model.fit(X * 255, Y, batch_size=32, epochs=1, verbose=0, shuffle=False)

@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from typer.testing import CliRunner
@@ -146,13 +147,46 @@ def test_report_holds_every_section(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+def _examples(count=4, eps=0.1):
+    from advtrain.evaluation.examples import AdversarialExamples
+
+    x = np.random.default_rng(0).random((count, 8, 8, 1)).astype("float32")
+    robust = np.arange(count) % 2 == 0
+    return AdversarialExamples(
+        x=x,
+        y=np.zeros(count, np.int64),
+        x_adv=np.clip(x + eps, 0, 1),
+        attack=np.where(robust, "", "pgd"),
+        predicted=np.where(robust, 0, 2),
+        robust=robust,
+        index=np.arange(count),
+        eps=eps,
+    )
+
+
+@pytest.mark.parametrize("plots", [True, False])
+def test_report_embeds_the_adversarial_examples_grid(tmp_path, plots):
+    recipe = recipe_from_dict(TINY).to_dict()
+    text = write_report(
+        tmp_path, recipe, METRICS, HISTORY, plots=plots, examples=_examples()
+    ).read_text()
+    png = tmp_path / "adversarial_examples.png"
+    link = "![adversarial examples](adversarial_examples.png)"
+    assert (link in text) == plots == png.is_file()
+    if plots:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert "4 test images drawn with the evaluation's seed (2 broken" in text
+
+
 @pytest.fixture(scope="module")
 def guarded_run(tmp_path_factory):
     from advtrain.recipe.run import run
 
     out = tmp_path_factory.mktemp("report") / "run"
     lines = []
-    result = run(recipe_from_dict(TINY), out, echo=lines.append)
+    # TensorBoard on: the grid of adversarial examples goes there too.
+    recipe = recipe_from_dict({**TINY, "output": {"tensorboard": True}})
+    result = run(recipe, out, echo=lines.append)
     return result, "\n".join(lines)
 
 
@@ -189,6 +223,22 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     logits = served.signatures["serving_default"](images=images)["logits"]
     expected = classifier(tf.cast(images, tf.float32) / 255.0, training=False)
     assert (logits.numpy().argmax(1) == expected.numpy().argmax(1)).all()
+
+
+def test_run_shows_adversarial_examples_in_report_and_tensorboard(guarded_run):
+    out = guarded_run[0].output_dir
+    assert "adversarial_examples" not in json.loads((out / "metrics.json").read_text())
+    report = (out / "report.md").read_text()
+    assert "![adversarial examples](adversarial_examples.png)" in report
+    assert "8 test images drawn with the evaluation's seed" in report
+    assert (out / "adversarial_examples.png").read_bytes()[:4] == b"\x89PNG"
+    (events,) = (out / "logs" / "evaluation").glob("*tfevents*")
+    tags = [
+        (event.step, value.tag)
+        for event in tf.compat.v1.train.summary_iterator(str(events))
+        for value in event.summary.value
+    ]
+    assert tags == [(2, "adversarial_examples")]  # at the last epoch
 
 
 def test_cli_export_and_eval_print_what_they_did(guarded_run, tmp_path):

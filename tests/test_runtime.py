@@ -316,9 +316,9 @@ def test_profile_advice_follows_the_cpu_and_the_step(tmp_path):
         return ProfileReport(**fields)
 
     tips = " ".join(report(cpu_bf16=True).advice())
-    assert "mixed_bfloat16" in tips and "attack.fused_step: true" in tips
-    tips = " ".join(report(cpu_bf16=False, fused=True).advice())
-    assert "mixed_bfloat16" not in tips and "attack.fused_step" not in tips
+    assert "mixed_bfloat16" in tips and "attack.reuse_gradient: true" in tips
+    tips = " ".join(report(cpu_bf16=False, reuse_gradient=True).advice())
+    assert "mixed_bfloat16" not in tips and "attack.reuse_gradient" not in tips
     tips = " ".join(report(step_seconds=0.002).advice())
     assert "steps_per_execution: auto" in tips
     assert report(input_seconds=0.2).bound == "input"

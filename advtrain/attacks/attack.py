@@ -1,9 +1,18 @@
-"""`Attack`: a serializable attack configuration that can be called, the
-attack registry, and `make_attack` (an `Attack` from a recipe's keys)."""
+"""`Attack`: an attack method and its own settings, callable; the attack
+registry, and `make_attack` (an `Attack` from a recipe's keys).
+
+Each registered attack declares the settings it takes in one place: the
+keyword arguments of its function (after `model_fn, x, y`), with their
+defaults. `attack_settings(method)` lists them. An `Attack` holds the
+settings every method shares (`eps`, `norm`, the pixel range `clip_min`,
+`clip_max`, `backend`) and its method's own; any other setting is an
+`ArgumentError` naming the method, the setting and what the method takes.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
@@ -19,13 +28,24 @@ from advtrain.attacks.common import (
     check_eps,
     check_fraction,
 )
-from advtrain.utils.errors import ArgumentError
-from advtrain.utils.keywords import check_options, keyword_names
+from advtrain.utils.errors import ArgumentError, did_you_mean
+from advtrain.utils.keywords import keyword_names
 from advtrain.utils.registry import Registry
 
 attacks: Registry[Callable] = Registry("attack")
 
 BACKENDS = ("advtrain", "cleverhans")
+
+# The settings every method shares, with their defaults: the threat model
+# (eps in pixel units, the norm) and the valid pixel range.
+SHARED = {"eps": 8 / 255, "norm": "inf", "clip_min": 0.0, "clip_max": 1.0}
+
+# Keywords the caller of an attack gives per call (`Attack.__call__`,
+# `return_gradient`, `return_queries`): never settings.
+CALL_KEYS = ("loss_fn", "loss_scale", "seed", "return_gradient", "return_queries")
+
+# The built-in single-step attacks (advtrain backend).
+SINGLE_STEP = ("fgsm", "fgsm_rs", "n_fgsm", "zerograd")
 
 
 def register_attack(name: str) -> Callable[[Callable], Callable]:
@@ -33,17 +53,15 @@ def register_attack(name: str) -> Callable[[Callable], Callable]:
 
     The function has the shape of the built-in attacks:
     `fn(model_fn, x, y, *, eps, norm, ...) -> x_adv`, pixels in, pixels
-    out. `Attack(name, ...)` then runs it, in training (`AdversarialModel`)
-    and in evaluation, passing the keywords the function declares among
-    the `Attack` fields (`eps`, `norm`, `alpha`, `steps`, `step_size`,
-    `random_start`, `restarts`, `clip_min`, `clip_max`, `clip_start`,
-    `noise`, `zero_quantile`, `queries`) and
-    the call's `loss_fn`, `loss_scale` (mixed precision: multiply the loss
-    before differentiating) and `seed` (a `keras.random` seed). Any other
-    keyword argument is an option of the attack: `Attack(name,
-    options={...})` passes it (`attack_options` lists them). A recipe
-    names it as `attack.method: <name>`, its options as `attack.options`.
-    A duplicate name is a ValueError.
+    out. Its keyword arguments are the method's settings, declared once:
+    `Attack(name, eps=..., <setting>=...)` accepts those and no others
+    (`attack_settings(name)` lists them with their defaults), and passes
+    them on every call, in training (`AdversarialModel`) and in
+    evaluation, with the call's `loss_fn`, `loss_scale` (mixed precision:
+    multiply the loss before differentiating) and `seed` (a `keras.random`
+    seed) where the function takes them. A recipe names it as
+    `attack.method: <name>`, settings without a recipe key of their own
+    under `attack.options`. A duplicate name is a ValueError.
 
     Example:
 
@@ -53,153 +71,185 @@ def register_attack(name: str) -> Callable[[Callable], Callable]:
     from advtrain.attacks.common import (
         attack_inputs, clip_pixels, input_gradient)
 
-    @register_attack("fgsm_half")
-    def fgsm_half(model_fn, x, y=None, *, eps, loss_fn=None,
-                  loss_scale=None, clip_min=0.0, clip_max=1.0):
+    @register_attack("fgsm_scaled")
+    def fgsm_scaled(model_fn, x, y=None, *, eps, scale=0.5, loss_fn=None,
+                    loss_scale=None, clip_min=0.0, clip_max=1.0):
         x, y = attack_inputs(model_fn, x, y)  # float tensor; y or predictions
         grad = input_gradient(model_fn, x, y, loss_fn, loss_scale)
-        return clip_pixels(x + 0.5 * eps * tf.sign(grad), clip_min, clip_max)
+        return clip_pixels(x + scale * eps * tf.sign(grad), clip_min, clip_max)
 
-    attack = Attack("fgsm_half", eps=0.1)
+    attack = Attack("fgsm_scaled", eps=0.1, scale=0.25)
     x_adv = attack(lambda z: model(z, training=False), x, y)
     ```
     """
     return attacks.register(name)
 
 
-@dataclasses.dataclass(frozen=True)
-class Attack:
-    """An attack and its hyperparameters, in pixel space.
+def attack_settings(method: str, backend: str = "advtrain") -> Optional[dict]:
+    """The settings `method` takes beyond the shared ones, with their
+    defaults (`inspect.Parameter.empty` for a required one), in the order
+    its function declares them; None when the function takes `**kwargs`
+    (any name goes).
 
-    Calling it runs the attack: `attack(model_fn, x, y)` returns adversarial
-    pixels. `method` names a registered attack ("fgsm", "fgsm_rs",
-    "n_fgsm", "zerograd", "pgd", "apgd_ce", "apgd_dlr", "square" (gradient-
-    free), or one added with `register_attack`). `options` are the
-    attack function's own keyword arguments beyond these fields (the
-    names `attack_options(method)` lists; any other is a TypeError); every
-    call passes them, in training and in evaluation.
+    Example:
+
+    ```python
+    attack_settings("pgd")
+    # {"steps": 10, "step_size": None, "random_start": True, "restarts": 1}
+    attack_settings("fgsm")  # {}
+    ```
+    """
+    parameters = _parameters(method, backend)
+    if parameters is None:
+        return None
+    return {k: v for k, v in parameters.items() if k not in SHARED}
+
+
+def _parameters(method: str, backend: str) -> Optional[dict[str, Any]]:
+    """Every setting (shared ones included) the function of `method`
+    takes by keyword, with its default; None for `**kwargs`."""
+    return _defaults(attacks.get(_function_name(method, backend)))
+
+
+@functools.cache
+def _defaults(fn: Callable) -> Optional[dict[str, Any]]:
+    parameters = list(inspect.signature(fn).parameters.values())[3:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    by_keyword = (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    return {
+        p.name: p.default
+        for p in parameters
+        if p.kind in by_keyword and p.name not in CALL_KEYS
+    }
+
+
+_SHARED_DEFAULT = object()  # a shared setting the caller did not give
+
+# The fields of 0.2's `Attack` (one dataclass for every method): a saved
+# 0.2 config lists them all, most filled in with defaults the method never
+# took. `Attack.from_config` drops those; everywhere else they are errors.
+FIELDS_0_2 = (
+    "alpha", "steps", "step_size", "random_start", "restarts", "clip_start",
+    "noise", "zero_quantile", "queries", "options",
+)  # fmt: skip
+
+
+class Attack:
+    """An attack method and its settings, in pixel space; calling it runs
+    the attack: `attack(model_fn, x, y)` returns adversarial pixels.
+
+    `method` names a registered attack: "fgsm", "fgsm_rs", "n_fgsm",
+    "zerograd", "pgd", "apgd_ce", "apgd_dlr", "square" (gradient-free),
+    or one added with `register_attack`. Every method takes the shared
+    settings `eps` (pixel units), `norm` ("inf" or 2) and the pixel range
+    `clip_min`, `clip_max`; `backend` is "advtrain" or "cleverhans" (fgsm
+    and pgd). The other keyword arguments are the method's own settings,
+    the keyword arguments of its function (`attack_settings(method)`):
+    one the method does not take is an `ArgumentError` naming the method,
+    the setting and what it takes. Unset, a setting has its function's
+    default. `options` is the same as keywords (a recipe's
+    `attack.options`). An `Attack` is immutable and hashable; `replace`
+    returns a changed copy.
 
     Example:
 
     ```python
     attack = Attack("pgd", eps=0.1, steps=20, restarts=5)
     x_adv = attack(lambda x: model(x, training=False), x, y)
-    # APGD's step-size checkpoint rule (rho), an option of apgd_ce:
-    attack = Attack("apgd_ce", eps=0.1, steps=50, options={"rho": 0.5})
+    attack.settings  # {"steps": 20, "step_size": None, ...}
+    Attack("apgd_ce", eps=0.1, steps=50, rho=0.5)  # APGD's checkpoint rule
+    Attack("fgsm", eps=0.1, steps=50)
+    # ArgumentError: steps: fgsm does not take steps; it takes eps, norm,
+    # clip_min, clip_max. Received: steps=50
     ```
     """
 
-    method: str = "fgsm_rs"
-    eps: float = 8 / 255
-    norm: str = "inf"
-    alpha: Optional[float] = None
-    # The recipe's default (attack.steps) too: PGD-7 training, Madry et al.
-    steps: int = 7
-    step_size: Optional[float] = None
-    random_start: bool = True
-    restarts: int = 1
-    backend: str = "advtrain"
-    clip_min: Optional[float] = 0.0
-    clip_max: Optional[float] = 1.0
-    # fgsm_rs, n_fgsm, zerograd: clip the random start to [clip_min,
-    # clip_max] before taking its gradient (advtrain.attacks.fgsm).
-    clip_start: bool = True
-    # n_fgsm: the random start's radius (default 2 * eps, de Jorge et al.).
-    noise: Optional[float] = None
-    # zerograd: the share of each example's smallest input-gradient entries
-    # set to zero before the step (Golgooni et al. 2021).
-    zero_quantile: float = 0.35
-    # square: model queries per image and restart (AutoAttack: 5,000).
-    queries: int = 5000
-    # The attack function's own keyword arguments beyond the fields above
-    # (a registered attack's, or apgd's `rho`), checked against its
-    # signature: see `attack_options`.
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
-
-    def __post_init__(self):
-        # The one home of the rules on these fields: recipes, `advtrain.fit`,
-        # `AdversarialModel` and evaluation all construct an Attack, and a
-        # bad value is an `ArgumentError` naming the field (a recipe reports
-        # it under its key, `attack.eps`).
-        object.__setattr__(self, "norm", canonical_norm(self.norm))
-        self._check_numbers()
-        self._check_backend()
-        attacks.get(self.method)
-        self._check_clip_start()
-        options = check_options(
-            f"attack '{self.method}'",
-            self.options,
-            attack_options(self.method, self.backend),
-            reserved=(*OPTION_KEYS, *CALL_KEYS),
-        )
-        object.__setattr__(self, "options", options)
-
-    def _check_numbers(self) -> None:
-        """The pixel range, then eps (an L-inf ball fits in the pixel
-        range), the step sizes, shares and counts."""
-        low, high = self.clip_min, self.clip_max
-        width = None
-        if _is_number(low) and _is_number(high):
-            if not (math.isfinite(low) and math.isfinite(high) and low < high):
-                raise ArgumentError(
-                    "clip_max",
-                    "must be a finite number > clip_min (the pixel range). "
-                    f"Received: clip_min={low!r}, clip_max={high!r}",
-                )
-            width = high - low
-        if self.norm == "inf" and width is not None:
-            check_eps(
-                "eps",
-                self.eps,
-                upper=width,
-                why=f", the width of the pixel range [{low:g}, {high:g}] "
-                "(eps is in pixel units)",
-            )
-        else:
-            check_eps("eps", self.eps)
-        for name in ("alpha", "step_size", "noise"):
-            if getattr(self, name) is not None:
-                check_eps(name, getattr(self, name))
-        check_fraction("zero_quantile", self.zero_quantile)
-        for name in ("steps", "restarts", "queries"):
-            check_count(name, getattr(self, name))
-
-    def _check_backend(self) -> None:
-        if self.backend not in BACKENDS:
+    def __init__(
+        self,
+        method: str = "fgsm_rs",
+        *,
+        eps: Any = _SHARED_DEFAULT,
+        norm: Any = _SHARED_DEFAULT,
+        clip_min: Any = _SHARED_DEFAULT,
+        clip_max: Any = _SHARED_DEFAULT,
+        backend: str = "advtrain",
+        options: Optional[Mapping[str, Any]] = None,
+        **settings: Any,
+    ):
+        given = {"eps": eps, "norm": norm, "clip_min": clip_min, "clip_max": clip_max}
+        given = {k: v for k, v in given.items() if v is not _SHARED_DEFAULT}
+        _check_backend(method, backend)
+        settings = _merged(settings, options)
+        parameters = _parameters(method, backend)
+        _check_taken(method, parameters, {**given, **settings})
+        shared = {**SHARED, **given}
+        shared["norm"] = canonical_norm(shared["norm"])
+        own = {} if parameters is None else attack_settings(method, backend)
+        own.update(settings)
+        missing = [k for k, v in own.items() if v is inspect.Parameter.empty]
+        if missing:
             raise ArgumentError(
-                "backend",
-                f"must be one of {', '.join(BACKENDS)}. "
-                f"Received: backend={self.backend!r}",
+                missing[0], f"{method} needs a value for {missing[0]}. Received: none"
             )
-        if self.backend == "cleverhans" and self.method not in ("fgsm", "pgd"):
-            raise ArgumentError(
-                "backend",
-                "the cleverhans backend provides methods fgsm and pgd only. "
-                f"Received: backend='cleverhans', method={self.method!r}",
-            )
-        one_start = isinstance(self.restarts, int) and self.restarts == 1
-        if self.backend == "cleverhans" and not one_start:
+        _check_numbers(shared, own)
+        if backend == "cleverhans" and own.get("restarts", 1) != 1:
             raise ArgumentError(
                 "restarts",
                 "the cleverhans backend runs one start per example; restarts "
-                f"need backend='advtrain'. Received: restarts={self.restarts!r}",
+                f"need backend='advtrain'. Received: restarts={own['restarts']!r}",
             )
+        state = self.__dict__
+        state.update(method=method, backend=backend, _shared=shared, _own=own)
 
-    def _check_clip_start(self) -> None:
-        """clip_start=False only for an attack that takes `clip_start`."""
-        if self.clip_start:
-            return
-        takes = keyword_names(
-            attacks.get(_function_name(self.method, self.backend)), skip=3
+    def __getattr__(self, name: str) -> Any:
+        # Only called when ordinary lookup fails: the shared and own settings.
+        state = self.__dict__
+        if "_own" in state:
+            if name in state["_shared"]:
+                return state["_shared"][name]
+            if name in state["_own"]:
+                return state["_own"][name]
+            raise AttributeError(
+                f"{state['method']} has no setting '{name}'; it takes "
+                f"{_takes_text(state['method'], state['backend'])}"
+            )
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(
+            f"an Attack is immutable; use attack.replace({name}=...). "
+            f"Received: {name}={value!r}"
         )
-        if takes is None or "clip_start" in takes:
-            return
-        raise ArgumentError(
-            "clip_start",
-            "False applies to the attacks with a random start that take it "
-            f"({', '.join(_taking('clip_start'))}). Received: "
-            f"clip_start=False, method={self.method!r}",
-        )
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The method's own settings (not the shared ones), by name."""
+        return dict(self._own)
+
+    def _key(self) -> tuple:
+        items = {**self._shared, **self._own}
+        return (self.method, self.backend, tuple(_frozen(items)))
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Attack) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        shown = {"eps": self.eps, "norm": self.norm}
+        for name in ("clip_min", "clip_max"):
+            if self._shared[name] != SHARED[name]:
+                shown[name] = self._shared[name]
+        if self.backend != "advtrain":
+            shown["backend"] = self.backend
+        shown.update(self._own)
+        pairs = ", ".join(f"{k}={v!r}" for k, v in shown.items())
+        return f"Attack({self.method!r}, {pairs})"
 
     def __call__(
         self,
@@ -212,20 +262,17 @@ class Attack:
         seed: Any = None,
         **extra: Any,
     ) -> tf.Tensor:
-        """Runs the attack. `extra` goes to the attack function, e.g.
-        `return_gradient=True` for the single-step attacks, after the
-        fields it declares and `options`."""
+        """Runs the attack. `extra` goes to the attack function as it is,
+        e.g. `return_gradient=True` for the single-step attacks."""
         fn = attacks.get(_function_name(self.method, self.backend))
-        offered = {
-            **{name: getattr(self, name) for name in _FIELDS_OFFERED},
-            "loss_fn": loss_fn,
-            "loss_scale": loss_scale,
-            "seed": seed,
+        takes = keyword_names(fn)  # None: **kwargs, any name
+        per_call = {"loss_fn": loss_fn, "loss_scale": loss_scale, "seed": seed}
+        arguments = {
+            **{k: v for k, v in self._shared.items() if takes is None or k in takes},
+            **self._own,
+            **{k: v for k, v in per_call.items() if takes is None or k in takes},
         }
-        accepted = keyword_names(fn)
-        if accepted is not None:
-            offered = {k: v for k, v in offered.items() if k in accepted}
-        return fn(model_fn, x, y, **offered, **self.options, **extra)
+        return fn(model_fn, x, y, **arguments, **extra)
 
     @property
     def single_step(self) -> bool:
@@ -235,18 +282,18 @@ class Attack:
 
     @property
     def fusable(self) -> bool:
-        """FGSM or FGSM-RS, which `step_from_gradient` (the fused training
-        step) can take from a gradient computed elsewhere."""
+        """FGSM or FGSM-RS, which `step_from_gradient` (the gradient-reusing
+        training step) can take from a gradient computed elsewhere."""
         return self.backend == "advtrain" and self.method in ("fgsm", "fgsm_rs")
 
     def step_from_gradient(self, x, grad, seed: Any = None) -> tf.Tensor:
         """The FGSM(-RS) result for a gradient computed elsewhere.
 
-        Used by the fused training step, which gets the input gradient at
-        the clean point from the clean loss's own backward pass. With a
-        random start the step is taken from the random point using that
-        clean-point gradient (an approximation of FGSM-RS, which would
-        differentiate at the random point).
+        Used by the gradient-reusing training step, which gets the input
+        gradient at the clean point from the clean loss's own backward
+        pass. With a random start the step is taken from the random point
+        using that clean-point gradient (an approximation of FGSM-RS, which
+        would differentiate at the random point).
         """
         from advtrain.attacks.common import (
             clip_pixels,
@@ -264,7 +311,8 @@ class Attack:
         if self.method == "fgsm":
             x_adv = x + steepest_step(grad, self.eps, self.norm)
         else:
-            alpha = 1.25 * self.eps if self.alpha is None else self.alpha
+            alpha = self._own.get("alpha")
+            alpha = 1.25 * self.eps if alpha is None else alpha
             delta = random_in_ball(x, self.eps, self.norm, seed)
             delta = project(
                 delta + steepest_step(grad, alpha, self.norm), self.eps, self.norm
@@ -273,66 +321,155 @@ class Attack:
         return clip_pixels(x_adv, self.clip_min, self.clip_max)
 
     def replace(self, **changes: Any) -> Attack:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes` (settings, `method` or `backend`) applied;
+        a new method keeps the settings it takes as well."""
+        method = changes.pop("method", self.method)
+        backend = changes.pop("backend", self.backend)
+        values = {**self._shared, **self._own}
+        if (method, backend) != (self.method, self.backend):
+            takes = _parameters(method, backend)
+            values = {k: v for k, v in values.items() if takes is None or k in takes}
+        return Attack(method, backend=backend, **{**values, **changes})
 
     def get_config(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """`method`, `backend`, the shared settings and the method's own."""
+        return {
+            "method": self.method,
+            "backend": self.backend,
+            **self._shared,
+            **self._own,
+        }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Attack:
-        return cls(**config)
+    def from_config(cls, config: Mapping[str, Any]) -> Attack:
+        """The `Attack` of a `get_config` dict. A config saved by 0.2 lists
+        every method's fields (`FIELDS_0_2`); those the method does not
+        take were never used, and are dropped."""
+        config = dict(config)
+        method = config.pop("method", "fgsm_rs")
+        backend = config.pop("backend", "advtrain")
+        config.update(config.pop("options", None) or {})
+        parameters = _parameters(method, backend)
+        if parameters is not None:
+            for name in FIELDS_0_2:
+                if name in config and name not in parameters:
+                    del config[name]
+        return cls(method, backend=backend, **config)
 
 
-# The built-in single-step attacks (advtrain backend).
-SINGLE_STEP = ("fgsm", "fgsm_rs", "n_fgsm", "zerograd")
+def _check_backend(method: str, backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ArgumentError(
+            "backend",
+            f"must be one of {', '.join(BACKENDS)}. Received: backend={backend!r}",
+        )
+    attacks.get(method)  # an unknown method: the registry's did-you-mean
+    if backend == "cleverhans" and method not in ("fgsm", "pgd"):
+        raise ArgumentError(
+            "backend",
+            "the cleverhans backend provides methods fgsm and pgd only. "
+            f"Received: backend='cleverhans', method={method!r}",
+        )
 
-# The keyword arguments of `make_attack`: every `Attack` field but `method`.
-OPTION_KEYS = tuple(f.name for f in dataclasses.fields(Attack) if f.name != "method")
-# The fields `__call__` offers the attack function, by name.
-_FIELDS_OFFERED = tuple(k for k in OPTION_KEYS if k not in ("backend", "options"))
-# Keywords the caller of an attack gives per call (`Attack.__call__`,
-# `return_gradient`, `return_queries`): never options.
-CALL_KEYS = ("loss_fn", "loss_scale", "seed", "return_gradient", "return_queries")
+
+def _merged(settings: dict[str, Any], options: Any) -> dict[str, Any]:
+    """The keyword settings and `options` (the same, as a mapping)."""
+    if options is None:
+        return settings
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise ArgumentError(
+            "options",
+            f"must map setting names to values. Received: options={options!r}",
+        )
+    twice = sorted(set(options) & set(settings))
+    if twice:
+        raise ArgumentError(
+            "options",
+            f"'{twice[0]}' is given both as a keyword and in options; give "
+            f"it once. Received: options={dict(options)!r}",
+        )
+    return {**settings, **options}
 
 
-def attack_options(method: str, backend: str = "advtrain") -> Optional[tuple[str, ...]]:
-    """The options the registered attack `method` takes: the keyword
-    arguments of its function (after `model_fn, x, y`) that are neither
-    `Attack` fields nor given per call (`CALL_KEYS`); None when it takes
-    `**kwargs`. `Attack(method, options={...})` accepts these names only.
+def _check_taken(method: str, parameters: Optional[dict], given: dict) -> None:
+    """Every setting in `given` is one `method` takes (any, for a function
+    with `**kwargs`); else an ArgumentError naming it."""
+    for name, value in given.items():
+        if name in CALL_KEYS:
+            raise ArgumentError(
+                name,
+                f"is given per call (attack(model_fn, x, y, {name}=...)), not "
+                f"as a setting. Received: {name}={value!r}",
+            )
+        if parameters is None or name in parameters or name == "eps":
+            continue
+        if name in SHARED and value == SHARED[name]:
+            continue  # a shared default is no setting of the user's
+        hint = did_you_mean(name, [k for k in parameters if k not in SHARED])
+        raise ArgumentError(
+            name,
+            f"{method} does not take {name}; it takes "
+            f"{_takes_text(method, parameters=parameters)}.{hint} "
+            f"Received: {name}={value!r}",
+        )
 
-    Example:
 
-    ```python
-    @register_attack("scaled_noise")
-    def scaled_noise(model_fn, x, y=None, *, eps, scale=1.0, seed=None):
-        noise = keras.random.uniform(tf.shape(x), -eps, eps, seed=seed)
-        return tf.clip_by_value(x + scale * noise, 0.0, 1.0)
+def _takes_text(method: str, backend: str = "advtrain", parameters=None) -> str:
+    if parameters is None:
+        parameters = _parameters(method, backend)
+    if parameters is None:
+        return "any keyword (its function takes **kwargs)"
+    return ", ".join(["eps", *(k for k in parameters if k != "eps")])
 
-    attack_options("scaled_noise")  # ("scale",)
-    attack = Attack("scaled_noise", eps=0.1, options={"scale": 0.5})
-    x_adv = attack(lambda z: model(z, training=False), x, y)
-    ```
-    """
-    names = keyword_names(attacks.get(_function_name(method, backend)), skip=3)
-    if names is None:
-        return None
-    return tuple(n for n in names if n not in OPTION_KEYS and n not in CALL_KEYS)
+
+def _check_numbers(shared: dict[str, Any], own: dict[str, Any]) -> None:
+    """The pixel range, then eps (an L-inf ball fits in the pixel range),
+    the step sizes, shares and counts the method has."""
+    low, high = shared["clip_min"], shared["clip_max"]
+    width = None
+    if _is_number(low) and _is_number(high):
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ArgumentError(
+                "clip_max",
+                "must be a finite number > clip_min (the pixel range). "
+                f"Received: clip_min={low!r}, clip_max={high!r}",
+            )
+        width = high - low
+    if shared["norm"] == "inf" and width is not None:
+        check_eps(
+            "eps",
+            shared["eps"],
+            upper=width,
+            why=f", the width of the pixel range [{low:g}, {high:g}] "
+            "(eps is in pixel units)",
+        )
+    else:
+        check_eps("eps", shared["eps"])
+    for name in ("alpha", "step_size", "noise"):
+        if own.get(name) is not None:
+            check_eps(name, own[name])
+    if "zero_quantile" in own and not tf.is_tensor(own["zero_quantile"]):
+        check_fraction("zero_quantile", own["zero_quantile"])
+    for name in ("steps", "restarts", "queries"):
+        if name in own:
+            check_count(name, own[name])
+
+
+def _frozen(items: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`items` as sorted pairs of hashable values (lists as tuples)."""
+
+    def frozen(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return tuple(frozen(v) for v in value)
+        if isinstance(value, Mapping):
+            return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+        return value
+
+    return sorted((k, frozen(v)) for k, v in items.items())
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _taking(keyword: str) -> list[str]:
-    """The registered advtrain-backend attacks whose function takes
-    `keyword`."""
-    return [
-        name
-        for name in attacks.names()
-        if not name.startswith("cleverhans_")
-        and keyword in (keyword_names(attacks.get(name), skip=3) or ())
-    ]
 
 
 def _function_name(method: str, backend: str) -> str:
@@ -340,15 +477,12 @@ def _function_name(method: str, backend: str) -> str:
     return method if backend == "advtrain" else f"cleverhans_{method}"
 
 
-def make_attack(method: str = "fgsm_rs", /, **options: Any) -> Optional[Attack]:
+def make_attack(method: str = "fgsm_rs", /, **settings: Any) -> Optional[Attack]:
     """The `Attack` a recipe's attack keys describe; None for "none".
 
-    `method` is a registered attack or "none" (no training attack).
-    `options` are the `Attack` fields by their recipe names: eps, norm,
-    alpha, steps, step_size, random_start, restarts, backend, clip_start,
-    clip_min, clip_max, noise, zero_quantile, queries, and `options` (the
-    attack function's own, see `attack_options`). Unknown keys are a
-    TypeError.
+    `method` is a registered attack or "none" (no training attack);
+    `settings` are `Attack`'s keyword arguments (the shared settings,
+    `backend`, `options` and the method's own).
 
     Example:
 
@@ -358,15 +492,9 @@ def make_attack(method: str = "fgsm_rs", /, **options: Any) -> Optional[Attack]:
     make_attack("none")  # None
     ```
     """
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise TypeError(
-            f"make_attack takes the keys {', '.join(OPTION_KEYS)}. "
-            "Received: " + ", ".join(f"{k}={options[k]!r}" for k in unknown)
-        )
     if method == "none":
         return None
-    return Attack(method, **options)
+    return Attack(method, **settings)
 
 
 # The built-in methods; "cleverhans_" + method for that backend.

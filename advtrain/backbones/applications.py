@@ -25,9 +25,17 @@ def _without_top(application: Callable) -> Callable:
     """A backbone builder for a keras.applications constructor."""
 
     def builder(input_shape, *, weights: Optional[str] = None) -> keras.Model:
-        return application(
+        model = application(
             include_top=False, weights=weights, input_shape=tuple(input_shape)
         )
+        # MobileNetV2 builds its BatchNorm at momentum 0.999, slower still
+        # than Keras's 0.99. The BatchNorm policy ("auto") gives the layers
+        # at Keras's default the run's momentum and keeps a value someone
+        # chose: a backbone's own constructor choice goes to the default.
+        for layer in model.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.momentum = min(layer.momentum, 0.99)
+        return model
 
     builder.__doc__ = f"{application.__name__} without its top."
     builder.__name__ = builder.__qualname__ = application.__name__

@@ -285,6 +285,14 @@ def eval_(
     ] = None,
     set_: SetOption = None,
     unsafe_load: UnsafeLoadOption = False,
+    save_examples: Annotated[
+        bool,
+        typer.Option(
+            "--save-examples",
+            help="Also write each example's worst-case adversarial input "
+            "and verdict to adversarial_examples.npz beside the model.",
+        ),
+    ] = False,
     quiet: QuietOption = False,
 ) -> None:
     """Evaluate a trained classifier: clean, FGSM and PGD accuracy, and
@@ -295,7 +303,7 @@ def eval_(
     def action():
         from advtrain.recipe.loader import load_recipe
         from advtrain.recipe.run_folder import check_recipe_paths
-        from advtrain.utils.io import check_keras_file
+        from advtrain.utils.io import check_keras_file, check_writable_dir
 
         model_path = _model_file(target)
         if target.is_dir():
@@ -309,13 +317,20 @@ def eval_(
         check_keras_file(model_path)
         resolved = load_recipe(recipe_path, set_ or [])
         with _naming(recipe_path):
-            # Writes nothing but eval-metrics.json into a run folder.
+            # Writes nothing but eval-metrics.json (and, asked, the
+            # adversarial examples) into a run folder.
             check_recipe_paths(resolved, target, writes=target.is_dir())
+        if save_examples:
+            check_writable_dir(model_path.parent, "--save-examples")
         from advtrain.recipe.saved import evaluate_saved
         from advtrain.recipe.summary import summary_table
 
         metrics = evaluate_saved(
-            model_path, resolved, echo=_echo, safe_mode=not unsafe_load
+            model_path,
+            resolved,
+            echo=_echo,
+            safe_mode=not unsafe_load,
+            save_examples=save_examples,
         )
         _echo(summary_table(metrics))
         from advtrain.evaluation.sanity import format_sanity_checks

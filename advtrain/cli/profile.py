@@ -40,7 +40,7 @@ class ProfileReport:
     augment: bool
     attack: str = "none"
     attack_steps: int = 0
-    fused: bool = False
+    reuse_gradient: bool = False
     cpu_bf16: bool = False
 
     @property
@@ -143,12 +143,12 @@ class ProfileReport:
                     "dominated by the host round trip: "
                     "runtime.steps_per_execution: auto (or 8-32)."
                 )
-            if self.attack in ("fgsm", "fgsm_rs") and not self.fused:
+            if self.attack in ("fgsm", "fgsm_rs") and not self.reuse_gradient:
                 tips.append(
-                    "attack.fused_step: true: 2 forward + 2 backward passes per "
+                    "attack.reuse_gradient: true: 2 forward + 2 backward passes per "
                     "step instead of 3 + 3 (scripts/bench_step, same model: "
                     "0.47-0.50 vs 0.37-0.41 of a clean step on CPU); see "
-                    "AdversarialModel(fused=) for its trade-off."
+                    "AdversarialModel(reuse_gradient=) for its trade-off."
                 )
             elif self.attack == "pgd":
                 tips.append(
@@ -164,7 +164,7 @@ class ProfileReport:
                     "runtime.precision: mixed_bfloat16: this CPU computes "
                     "bfloat16 natively (scripts/bench_step on a 2-core "
                     "AVX512-BF16 CPU: 1.15x the float32 clean step, 1.3-1.4x "
-                    "the fused FGSM step, with BatchNorm fused)."
+                    "the gradient-reusing FGSM step, with BatchNorm fused)."
                 )
             if self.device_kind in ("gpu", "tpu"):
                 if self.precision == "float32":
@@ -343,7 +343,7 @@ def _time_steps(model, stream, steps: int, rounds: int) -> tuple[float, float]:
 
 def _recipe_settings(recipe, model) -> dict:
     """The report's fields that come from the recipe as written (and the
-    step its model resolved `attack.fused_step` to)."""
+    step its model resolved `attack.reuse_gradient` to)."""
     from advtrain.data import cache_mode, has_augmentation
 
     attack = recipe.attack
@@ -352,7 +352,7 @@ def _recipe_settings(recipe, model) -> dict:
         augment=has_augmentation(recipe.data.augment.model_dump()),
         attack=attack.method
         + (" (cleverhans)" if attack.backend == "cleverhans" else ""),
-        attack_steps=attack.steps,
-        fused=bool(getattr(model, "fused_step", False)),
+        attack_steps=attack.steps or 10,
+        reuse_gradient=bool(getattr(model, "reuse_gradient_step", False)),
         cpu_bf16=cpu_has_bfloat16(),
     )

@@ -1,10 +1,11 @@
-"""`write_report`: a run's `report.md` and `training_curves.png`.
+"""`write_report`: a run's `report.md`, `training_curves.png` and
+`adversarial_examples.png`.
 
 The report is plain Markdown that renders on GitHub and in any editor: the
 headline numbers, the sanity checks, the training curves and eps sweep
-(PNG files beside it), the per-class table, the BatchNorm gap, timing, and
-the resolved recipe at the end, so one file says what was run and how far
-its numbers can be trusted.
+(PNG files beside it), a grid of adversarial examples, the per-class
+table, the BatchNorm gap, timing, and the resolved recipe at the end, so
+one file says what was run and how far its numbers can be trusted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ CURVES = (
     ("val_accuracy", "clean (validation)"),
     ("co_guard_pgd_accuracy", "PGD (guard batch)"),
 )
+
+# The grid of adversarial examples beside report.md.
+EXAMPLES_PNG = "adversarial_examples.png"
 
 # Report label of each attack evaluation can run, in report order.
 ATTACK_LABELS = {
@@ -270,6 +274,30 @@ def _bn_gap(gap: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _examples(
+    run_dir: Path, examples, class_names: Optional[Sequence[str]], title: str
+) -> list[str]:
+    """Draws `adversarial_examples.png` and the section that shows it."""
+    from advtrain.evaluation.examples import plot_examples
+
+    plot_examples(examples, run_dir / EXAMPLES_PNG, class_names, title=title)
+    broken = int(sum(~examples.robust))
+    return [
+        "## Adversarial examples",
+        "",
+        f"{len(examples)} test images drawn with the evaluation's seed "
+        f"({broken} broken, {len(examples) - broken} robust). Per image: the "
+        "clean image with its label; the worst-case adversarial image (the "
+        "first attack that broke it, else the last attack's point) with the "
+        "attack and the model's label there; the perturbation x_adv - x, "
+        f"mapped from [-eps, eps] to [0, 1] (grey: unchanged; "
+        f"eps={examples.eps:g} {examples.norm}).",
+        "",
+        f"![adversarial examples]({EXAMPLES_PNG})",
+        "",
+    ]
+
+
 def write_report(
     run_dir: Union[str, Path],
     recipe: Mapping[str, Any],
@@ -277,6 +305,7 @@ def write_report(
     history: Mapping[str, Sequence[float]],
     class_names: Optional[Sequence[str]] = None,
     plots: bool = True,
+    examples: Optional[Any] = None,
 ) -> Path:
     """Writes `report.md` (and `training_curves.png`) into `run_dir`.
 
@@ -287,7 +316,10 @@ def write_report(
         metrics: what `run` writes to metrics.json.
         history: per-epoch logs (`accuracy`, `adv_accuracy`, ...).
         class_names: names for the per-class table (default: indices).
-        plots: write and link `training_curves.png`.
+        plots: write and link `training_curves.png`, and
+            `adversarial_examples.png` when `examples` are given.
+        examples: an `AdversarialExamples` to draw (a few, e.g.
+            `examples.pick(8, seed)`), or None.
 
     Returns:
         The path of `report.md`.
@@ -320,6 +352,8 @@ def write_report(
         out += ["| eps | PGD accuracy |", "|---|---|"]
         out += [f"| {p['eps']:g} | {_pct(p['accuracy'])} |" for p in sweep]
         out.append("")
+    if plots and examples is not None and len(examples):
+        out += _examples(run_dir, examples, class_names, name)
     if metrics.get("per_class_accuracy"):
         out += ["## Per-class accuracy", ""]
         out += _per_class(metrics, class_names) + [""]

@@ -17,15 +17,17 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from advtrain.attacks import Attack
-from advtrain.attacks.apgd import DEFAULT_TARGETS as APGD_TARGETS
 from advtrain.attacks.pgd import default_step_size
+from advtrain.evaluation.examples import ExampleRecorder
+from advtrain.utils.errors import ArgumentError, did_you_mean
+from advtrain.utils.keywords import check_keywords
 from advtrain.utils.progress import Echo, Progress
 
 
@@ -87,15 +89,34 @@ ENSEMBLE = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "square": "Square"}
 GRADIENT_FREE = ("square",)
 
 
+# The names an evaluation's `attacks` may list.
+EVALUATION_ATTACKS = ("fgsm", "pgd", "apgd_ce", "apgd_dlr", "square", "autoattack")
+
+# The keyword arguments that choose an evaluation's attacks (the recipe's
+# `eval` keys of that name; `evaluation_attacks` takes them).
+ATTACK_KEYS = (
+    "eps", "norm", "attacks", "fgsm", "pgd_steps", "pgd_step_size",
+    "pgd_restarts", "apgd_steps", "apgd_restarts", "square_queries", "eps_sweep",
+)  # fmt: skip
+
+
 def listed_attacks(attacks: Any, fgsm: bool, pgd_steps: int) -> list[str]:
     """The attack names an evaluation runs: `attacks` as given ("autoattack"
     alone means the list ["autoattack"]), or by default FGSM when `fgsm`,
-    PGD when `pgd_steps > 0`, and the AutoAttack ensemble."""
+    PGD when `pgd_steps > 0`, and the AutoAttack ensemble. A name not in
+    `EVALUATION_ATTACKS` is an ArgumentError with the closest one."""
     if attacks is None:
         return ["fgsm"] * fgsm + ["pgd"] * (pgd_steps > 0) + ["autoattack"]
-    if isinstance(attacks, str):
-        return [attacks]
-    return list(attacks)
+    names = [attacks] if isinstance(attacks, str) else list(attacks)
+    for name in names:
+        if name not in EVALUATION_ATTACKS:
+            raise ArgumentError(
+                "attacks",
+                f"unknown attack '{name}'.{did_you_mean(name, EVALUATION_ATTACKS)}"
+                f" Known: {', '.join(EVALUATION_ATTACKS)}. Received: "
+                f"attacks={attacks!r}",
+            )
+    return names
 
 
 def ensemble_attacks(
@@ -118,7 +139,7 @@ def ensemble_attacks(
     apgd = dict(eps=eps, norm=norm, steps=b["apgd_steps"], restarts=b["apgd_restarts"])
     members = {
         "apgd_ce": Attack("apgd_ce", **apgd),
-        "apgd_t": Attack("apgd_dlr", **apgd),
+        "apgd_t": Attack("apgd_dlr", **apgd, targets=b["targets"]),
         "square": Attack("square", eps=eps, norm=norm, queries=queries or b["queries"]),
     }
     if num_classes is not None and num_classes < 4:
@@ -140,7 +161,6 @@ def evaluation_attacks(
     apgd_restarts: int = 1,
     square_queries: Optional[int] = None,
     eps_sweep: Sequence[float] = (),
-    **_ensemble: Any,
 ) -> dict[str, Attack]:
     """The attacks an evaluation runs one by one on every example, by
     report name (the AutoAttack cascade is `ensemble_attacks`).
@@ -208,14 +228,24 @@ class AttackRunner:
         self._functions: dict[Attack, Callable] = {}
 
     def __call__(self, attack: Attack, x, y) -> tf.Tensor:
+        """The model's labels on `attack`'s points for `(x, y)`."""
+        return self._run(attack, x, y, points=False)
+
+    def adversarial(self, attack: Attack, x, y) -> tuple[tf.Tensor, tf.Tensor]:
+        """`(x_adv, labels)`: `attack`'s points for `(x, y)` and the model's
+        labels there. An evaluation calls either this or `__call__`, so
+        each attack kind is still traced once."""
+        return self._run(attack, x, y, points=True)
+
+    def _run(self, attack: Attack, x, y, points: bool):
         x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
         values = _graph_arguments(attack, x.dtype)
         template = attack.replace(**{name: _UNSET[name] for name in values})
         specs = tuple(tf.TensorSpec([None, *t.shape[1:]], t.dtype) for t in (x, y))
-        key = (template, specs)
+        key = (template, specs, points)
         if key in self._functions:
             return self._functions[key](x, y, *values.values())
-        self._functions[key] = self._trace(template, specs, values)
+        self._functions[key] = self._trace(template, specs, values, points)
         # TensorFlow counts traces per Python function over the process and
         # warns at 5 in 10 calls; an evaluation traces each attack kind once
         # (`tracing_count`), which its cascade of 5 kinds would trip.
@@ -227,7 +257,7 @@ class AttackRunner:
         """Graphs traced so far, over all attacks (for tests)."""
         return sum(f.experimental_get_tracing_count() for f in self._functions.values())
 
-    def _trace(self, template: Attack, specs, values: dict) -> Callable:
+    def _trace(self, template: Attack, specs, values: dict, points: bool) -> Callable:
         model, generator = self.model, self.generator
         names = tuple(values)
         scalars = tuple(tf.TensorSpec([], v.dtype) for v in values.values())
@@ -236,7 +266,8 @@ class AttackRunner:
         def run(x, y, *arguments):
             attack = template.replace(**dict(zip(names, arguments, strict=True)))
             x_adv = attack(lambda z: model(z, training=False), x, y, seed=generator)
-            return tf.argmax(model(x_adv, training=False), axis=-1)
+            labels = tf.argmax(model(x_adv, training=False), axis=-1)
+            return (x_adv, labels) if points else labels
 
         return run
 
@@ -343,6 +374,7 @@ def evaluate_robustness(
     budget: str = "standard",
     progress: Optional[Echo] = None,
     strategy: Optional[tf.distribute.Strategy] = None,
+    return_examples: Union[bool, int] = False,
     **attack_keys: Any,
 ) -> dict[str, Any]:
     """Accuracy of `model` on clean and attacked batches; the headline is
@@ -364,10 +396,12 @@ def evaluate_robustness(
         batch_size: batch size of the subset's batches and the cascade.
         budget: AutoAttack's budget, "standard" or "cheap" (`BUDGETS`).
         progress: called with a short line after each batch.
-        strategy: the run's `tf.distribute` strategy; the attack functions
-            are traced and run in its scope (default: the current one).
-        **attack_keys: the recipe's other `eval` keys, as `evaluation_attacks`
-            takes them (eps, norm, attacks, fgsm, pgd_steps, ...).
+        strategy: the run's `tf.distribute` strategy for the attacks
+            (default: the current one).
+        return_examples: also return the worst-case adversarial inputs:
+            True for every example, a number for a random subset of at
+            most that many, drawn with `seed`.
+        **attack_keys: `ATTACK_KEYS`, as `evaluation_attacks` takes them.
 
     Returns:
         A JSON-ready dict. The headline: `robust_accuracy` (right on clean
@@ -381,53 +415,89 @@ def evaluate_robustness(
         `autoattack_<member>_accuracy`; `gradient_free_only` (examples only
         a gradient-free attack broke: the masking check's count);
         `macro_f1`, `eps_sweep`, per-class support and accuracy, and
-        `subset_of` when a subset was drawn. `robust_accuracy_worst` is the
-        headline's former name.
+        `subset_of` when a subset was drawn. With `return_examples`,
+        `adversarial_examples` (an `AdversarialExamples`, not JSON).
     """
-    total = None
-    batch_count = _batch_count(batches)
+    check_keywords("evaluate_robustness", attack_keys, ATTACK_KEYS)
+    total, batch_count = None, _batch_count(batches)
     if max_examples is not None:
         x_all, y_all, total = seeded_subset(batches, max_examples, seed)
         batches = _array_batches(x_all, y_all, batch_size)
         batch_count = -(-len(y_all) // batch_size)
     chosen = evaluation_attacks(default_eps=default_eps, **attack_keys)
-    names = listed_attacks(
-        attack_keys.get("attacks"),
-        attack_keys.get("fgsm", True),
-        attack_keys.get("pgd_steps", 20),
-    )
-    ensemble = {}
-    if "autoattack" in names:
-        eps = attack_keys.get("eps")
-        ensemble = ensemble_attacks(
-            default_eps if eps is None else eps,
-            attack_keys.get("norm", "inf"),
-            budget,
-            attack_keys.get("square_queries"),
-            num_classes,
-        )
-    strategy = strategy or tf.distribute.get_strategy()
-    with strategy.scope():
+    ensemble = _ensemble_of(attack_keys, default_eps, budget, num_classes)
+    recorder = _recorder(return_examples, seed, default_eps, attack_keys)
+    with (strategy or tf.distribute.get_strategy()).scope():
         acc = _predict(
-            model, batches, chosen, seed, batch_count, progress, keep=bool(ensemble)
+            model, batches, chosen, seed, batch_count, progress, ensemble, recorder
         )
         if ensemble:
-            acc.cascade = run_cascade(
-                AttackRunner(model, seed + 1),
-                ensemble,
-                acc.kept_x,
-                acc.kept_y,
-                batch_size=batch_size,
-                label=f"AutoAttack ({budget})",
-            )
+            _cascade(model, acc, ensemble, seed, batch_size, budget, recorder)
     result = _summary(acc, chosen, num_classes)
     if ensemble:
         _ensemble_summary(result, acc, ensemble, budget)
     _finish_headline(result, acc)
     if total is not None:
-        result["subset_of"] = total
-        result["subset_seed"] = seed
+        result.update(subset_of=total, subset_seed=seed)
+    if recorder is not None:
+        result["adversarial_examples"] = recorder.result()
     return result
+
+
+def _recorder(return_examples: Union[bool, int], seed: int, default_eps, keys):
+    """An `ExampleRecorder` for `return_examples` (None when False), at
+    the evaluation's eps and norm."""
+    if return_examples is False or return_examples is None:
+        return None
+    eps = keys.get("eps")
+    threat = dict(eps=default_eps if eps is None else eps, norm=keys.get("norm", "inf"))
+    if return_examples is True:
+        return ExampleRecorder(seed=seed, **threat)
+    if isinstance(return_examples, bool) or not isinstance(return_examples, int):
+        raise TypeError(
+            "return_examples must be True, False or a number of examples. "
+            f"Received: return_examples={return_examples!r}"
+        )
+    if return_examples < 1:
+        raise ValueError(
+            "return_examples must be at least 1 when a number. "
+            f"Received: return_examples={return_examples!r}"
+        )
+    return ExampleRecorder(limit=return_examples, seed=seed, **threat)
+
+
+def _cascade(model, acc: _Accumulator, ensemble, seed, batch_size, budget, recorder):
+    """AutoAttack's cascade on the examples `acc` kept standing; with a
+    `recorder`, the adversarial points of those it keeps."""
+    acc.cascade = run_cascade(
+        AttackRunner(model, seed + 1),
+        ensemble,
+        acc.kept_x,
+        acc.kept_y,
+        batch_size=batch_size,
+        label=f"AutoAttack ({budget})",
+        points=None if recorder is None else recorder.standing(),
+    )
+    if recorder is not None:
+        recorder.cascade(acc.cascade["points"])
+
+
+def _ensemble_of(keys: dict, default_eps: float, budget: str, num_classes: int):
+    """AutoAttack's members when the evaluation's `attacks` include it,
+    else {}."""
+    names = listed_attacks(
+        keys.get("attacks"), keys.get("fgsm", True), keys.get("pgd_steps", 20)
+    )
+    if "autoattack" not in names:
+        return {}
+    eps = keys.get("eps")
+    return ensemble_attacks(
+        default_eps if eps is None else eps,
+        keys.get("norm", "inf"),
+        budget,
+        keys.get("square_queries"),
+        num_classes,
+    )
 
 
 def evaluate(
@@ -442,6 +512,7 @@ def evaluate(
     max_examples: Optional[int] = None,
     seed: int = 0,
     num_classes: Optional[int] = None,
+    return_examples: Union[bool, int] = False,
     **keys: Any,
 ) -> dict[str, Any]:
     """Robust accuracy of a classifier as a reviewer would measure it.
@@ -465,15 +536,29 @@ def evaluate(
         max_examples: as the recipe's `eval` key.
         seed: as the recipe's `eval` key.
         num_classes: default: the model's number of logits.
-        **keys: other `eval` keys (pgd_steps, pgd_restarts, square_queries).
+        return_examples: True adds `adversarial_examples` to the result:
+            the worst-case adversarial input of every example evaluated,
+            with its verdict (`AdversarialExamples`); a number keeps at
+            most that many (a random subset drawn with `seed`).
+        **keys: the other `eval` keys that choose the attacks (`fgsm`,
+            `pgd_steps`, `pgd_step_size`, `pgd_restarts`, `apgd_steps`,
+            `apgd_restarts`, `square_queries`, `eps_sweep`); any other
+            name is a TypeError naming the closest.
 
     Example:
 
     ```python
     result = advtrain.evaluate(model, (x_test, y_test), eps=0.3)
     print(result["robust_accuracy"], result["robust_accuracy_ci95"])
+
+    found = advtrain.evaluate(
+        model, (x_test, y_test), eps=0.3, return_examples=True
+    )["adversarial_examples"]
+    print(found.attack[~found.robust])  # which attack broke each
     ```
     """
+    check_keywords("evaluate", keys, [k for k in ATTACK_KEYS if k not in _OWN])
+    listed_attacks(attacks, keys.get("fgsm", True), keys.get("pgd_steps", 20))
     model = getattr(model, "classifier", model)
     if isinstance(data, tuple):
         x, y = (np.asarray(part) for part in data)
@@ -483,8 +568,25 @@ def evaluate(
     return evaluate_robustness(
         model, data, default_eps=eps, num_classes=num_classes, norm=norm,
         attacks=attacks, budget=budget, batch_size=batch_size,
-        max_examples=max_examples, seed=seed, **keys,
+        max_examples=max_examples, seed=seed, return_examples=return_examples,
+        **keys,
     )  # fmt: skip
+
+
+# `evaluate`'s own arguments among `ATTACK_KEYS`.
+_OWN = ("eps", "norm", "attacks")
+
+
+def evaluate_keywords() -> list[str]:
+    """The keyword arguments `evaluate` takes (its own and `ATTACK_KEYS`),
+    for callers that check theirs before a long run (`advtrain.fit`)."""
+    import inspect
+
+    own = [p for p in inspect.signature(evaluate).parameters if p not in _SKIP]
+    return own + [k for k in ATTACK_KEYS if k not in own]
+
+
+_SKIP = ("model", "data", "keys")
 
 
 def run_cascade(
@@ -495,6 +597,7 @@ def run_cascade(
     *,
     batch_size: int = 256,
     label: str = "cascade",
+    points: Optional[np.ndarray] = None,
 ) -> dict[str, Any]:
     """Runs `attacks` in order, each only on the examples every earlier one
     left correctly classified (AutoAttack's cascade).
@@ -502,9 +605,13 @@ def run_cascade(
     `x`, `y` are the examples still standing (classified right so far).
     Returns `robust` (a boolean per example: right after every attack) and
     `steps`: per attack its name, settings, the examples it `attacked` and
-    `broken`, and `seconds`.
+    `broken`, and `seconds`. With `points` (rows of `x`), also `points`:
+    for those rows `x_adv` (the point of the attack that broke the
+    example, else of the last attack), `predicted` (the model's labels
+    there) and `attack` (the attack that broke it, or "").
     """
     robust = np.ones(len(y), bool)
+    found = None if points is None else _Points(x, y, points)
     steps = []
     for name, attack in attacks.items():
         start = time.perf_counter()
@@ -519,7 +626,12 @@ def run_cascade(
             index = standing[first : first + batch_size]
             xb = tf.convert_to_tensor(x[index])
             yb = tf.convert_to_tensor(y[index].astype(np.int64))
-            robust[index] = runner(attack, xb, yb).numpy() == y[index]
+            if found is None:
+                labels = runner(attack, xb, yb).numpy()
+            else:
+                x_adv, labels = (t.numpy() for t in runner.adversarial(attack, xb, yb))
+                found.update(name, index, x_adv, labels)
+            robust[index] = labels == y[index]
             bar.update(
                 done, f"{int(np.sum(~robust[standing[: first + len(index)]]))} broken"
             )
@@ -533,7 +645,33 @@ def run_cascade(
                 "seconds": round(time.perf_counter() - start, 2),
             }
         )
-    return {"robust": robust, "steps": steps}
+    result = {"robust": robust, "steps": steps}
+    if found is not None:
+        result["points"] = found.arrays()
+    return result
+
+
+class _Points:
+    """The cascade's adversarial points for some rows of its examples."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, rows: np.ndarray):
+        self.y = y
+        self.slot = np.full(len(y), -1)
+        self.slot[rows] = np.arange(len(rows))
+        self.x_adv = x[rows].copy()
+        self.predicted = y[rows].astype(np.int64)
+        self.attack = np.full(len(rows), "", dtype=object)
+
+    def update(self, name: str, index, x_adv, labels) -> None:
+        slot = self.slot[index]
+        mine = slot >= 0
+        slot = slot[mine]
+        self.x_adv[slot] = x_adv[mine]
+        self.predicted[slot] = labels[mine]
+        self.attack[slot] = np.where(labels[mine] != self.y[index][mine], name, "")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"x_adv": self.x_adv, "predicted": self.predicted, "attack": self.attack}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -547,10 +685,11 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 def _predict(
-    model, batches, attacks, seed, batch_count, progress, keep: bool = False
+    model, batches, attacks, seed, batch_count, progress, keep=False, recorder=None
 ) -> _Accumulator:
     """Labels, and predicted labels on clean and attacked inputs; with
-    `keep`, the examples still classified right under every attack."""
+    `keep` true, the examples still classified right under every attack; with
+    an `ExampleRecorder`, the attacks' points."""
     bar = Progress(
         f"evaluating ({_attack_names(attacks)})",
         batch_count,
@@ -570,12 +709,24 @@ def _predict(
         acc.labels.append(labels)
         right = predict(x).numpy()
         acc.add("clean", right)
+        if recorder is not None:
+            recorder.start(np.asarray(x), labels, right)
         right = right == labels
         for name, attack in attacks.items():
             predicted = runners(attack, x, y).numpy()
+            if recorder is None:
+                predicted = runners(attack, x, y).numpy()
+            else:
+                x_adv, predicted = (
+                    t.numpy() for t in runners.adversarial(attack, x, y)
+                )
             acc.add(name, predicted)
             if not name.startswith("sweep_"):
                 right &= predicted == labels
+                if recorder is not None:
+                    recorder.attacked(name, x_adv, predicted)
+        if recorder is not None:
+            recorder.keep()
         if keep:
             kept_x.append(np.asarray(x)[right])
             kept_y.append(labels[right])
@@ -617,8 +768,6 @@ def _summary(acc: _Accumulator, attacks, num_classes: int) -> dict[str, Any]:
             gradient_robust &= right
         result[f"{name}_accuracy"] = float(np.mean(right))
         result[f"{name}_attack"] = attacks[name].get_config()
-        if name == "apgd_dlr":
-            result[f"{name}_attack"]["targets"] = APGD_TARGETS
     result["robust_accuracy_over"] += chosen
     result["robust_accuracy"] = float(np.mean(robust))
     if any(name in GRADIENT_FREE for name in chosen):

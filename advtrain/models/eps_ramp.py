@@ -49,11 +49,11 @@ class EpsRamp:
 
     @staticmethod
     def scaled(attack: Attack, scale: Any) -> Attack:
-        """`attack` with eps, alpha, step_size and noise (where set) times
-        `scale`."""
+        """`attack` with eps, and alpha, step_size and noise where its
+        method has them set, times `scale`."""
         changes = {"eps": attack.eps * scale}
         for name in ("alpha", "step_size", "noise"):
-            value = getattr(attack, name)
+            value = attack.settings.get(name)
             if value is not None:
                 changes[name] = value * scale
         return attack.replace(**changes)

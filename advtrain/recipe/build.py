@@ -15,19 +15,32 @@ import keras
 
 from advtrain.attacks import Attack, make_attack
 from advtrain.recipe.keys import recipe_keys
-from advtrain.recipe.schema import AttackConfig, ModelConfig, Recipe, RecipeError
+from advtrain.recipe.schema import (
+    METHOD_KEYS,
+    AttackConfig,
+    ModelConfig,
+    Recipe,
+    RecipeError,
+)
 from advtrain.utils.errors import one_line
 from advtrain.utils.progress import Echo
 
 
 def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
-    """The training attack a recipe's attack section describes, with its
-    `options` (None for `method: none`). A value the `Attack` refuses is a
-    RecipeError naming its key (`attack.eps: must be <= 1, ...`)."""
-    from advtrain.attacks.attack import OPTION_KEYS
-
-    with recipe_keys("attack"):
-        return make_attack(cfg.method, **_keys(cfg, *OPTION_KEYS))
+    """The training attack a recipe's attack section describes (None for
+    `method: none`): the shared keys, the method's own keys that are set
+    (null: the method's default) and `options`. A value or a key the
+    `Attack` refuses is a RecipeError naming its key (`attack.steps: fgsm
+    does not take steps; it takes eps, ...`)."""
+    own = {k: v for k, v in _keys(cfg, *METHOD_KEYS).items() if v is not None}
+    options = {k: f"attack.options.{k}" for k in cfg.options}
+    with recipe_keys("attack", **options):
+        return make_attack(
+            cfg.method,
+            **_keys(cfg, "eps", "norm", "backend"),
+            **own,
+            options=cfg.options,
+        )
 
 
 def check_attack_section(recipe: Recipe) -> None:
@@ -54,7 +67,7 @@ def check_attack_section(recipe: Recipe) -> None:
 _MODEL_KEYS = {
     "attack": "attack.method",
     "attack_mode": "attack.mode",
-    "fused": "attack.fused_step",
+    "reuse_gradient": "attack.reuse_gradient",
     "eps_ramp_steps": "attack.eps_ramp_epochs",
 }
 
@@ -64,7 +77,7 @@ def _model_arguments(cfg: AttackConfig, attack, ramp: int) -> dict[str, Any]:
     return {
         "adv_weight": cfg.adv_weight if attack is not None else 0.0,
         "attack_mode": cfg.mode,
-        "fused": cfg.fused_step,
+        "reuse_gradient": cfg.reuse_gradient,
         "eps_ramp_steps": ramp,
     }
 

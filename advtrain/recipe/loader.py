@@ -13,7 +13,6 @@ recipe.attack.eps
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -23,6 +22,7 @@ from pydantic import (
     BaseModel,
 )
 
+from advtrain.recipe.plugins import import_plugins  # noqa: F401 (its old home)
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
 from advtrain.utils.options import Options, format_validation_error
@@ -32,24 +32,28 @@ MAX_RECIPE_BYTES = 1_000_000
 MAX_DEPTH = 16
 MAX_VALUES = 100_000
 
-_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-
 
 # ---------------------------------------------------------------- loading
 
 
-# Keys renamed in 0.2 because their names clashed with others; a recipe
+# Keys renamed in 0.2 and 0.3 (CHANGELOG.md); a recipe
 # still using one gets this line instead of "unknown key".
 RENAMED_KEYS = {
     "model.warmup_epochs": (
         "'model.head_only_epochs' (head-only epochs before fine-tuning; "
         "train.warmup_epochs is the learning-rate warm-up)"
     ),
-    "attack.fused": "'attack.fused_step' (one forward pass for clean and attack)",
+    "attack.fused": (
+        "'attack.reuse_gradient' (the clean pass's gradient gives the attack's)"
+    ),
+    # 0.3: "fused" is TensorFlow's fused BatchNorm kernel only.
+    "attack.fused_step": (
+        "'attack.reuse_gradient' in 0.3 (the clean pass's gradient gives the attack's)"
+    ),
     "model.batchnorm.fused": (
         "'model.batchnorm.fused_kernel' (TensorFlow's fused BatchNorm kernel)"
     ),
-    # Objectives are chosen by name since 0.2 (advtrain.register_objective).
+    # Objectives are chosen by name since 0.3 (advtrain.register_objective).
     "attack.grad_align": (
         "'attack.objective: grad_align' with the weight in "
         "'attack.objective_options.grad_align' (default 0.2)"
@@ -57,40 +61,13 @@ RENAMED_KEYS = {
     "attack.beta": "'attack.objective_options.beta' (attack.objective: trades)",
 }
 
-# Values renamed in 0.2: a recipe still using one gets this line.
+# Values renamed in 0.3: a recipe still using one gets this line.
 RENAMED_VALUES = {
     ("attack.method", "trades"): (
         "'attack.objective: trades' with 'attack.method: pgd' (TRADES is a "
         "training objective; PGD maximises its KL term)"
     ),
 }
-
-
-def import_plugins(modules: Any) -> None:
-    """Imports each module named in a recipe's `plugins` (they register
-    attacks, data sources or backbones). The current folder is searched
-    last, as `python -m` would. Raises ValueError naming the module."""
-    import importlib
-    import os
-    import sys
-
-    if not isinstance(modules, list) or not all(
-        isinstance(m, str) and _MODULE.fullmatch(m) for m in modules
-    ):
-        raise ValueError(
-            "plugins: expected a list of module names such as "
-            f"[my_package.attacks]. Received: plugins={modules!r}"
-        )
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - any failure is the recipe's
-            raise ValueError(
-                f"plugins: cannot import '{name}' ({type(exc).__name__}: "
-                f"{one_line(exc)})"
-            ) from None
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -238,10 +215,40 @@ def _sections(data: Any, source: str) -> dict:
     return data
 
 
+def from_resolved_0_2(data: dict[str, Any]) -> dict[str, Any]:
+    """A resolved recipe written by advtrain 0.2 (a run folder's
+    recipe.yaml), as 0.3 reads it; any other recipe unchanged.
+
+    0.2 wrote every attack key, the method's or not, with its default
+    filled in; the keys the method does not take were never used, so they
+    are dropped (a recipe a user writes is refused for them), and
+    `fused_step` is `reuse_gradient`. Such a recipe is recognised by its
+    attack section listing all of them.
+    """
+    from advtrain.attacks.attack import attack_settings
+    from advtrain.recipe.schema import METHOD_KEYS
+
+    attack = data.get("attack") if isinstance(data, dict) else None
+    if not isinstance(attack, dict) or not {*METHOD_KEYS, "fused_step"} <= set(attack):
+        return data
+    attack = dict(attack)
+    attack["reuse_gradient"] = attack.pop("fused_step")
+    method, backend = attack.get("method"), attack.get("backend", "advtrain")
+    try:
+        takes = () if method == "none" else attack_settings(method, backend)
+    except (TypeError, ValueError):  # an unknown method: validation says so
+        return {**data, "attack": attack}
+    if takes is not None:
+        for key in METHOD_KEYS:
+            if key not in takes:
+                del attack[key]
+    return {**data, "attack": attack}
+
+
 def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
     """Validates a parsed recipe; errors are one-line RecipeErrors."""
     try:
-        recipe = Recipe.model_validate(_sections(data, source))
+        recipe = Recipe.model_validate(from_resolved_0_2(_sections(data, source)))
     except pydantic.ValidationError as exc:
         raise _first_error(exc, source) from None
     from advtrain.recipe.build import check_attack_section

@@ -19,6 +19,8 @@ A run folder holds:
     model.keras      the trained classifier: raw [0, 1] pixels in, logits out
     metrics.json     clean / FGSM / PGD accuracy, macro F1, timing
     eps_sweep.png    accuracy against eps (when eval.eps_sweep is set)
+    adversarial_examples.png  clean, worst-case adversarial and perturbation
+                     of 8 seeded test images (in report.md and TensorBoard)
     report.md        recipe, curves, per-class table, sanity checks, timing
     training_curves.png  clean and adversarial accuracy per epoch
     export/saved_model/  TF Serving SavedModel, uint8 images in (export.py)
@@ -118,8 +120,8 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
         )
     describe_momentum(recipe, classifier, echo)
     if recipe.attack.method != "none":
-        fused = str(recipe.attack.fused_step).lower()
-        echo(f"step: {model.step_note}; attack.fused_step: {fused}")
+        reuse = str(recipe.attack.reuse_gradient).lower()
+        echo(f"step: {model.step_note}; attack.reuse_gradient: {reuse}")
     monitor, monitor_mode = _monitor(recipe, model, splits.val is not None)
     state.restore(model, steps_per_epoch=plan.steps_per_epoch)
     state.open(
@@ -283,6 +285,7 @@ def finish(
     sanity checks, write the report and the export, and metrics.json last
     (its presence marks a finished run)."""
     from advtrain.data import make_input
+    from advtrain.evaluation.examples import GRID_CANDIDATES, GRID_SIZE
     from advtrain.evaluation.robustness import evaluate_robustness, plot_eps_sweep
 
     classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
@@ -304,13 +307,17 @@ def finish(
         training=False,
         **input_options(recipe),
     )
+    shows_examples = recipe.output.plots or recipe.output.tensorboard
     evaluation = evaluate_robustness(
         classifier,
         test_ds,
         **evaluation_keys(recipe),
         num_classes=setup.splits.num_classes,
         strategy=runtime.strategy,
+        # A seeded subset to draw the report's grid from, not every image.
+        return_examples=GRID_CANDIDATES if shows_examples else False,
     )
+    examples = evaluation.pop("adversarial_examples", None)
     samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
     history, seconds = trained.history, trained.seconds
     metrics: dict[str, Any] = {
@@ -331,7 +338,12 @@ def finish(
         plot_eps_sweep(
             evaluation["eps_sweep"], out / "eps_sweep.png", title=recipe.name
         )
-    _report_and_export(out, recipe, metrics, history, classifier, setup.splits, echo)
+    if examples is not None:
+        examples = examples.pick(GRID_SIZE, seed=recipe.eval.seed)
+    _log_examples(out, recipe, examples, setup.splits, setup.plan.epochs)
+    _report_and_export(
+        out, recipe, metrics, history, classifier, setup.splits, echo, examples
+    )
     atomic_write_json(out / "metrics.json", metrics)
     return RunResult(out, metrics, history)
 
@@ -378,7 +390,18 @@ def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> d
     return gap
 
 
-def _report_and_export(out, recipe, metrics, history, classifier, splits, echo):
+def _log_examples(out: Path, recipe: Recipe, examples, splits, step: int) -> None:
+    """The report's grid of adversarial examples in TensorBoard too
+    (logs/evaluation, at the last epoch), with `output.tensorboard`."""
+    from advtrain.evaluation.examples import log_examples
+
+    if recipe.output.tensorboard and examples is not None and len(examples):
+        log_examples(examples, out / "logs" / "evaluation", step, splits.class_names)
+
+
+def _report_and_export(
+    out, recipe, metrics, history, classifier, splits, echo, examples=None
+):
     import shutil
 
     from advtrain.evaluation.export import export_saved_model
@@ -391,6 +414,7 @@ def _report_and_export(out, recipe, metrics, history, classifier, splits, echo):
         history,
         class_names=splits.class_names,
         plots=recipe.output.plots,
+        examples=examples,
     )
     if recipe.output.export_saved_model:
         target = out / "export" / "saved_model"

@@ -54,6 +54,7 @@ def evaluate_saved(
     *,
     echo: Echo = print,
     safe_mode: bool = True,
+    save_examples: bool = False,
 ) -> dict[str, Any]:
     """Evaluates a saved classifier on the recipe's test split.
 
@@ -62,6 +63,9 @@ def evaluate_saved(
 
     When the model sits in a run folder, the result is also written there
     as `eval-metrics.json` (the training run's metrics.json is untouched).
+    `save_examples` writes the worst-case adversarial example of every
+    example evaluated beside the model, as `adversarial_examples.npz`
+    (`AdversarialExamples.save`), and says so in one line.
     """
     from advtrain.data import make_input
     from advtrain.evaluation.robustness import evaluate_robustness
@@ -83,11 +87,26 @@ def evaluate_saved(
         **input_options(recipe),
     )
     metrics = evaluate_robustness(
-        classifier, test_ds, **evaluation_keys(recipe), num_classes=splits.num_classes
+        classifier,
+        test_ds,
+        **evaluation_keys(recipe),
+        num_classes=splits.num_classes,
+        return_examples=save_examples,
     )
+    examples = metrics.pop("adversarial_examples", None)
     metrics["sanity_checks"] = recipe_sanity_checks(
         classifier, test_ds, recipe, lambda line: None, evaluation=metrics
     )
     if (model_path.parent / "recipe.yaml").is_file():
         atomic_write_json(model_path.parent / "eval-metrics.json", metrics)
+    if examples is not None:
+        path = examples.save(model_path.parent / EXAMPLES_FILE)
+        echo(
+            f"adversarial examples: {len(examples)} ({int(sum(~examples.robust))} "
+            f"broken) written to {path}"
+        )
     return metrics
+
+
+# Where `evaluate_saved(save_examples=True)` writes, beside the model.
+EXAMPLES_FILE = "adversarial_examples.npz"

@@ -150,9 +150,6 @@ def _registered(kind: str, value: str, extra: tuple[str, ...] = ()) -> str:
 class BatchNormConfig(BatchNormOptions):
     __doc__ = BatchNormOptions.__doc__
 
-    # advtrain built the recipe's model: every BN layer follows the run.
-    momentum: Union[float, str, None] = "auto"
-
 
 class ModelConfig(_Section):
     """Classifier = input adapter -> preprocess -> backbone -> head."""
@@ -204,36 +201,43 @@ class AttackConfig(_Section):
     # none, or a registered attack (advtrain.attacks.register_attack):
     # fgsm, fgsm_rs, n_fgsm, zerograd, pgd, or one a plugin registers.
     method: str = "fgsm_rs"
+    # Shared by every method: eps in pixel units, the norm (inf or 2), the
+    # backend (advtrain, or cleverhans for fgsm and pgd).
     eps: float = 8 / 255
-    # FGSM random start step; default 1.25 * eps (Wong et al. 2020).
-    alpha: Optional[float] = None
-    steps: int = 7
-    step_size: Optional[float] = None
-    # inf or 2 (L-infinity or L2).
     norm: str = "inf"
-    random_start: bool = True
+    backend: str = "advtrain"
+    # The method's own settings (`METHOD_KEYS`). Each applies to the
+    # methods whose function takes it; set for another method it is an
+    # error. null (the default): the method's own default
+    # (advtrain.attacks.attack_settings).
+    # fgsm_rs, n_fgsm, zerograd: the step; default 1.25 * eps (Wong et al.).
+    alpha: Optional[float] = None
+    # pgd: iterations (default 10), step size (default 2.5 * eps / steps)
+    # and the random start (default true).
+    steps: Optional[int] = None
+    step_size: Optional[float] = None
+    random_start: Optional[bool] = None
     # fgsm_rs, n_fgsm, zerograd: clip the random start to the pixel range
-    # before its gradient is taken (false: as drawn, like Wong et al.'s
-    # MNIST code).
-    clip_start: bool = True
+    # before its gradient is taken (default true; false: as drawn, like
+    # Wong et al.'s MNIST code).
+    clip_start: Optional[bool] = None
     # n_fgsm: radius of the random start; default 2 * eps (de Jorge et al.).
     noise: Optional[float] = None
-    # zerograd: share of each example's smallest gradient entries zeroed.
-    zero_quantile: float = 0.35
-    # advtrain, or cleverhans (fgsm and pgd only).
-    backend: str = "advtrain"
+    # zerograd: share of each example's smallest gradient entries zeroed
+    # (default 0.35).
+    zero_quantile: Optional[float] = None
+    # The method's settings that have no key above, e.g. {rho: 0.5} for
+    # apgd_ce or a plugin attack's.
+    options: dict[str, Any] = Field(default_factory=dict)
     adv_weight: float = 0.5
     # inference or train: the mode the classifier runs in for the attack.
     mode: str = "inference"
-    # The fused step (AdversarialModel(fused=)): the clean training pass's
-    # own backward pass gives the attack's gradient (2 forward + 2 backward
-    # passes). auto: exactly for plain fgsm with 0 < adv_weight < 1 and the
-    # adversarial objective; true forces it (fgsm or fgsm_rs); false: never.
-    fused_step: Union[bool, str] = "auto"
-    # The attack function's own keyword arguments beyond the keys above,
-    # e.g. {rho: 0.5} for apgd_ce or a plugin attack's; checked against its
-    # signature (advtrain.attacks.attack.attack_options).
-    options: dict[str, Any] = Field(default_factory=dict)
+    # The gradient-reusing step (AdversarialModel(reuse_gradient=)): the
+    # clean training pass's own backward pass gives the attack's gradient
+    # (2 forward + 2 backward passes). auto: exactly for plain fgsm with
+    # 0 < adv_weight < 1 and the adversarial objective; true forces it
+    # (fgsm or fgsm_rs); false: never.
+    reuse_gradient: Union[bool, str] = "auto"
     # The training objective, a registered AdversarialModel subclass
     # (advtrain.register_objective): adversarial (the clean/adversarial
     # mix, adv_weight), trades (with method: pgd), grad_align, or one a
@@ -258,26 +262,36 @@ class AttackConfig(_Section):
     def _known_method(cls, value: str) -> str:
         return _registered("attack", value, extra=("none",))
 
+    @model_validator(mode="after")
+    def _method_defaults(self) -> AttackConfig:
+        # A method key left null is the method's default, filled in here
+        # so the resolved recipe states what runs. A key the method does
+        # not take stays as written: the Attack refuses it if set.
+        from advtrain.attacks.attack import attack_settings
+
+        if self.method == "none":
+            return self
+        try:
+            settings = attack_settings(self.method, self.backend) or {}
+        except ValueError:  # not on this backend: the Attack says so
+            return self
+        for key in METHOD_KEYS:
+            if getattr(self, key) is None and settings.get(key) is not None:
+                self.__dict__[key] = settings[key]
+        return self
+
     @field_validator("options")
     @classmethod
-    def _attack_takes_options(cls, value: dict, info: ValidationInfo) -> dict:
-        from advtrain.attacks.attack import CALL_KEYS, OPTION_KEYS, attack_options
-
-        method = info.data.get("method")
-        if method is None:  # refused already
-            return value
-        backend = info.data.get("backend", "advtrain")
-        try:
-            accepted = () if method == "none" else attack_options(method, backend)
-        except ValueError:  # not on that backend: _compatible says so
-            return value
-        return _checked_options(
-            f"attack '{method}'",
-            value,
-            accepted,
-            (*OPTION_KEYS, *CALL_KEYS),
-            "attack.options",
-        )
+    def _options_not_keys(cls, value: dict) -> dict:
+        # Which options the method takes is the Attack's rule (it names
+        # the method and what it takes); a key of its own goes there.
+        for name in value:
+            if name in cls.model_fields and name != "options":
+                raise ValueError(
+                    f"'{name}' has a key of its own: set attack.{name}. "
+                    f"Received: attack.options.{name}={value[name]!r}"
+                )
+        return value
 
     @field_validator("objective")
     @classmethod
@@ -314,6 +328,22 @@ class AttackConfig(_Section):
         )
 
 
+def _resolved_attack(section: dict[str, Any]) -> dict[str, Any]:
+    """The attack section without the method keys its method does not take
+    (all null in a valid recipe)."""
+    from advtrain.attacks.attack import attack_settings
+
+    if section["method"] == "none":
+        takes = {}
+    else:
+        takes = attack_settings(section["method"], section["backend"])
+    if takes is None:  # a plugin taking **kwargs: as written
+        return section
+    return {
+        k: v for k, v in section.items() if k not in METHOD_KEYS or k in takes
+    }
+
+
 def _checked_options(owner: str, options: dict, accepted, reserved, key: str) -> dict:
     """`check_options` on the recipe key `key`, its TypeError as the
     ValueError pydantic reports."""
@@ -323,6 +353,14 @@ def _checked_options(owner: str, options: dict, accepted, reserved, key: str) ->
         return check_options(owner, options, accepted, reserved, received=key)
     except TypeError as exc:
         raise ValueError(str(exc)) from None
+
+
+# The attack section's keys that are one method's own settings (the rest
+# are shared by every method, or arguments of the training model).
+METHOD_KEYS = (
+    "alpha", "steps", "step_size", "random_start", "clip_start", "noise",
+    "zero_quantile",
+)  # fmt: skip
 
 
 class TrainConfig(PlanOptions):
@@ -470,7 +508,7 @@ class Recipe(_Section):
     @classmethod
     def _import_plugins_first(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("plugins"):
-            from advtrain.recipe.loader import import_plugins
+            from advtrain.recipe.plugins import import_plugins
 
             import_plugins(data["plugins"])
         return data
@@ -488,7 +526,12 @@ class Recipe(_Section):
         return value
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """The resolved recipe: every key with its value; in the attack
+        section, the method's own keys with the values the attack runs
+        with, and no key the method does not take."""
+        data = self.model_dump(mode="json")
+        data["attack"] = _resolved_attack(data["attack"])
+        return data
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

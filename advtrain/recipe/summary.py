@@ -32,7 +32,6 @@ def describe(recipe: Recipe, splits, runtime, plan, echo: Echo) -> None:
         f"norm={attack.norm} adv_weight={recipe.attack.adv_weight:g} "
         f"backend={attack.backend} mode={recipe.attack.mode}"
         + _method_options(attack)
-        + _pairs(attack.options)
         + (f" eps_ramp_epochs={ramp:g}" if ramp else "")
         + _objective(recipe.attack.objective, recipe.attack.objective_options)
     )
@@ -53,20 +52,18 @@ def _pairs(options: dict[str, Any]) -> str:
 
 
 def _method_options(attack) -> str:
-    """The step settings the attack's method uses, e.g. " alpha=0.375"."""
-    if attack.method == "pgd":
-        size = "auto" if attack.step_size is None else f"{attack.step_size:g}"
-        return f" steps={attack.steps} step_size={size}"
-    if attack.method not in ("fgsm_rs", "n_fgsm", "zerograd"):
-        return ""
-    alpha = "eps" if attack.method == "n_fgsm" else "1.25*eps"
-    text = f" alpha={alpha if attack.alpha is None else format(attack.alpha, 'g')}"
-    if attack.method == "n_fgsm":
-        noise = attack.noise
-        text += f" noise={'2*eps' if noise is None else format(noise, 'g')}"
-    if attack.method == "zerograd":
-        text += f" zero_quantile={attack.zero_quantile:g}"
-    return text
+    """The method's own settings as the attack runs them, e.g. " alpha=0.375
+    clip_start=False"; a setting left to its method's default that
+    depends on eps says how ("1.25*eps")."""
+    derived = {
+        "alpha": "eps" if attack.method == "n_fgsm" else "1.25*eps",
+        "noise": "2*eps",
+    }
+    shown = {
+        k: derived.get(k, "auto") if v is None else v
+        for k, v in attack.settings.items()
+    }
+    return _pairs(shown)
 
 
 def describe_momentum(recipe: Recipe, classifier: keras.Model, echo: Echo) -> None:

@@ -11,6 +11,7 @@ trained or not. Recipes reach the same path with
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -37,6 +38,7 @@ from advtrain.train.runtime import (
     make_runtime,
     plan_batches,
 )
+from advtrain.utils.keywords import check_keywords
 from advtrain.utils.options import format_validation_error
 from advtrain.utils.progress import Echo
 
@@ -73,89 +75,58 @@ class FitResult:
     evaluation: Optional[dict[str, Any]] = None
 
 
+# fmt: off
 def fit(
-    model: ModelOrBuilder,
-    data: Any,
-    *,
+    model: ModelOrBuilder, data: Any, *,
     runtime: Union[Runtime, RuntimeOptions, dict, None] = None,
-    attack: Any = None,
-    adv_weight: float = 0.5,
-    fused: Union[bool, str] = "auto",
-    loss: Any = None,
-    metrics: Optional[list] = None,
-    optimizer: Any = "adam",
-    learning_rate: float = 1e-3,
-    batch_size: Optional[int] = None,
-    epochs: int = 1,
-    steps_per_epoch: Optional[int] = None,
-    scale_lr: bool = False,
-    reference_batch: int = 256,
-    warmup_epochs: float = 0.0,
-    shuffle: bool = True,
-    seed: int = 0,
+    attack: Any = None, adv_weight: float = 0.5,
+    reuse_gradient: Union[bool, str] = "auto",
+    loss: Any = None, metrics: Optional[list] = None,
+    optimizer: Any = "adam", learning_rate: float = 1e-3,
+    batch_size: Optional[int] = None, epochs: int = 1,
+    steps_per_epoch: Optional[int] = None, scale_lr: bool = False,
+    reference_batch: int = 256, warmup_epochs: float = 0.0,
+    shuffle: bool = True, seed: int = 0,
     batchnorm: Union[BatchNormOptions, dict, None] = None,
-    validation_data: Any = None,
-    callbacks: Optional[list] = None,
-    verbose: Union[int, str] = 0,
-    echo: Optional[Echo] = print,
-    test_data: Any = None,
-    evaluation: Optional[dict[str, Any]] = None,
+    validation_data: Any = None, callbacks: Optional[list] = None,
+    verbose: Union[int, str] = 0, echo: Optional[Echo] = print,
+    test_data: Any = None, evaluation: Optional[dict[str, Any]] = None,
+    **renamed: Any,
 ) -> FitResult:
+    # fmt: on
     """Trains any Keras model under advtrain's runtime; adversarial or not.
 
-    The batch is global (split across replicas), steps per epoch follow
-    from it, epochs are never divided, and the arithmetic is printed first,
-    as in `advtrain run`. With `attack`, the model (returning logits) is
-    wrapped in an `AdversarialModel`, and the step it uses is printed.
-
-    Every training batch is checked: with an attack, pixels outside its
-    `[clip_min, clip_max]` raise `advtrain.train.input_checks.PixelRangeError`;
-    with a cross-entropy loss, labels outside [0, classes), one-hot labels
-    for a sparse loss and integer labels for a categorical one raise
-    `LabelError`; each one line, at the first bad batch.
+    The batch is global (split across replicas), epochs are never divided,
+    and the arithmetic is printed first, as in `advtrain run`. With `attack`,
+    the model (logits out) is wrapped in an `AdversarialModel`.
 
     Args:
-        model: a Keras model, or a function of no arguments that builds one:
-            pass a function under a multi-device strategy or mixed precision
-            (a ready functional or Sequential model is cloned into scope).
-        data: `(x, y)` arrays (memory maps from `np.load(path,
-            mmap_mode="r")` stream from disk), or a `tf.data.Dataset` of
-            examples when `batch_size` is given, else of global batches.
-            Arrays and examples are `shuffle`d anew each epoch.
+        model: a Keras model, or a function of no arguments building one.
+        data: `(x, y)` arrays or memory maps, or a `tf.data.Dataset`.
         runtime: a `RuntimeOptions`, its dict or a `Runtime`; default auto.
         attack: an `Attack`, its config dict, a method name, or None.
         adv_weight: the adversarial loss weight.
-        loss: a Keras loss (default when attacking: cross-entropy from
-            logits).
+        reuse_gradient: `AdversarialModel`'s step ("auto", True, False).
+        loss: a Keras loss (with an attack: cross-entropy from logits).
         metrics: Keras metrics.
-        fused: `AdversarialModel`'s step choice: "auto" (the fused step for
-            plain FGSM with 0 < adv_weight < 1), True or False.
         optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
-        learning_rate: see `PlanOptions` (advtrain.train.options).
-        scale_lr: see `PlanOptions` (advtrain.train.options).
-        reference_batch: see `PlanOptions` (advtrain.train.options).
-        warmup_epochs: see `PlanOptions` (advtrain.train.options).
-        epochs: see `PlanOptions` (advtrain.train.options).
-        steps_per_epoch: see `PlanOptions` (advtrain.train.options).
-        batch_size: the global batch (`PlanOptions`); required for arrays.
-        seed: see `PlanOptions` (advtrain.train.options).
-        batchnorm: `BatchNormOptions` (advtrain.models.batchnorm.options)
-            or its dict: by default the fused kernel, momentum "adapt"
-            (layers at Keras's 0.99 follow the run's length, others stay)
-            and recalibration when the measured gap exceeds
-            `gap_threshold`; `advtrain.models.batchnorm.policy`.
+        learning_rate: as `PlanOptions` (advtrain.train.options).
+        batch_size: the global batch; required for arrays.
+        epochs: as `PlanOptions`.
+        steps_per_epoch: as `PlanOptions`.
+        scale_lr: as `PlanOptions`.
+        reference_batch: as `PlanOptions`.
+        warmup_epochs: as `PlanOptions`.
+        shuffle: shuffle arrays and examples anew each epoch.
+        seed: as `PlanOptions`.
+        batchnorm: `BatchNormOptions` or its dict (the BatchNorm policy).
         validation_data: passed to `Model.fit`.
         callbacks: passed to `Model.fit`.
         verbose: passed to `Model.fit`.
         echo: receives the runtime, batch and BatchNorm lines (None: silent).
-        test_data: `(x, y)` arrays or a dataset of batches: after training,
-            the classifier is evaluated as a recipe is (`advtrain.evaluate`:
-            the worst case over FGSM, PGD and AutoAttack at the attack's
-            eps) into `FitResult.evaluation`, and its headline is echoed.
-        evaluation: `advtrain.evaluate`'s keywords (eps, budget, attacks,
-            max_examples, ...); eps defaults to the attack's.
-
-    Returns a `FitResult`; one-line ValueError / TypeError for bad arguments.
+        test_data: evaluated after training into `FitResult.evaluation`.
+        evaluation: `advtrain.evaluate`'s keywords (eps: the attack's).
+        **renamed: refused; a keyword renamed since 0.2 names its new name.
 
     Example:
 
@@ -163,44 +134,72 @@ def fit(
     result = advtrain.fit(build, (x, y), loss="mse", batch_size=20, epochs=3)
     ```
     """
-    options = dict(locals())  # the arguments, for the stages
+    _refuse_unknown(renamed, evaluation)
     say = echo or (lambda line: None)
-    rt = _as_runtime(runtime)
-    bn = _batchnorm_options(batchnorm)
+    rt, bn = _as_runtime(runtime), _batchnorm_options(batchnorm)
     train_ds, size, batch = _training_data(data, batch_size, shuffle, seed)
-    plan, train = _plan(rt, size, batch, options, say)
-    net, classifier = _compiled_model(rt, plan, train, bn, options, say)
+    schedule = dict(
+        optimizer=optimizer, learning_rate=learning_rate, epochs=epochs,
+        steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
+        reference_batch=reference_batch, warmup_epochs=warmup_epochs, seed=seed,
+    )  # fmt: skip
+    plan, train = _plan(rt, size, batch, schedule, say)
+    training = dict(
+        model=model, attack=attack, adv_weight=adv_weight, seed=seed,
+        reuse_gradient=reuse_gradient, loss=loss, metrics=metrics,
+        optimizer=optimizer,
+    )  # fmt: skip
+    net, classifier = _compiled_model(rt, plan, train, bn, training, say)
     train_ds, checks = _label_checked(train_ds, net, classifier, net.loss)
-    with checks.clean_errors():
-        history = net.fit(
-            train_ds,
-            epochs=plan.epochs,
-            steps_per_epoch=plan.steps_per_epoch,
-            validation_data=validation_data,
-            callbacks=callbacks,
-            verbose=verbose,
-            shuffle=False,  # shuffled above, in tf.data
-        )
+    history = _keras_fit(net, train_ds, checks, plan, validation_data=validation_data,
+                         callbacks=callbacks, verbose=verbose)  # fmt: skip
     gap = _settle_batchnorm(classifier, bn, data, validation_data, train_ds, plan, say)
-    evaluated = _evaluate(classifier, test_data, options, say)
+    evaluated = _evaluate(classifier, test_data, evaluation, attack, say)
     return FitResult(net, history.history, plan, rt, gap, evaluated)
 
 
-def _evaluate(classifier, test_data, options: dict, say: Echo):
+def _keras_fit(net, train_ds, checks, plan, **keras_fit_arguments):
+    """`Model.fit` over the checked stream, a bad batch's error in one line."""
+    with checks.clean_errors():
+        return net.fit(
+            train_ds,
+            epochs=plan.epochs,
+            steps_per_epoch=plan.steps_per_epoch,
+            shuffle=False,  # shuffled in tf.data
+            **keras_fit_arguments,
+        )
+
+
+def _refuse_unknown(given: dict[str, Any], evaluation: Any) -> None:
+    """`fit`'s keywords that are no argument (a renamed one names its new
+    name, any other the closest argument) and `evaluation`'s, before
+    anything runs."""
+    from advtrain.evaluation.robustness import evaluate_keywords
+
+    if isinstance(evaluation, dict):
+        check_keywords("fit: evaluation", evaluation, evaluate_keywords())
+    if "fused" in given:
+        raise TypeError(
+            "fit: `fused` was renamed `reuse_gradient` in 0.3. Received: "
+            f"fused={given['fused']!r}"
+        )
+    check_keywords("fit", given, list(inspect.signature(fit).parameters)[:-1])
+
+
+def _evaluate(classifier, test_data, evaluation, attack, say: Echo):
     """`advtrain.evaluate` on `test_data` after training (None without)."""
     if test_data is None:
         return None
     from advtrain.evaluation.report import robustness_headline
     from advtrain.evaluation.robustness import evaluate
 
-    keys = dict(options["evaluation"] or {})
+    keys = dict(evaluation or {})
     if "eps" not in keys:
-        attack = _as_attack(options["attack"])
+        attack = _as_attack(attack)
         if attack is None:
             raise ValueError(
                 "fit needs evaluation={'eps': ...} to evaluate test_data when "
-                "no attack is given. Received: evaluation="
-                f"{options['evaluation']!r}"
+                f"no attack is given. Received: evaluation={evaluation!r}"
             )
         keys["eps"] = attack.eps
     result = evaluate(classifier, test_data, **keys)
@@ -265,7 +264,7 @@ def _compiled_model(rt, plan, train, bn, options, say):
                 attack,
                 adv_weight=options["adv_weight"],
                 seed=options["seed"],
-                fused=options["fused"],
+                reuse_gradient=options["reuse_gradient"],
                 fused_batchnorm=False,  # applied above with the policy
                 batchnorm_momentum=None,
             )
@@ -294,8 +293,8 @@ def _label_checked(train_ds, net, classifier, loss):
     """(the training stream, its `InputChecks`): an `AdversarialModel`
     checks its batches itself; a plain model's labels are checked in the
     stream, against the loss and the model's output (shapes now, values per
-    batch; `advtrain.train.input_checks`)."""
-    from advtrain.train.input_checks import (
+    batch; `advtrain.models.input_checks`)."""
+    from advtrain.models.input_checks import (
         InputChecks,
         label_kind,
         loss_name,

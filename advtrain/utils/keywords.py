@@ -77,3 +77,26 @@ def check_options(
                 f"Its options: {listed}. {where}"
             )
     return dict(options)
+
+
+def check_keywords(owner: str, given: Mapping[str, Any], accepted: Iterable[str]):
+    """Refuses a keyword argument `owner` does not take, as Keras refuses
+    "Unrecognized keyword arguments": a TypeError naming it, the closest
+    accepted name and all of them.
+
+    Example:
+
+    ```python
+    check_keywords("evaluate", {"pgd_stpes": 3}, ("pgd_steps", "fgsm"))
+    # TypeError: evaluate got an unknown keyword argument 'pgd_stpes'. Did
+    # you mean 'pgd_steps'? It takes: pgd_steps, fgsm. Received: pgd_stpes=3
+    ```
+    """
+    accepted = list(accepted)
+    for name, value in given.items():
+        if name not in accepted:
+            raise TypeError(
+                f"{owner} got an unknown keyword argument '{name}'."
+                f"{did_you_mean(name, accepted)} It takes: {', '.join(accepted)}. "
+                f"Received: {name}={value!r}"
+            )

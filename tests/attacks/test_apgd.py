@@ -100,7 +100,7 @@ def test_registered_attacks_run_through_attack_spec(cnn, test_digits):
         attack = Attack(method, eps=EPS, steps=2)
         x_adv = attack(f, tf.constant(x), tf.constant(y), seed=0)
         assert np.abs(x_adv.numpy() - x).max() <= EPS + 1e-6
-    x_adv = Attack("apgd_dlr", eps=EPS, steps=2)(f, x, tf.constant(y), targets=2)
+    x_adv = Attack("apgd_dlr", eps=EPS, steps=2, targets=2)(f, x, tf.constant(y))
     assert x_adv.shape == x.shape
 
 

@@ -134,7 +134,9 @@ def test_attack_spec_selects_cleverhans_backend(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(target, name, spy)
-    settings = dict(eps=EPS, steps=3, step_size=EPS / 2, random_start=False)
+    settings = dict(eps=EPS)
+    if method == "pgd":
+        settings.update(steps=3, step_size=EPS / 2, random_start=False)
     ours = Attack(method, **settings)(f, x, y)
     assert calls == []
     theirs = Attack(method, backend="cleverhans", **settings)(f, x, y)

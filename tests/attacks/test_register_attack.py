@@ -9,9 +9,10 @@ import yaml
 from helpers import dense_classifier
 
 from advtrain.attacks import Attack, make_attack, register_attack
-from advtrain.attacks.attack import attack_options
+from advtrain.attacks.attack import attack_settings
 from advtrain.attacks.common import attack_inputs, clip_pixels, input_gradient
 from advtrain.models import AdversarialModel
+from advtrain.utils.errors import ArgumentError
 
 CALLS = []
 
@@ -81,15 +82,22 @@ def test_make_attack_maps_recipe_methods():
 
 
 def test_make_attack_rejects_unknown_keys_and_methods():
-    with pytest.raises(TypeError, match=r"Received: adv_weight=0\.5"):
+    with pytest.raises(ArgumentError, match=r"Received: adv_weight=0\.5"):
         make_attack("pgd", eps=0.1, adv_weight=0.5)
     with pytest.raises(ValueError, match="Unknown attack 'pgdd'"):
         make_attack("pgdd", eps=0.1)
 
 
-def test_training_pgd_defaults_to_seven_steps():
-    # One default with the recipe's attack.steps.
-    assert Attack("pgd").steps == 7
+def test_an_unset_setting_has_the_function_default_in_python_and_recipes():
+    from advtrain.recipe.build import attack_from_config
+    from advtrain.recipe.loader import recipe_from_dict
+
+    assert Attack("pgd").steps == 10 == attack_settings("pgd")["steps"]
+    recipe = recipe_from_dict({"attack": {"method": "pgd"}})
+    assert attack_from_config(recipe.attack).steps == 10
+    # The resolved recipe states it, and no key pgd does not take.
+    assert recipe.to_dict()["attack"]["steps"] == 10
+    assert "alpha" not in recipe.to_dict()["attack"]
 
 
 # ---------------------------------------------------------------- options
@@ -114,39 +122,43 @@ def any_options(model_fn, x, y=None, *, eps, **kwargs):
     return tf.convert_to_tensor(x)
 
 
-def test_attack_options_are_its_own_keyword_arguments():
-    assert attack_options("test_scaled_step") == ("scale",)
-    assert attack_options("apgd_ce") == ("rho", "momentum")
-    assert attack_options("pgd") == ()
-    assert attack_options("test_any_options") is None
+def test_attack_settings_are_its_own_keyword_arguments():
+    assert attack_settings("test_scaled_step") == {"scale": 1.0}
+    assert attack_settings("apgd_ce") == {
+        "steps": 100, "restarts": 1, "rho": 0.75, "momentum": 0.75
+    }  # fmt: skip
+    assert attack_settings("fgsm") == {}
+    assert attack_settings("test_any_options") is None
 
 
-def test_an_attack_receives_its_options(trained_dense, batch_of_digits):
+def test_an_attack_receives_its_settings(trained_dense, batch_of_digits):
     x, y = batch_of_digits
     f = lambda z: trained_dense(z, training=False)  # noqa: E731
     SCALES.clear()
-    attack = Attack("test_scaled_step", eps=0.2, options={"scale": 0.25})
+    attack = Attack("test_scaled_step", eps=0.2, scale=0.25)
+    assert attack == Attack("test_scaled_step", eps=0.2, options={"scale": 0.25})
     moved = np.abs(attack(f, x, y).numpy() - x.numpy())
     assert SCALES == [0.25]
     assert 0.04 < moved.max() <= 0.05 + 1e-6
     SEEN.clear()
     Attack("test_any_options", eps=0.1, options={"anything": 3})(f, x, y)
-    assert SEEN[-1]["anything"] == 3 and SEEN[-1]["steps"] == 7
+    # What it was given, and no other method's settings.
+    assert SEEN[-1]["anything"] == 3 and "steps" not in SEEN[-1]
 
 
-def test_an_option_the_attack_does_not_take_is_refused():
-    with pytest.raises(TypeError) as info:
-        Attack("test_scaled_step", eps=0.1, options={"scal": 2})
+def test_a_setting_the_attack_does_not_take_is_refused():
+    with pytest.raises(ArgumentError) as info:
+        Attack("test_scaled_step", eps=0.1, scal=2)
     assert str(info.value) == (
-        "attack 'test_scaled_step' takes no option 'scal'. Did you mean "
-        "'scale'? Its options: scale. Received: options.scal=2"
+        "scal: test_scaled_step does not take scal; it takes eps, scale. Did "
+        "you mean 'scale'? Received: scal=2"
     )
-    # A field or a per-call keyword is never an option, **kwargs or not.
-    with pytest.raises(TypeError, match="'steps' is not an option of attack 'pgd'"):
-        Attack("pgd", options={"steps": 3})
-    with pytest.raises(TypeError, match="'seed' is not an option"):
+    with pytest.raises(ArgumentError, match="given both as a keyword and in"):
+        Attack("pgd", steps=2, options={"steps": 3})
+    # A per-call keyword is never a setting, **kwargs or not.
+    with pytest.raises(ArgumentError, match="seed: is given per call"):
         Attack("test_any_options", options={"seed": 3})
-    with pytest.raises(TypeError, match="options must map option names"):
+    with pytest.raises(ArgumentError, match="options: must map setting names"):
         Attack("test_scaled_step", options=[("scale", 2)])
 
 
@@ -154,7 +166,7 @@ def test_options_survive_config_replace_and_the_training_model(digits):
     x, y = digits[0][:64], digits[1][:64]
     attack = Attack("test_scaled_step", eps=0.2, options={"scale": 0.5})
     assert Attack.from_config(attack.get_config()) == attack
-    assert attack.replace(eps=0.1).options == {"scale": 0.5}
+    assert attack.replace(eps=0.1).settings == {"scale": 0.5}
     model = AdversarialModel(
         dense_classifier(seed=1), attack, adv_weight=1.0, eps_ramp_steps=2
     )
@@ -169,7 +181,7 @@ def test_options_survive_config_replace_and_the_training_model(digits):
     model.evaluate(x, y, batch_size=32, verbose=0)
     assert SCALES and set(SCALES) == {0.5}  # the test step (validation)
     restored = AdversarialModel.from_config(model.get_config())
-    assert restored.attack.options == {"scale": 0.5}
+    assert restored.attack.settings == {"scale": 0.5}
 
 
 def test_a_recipe_passes_attack_options_to_the_training_attack(tmp_path):
@@ -180,7 +192,7 @@ def test_a_recipe_passes_attack_options_to_the_training_attack(tmp_path):
     path.write_text("attack: {method: test_scaled_step, eps: 0.2}\n")
     recipe = load_recipe(path, ["attack.options.scale=0.5"])
     model = build_training_model(recipe, dense_classifier())
-    assert model.attack.options == {"scale": 0.5}
+    assert model.attack.settings == {"scale": 0.5}
     saved = yaml.safe_load(recipe.to_yaml())
     assert saved["attack"]["options"] == {"scale": 0.5}
 
@@ -198,8 +210,7 @@ def test_a_recipe_with_an_unknown_attack_option_fails_in_one_line(tmp_path):
     assert result.exit_code == 2, result.output
     assert result.output.strip().count("\n") == 0, result.output
     assert (
-        "invalid value for 'attack.options': attack 'test_scaled_step' takes no "
-        "option 'scal'. Did you mean 'scale'? Its options: scale. "
-        "Received: attack.options.scal=2"
+        "attack.options.scal: test_scaled_step does not take scal; it takes eps, "
+        "scale. Did you mean 'scale'? Received: scal=2"
     ) in result.output
     assert not (tmp_path / "o").exists()

@@ -92,8 +92,8 @@ def test_attack_fields_reach_the_new_methods_and_the_ramp_scales_noise():
 def test_fused_training_refuses_n_fgsm():
     classifier = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Flatten(),
                                    keras.layers.Dense(2)])  # fmt: skip
-    with pytest.raises(ValueError, match="fused=True needs"):
-        AdversarialModel(classifier, Attack("n_fgsm", eps=0.1), fused=True)
+    with pytest.raises(ValueError, match="reuse_gradient=True needs"):
+        AdversarialModel(classifier, Attack("n_fgsm", eps=0.1), reuse_gradient=True)
 
 
 @pytest.mark.parametrize("method", ["n_fgsm", "zerograd"])
@@ -132,14 +132,16 @@ def test_recipe_keys_for_the_new_methods(tmp_path):
 def test_the_run_header_names_each_methods_step_settings():
     from advtrain.recipe.summary import _method_options
 
-    assert _method_options(Attack("fgsm_rs", eps=0.3)) == " alpha=1.25*eps"
+    assert _method_options(Attack("fgsm_rs", eps=0.3)) == (
+        " alpha=1.25*eps clip_start=True"
+    )
     assert _method_options(Attack("n_fgsm", eps=0.3, noise=0.3)) == (
-        " alpha=eps noise=0.3"
+        " alpha=eps noise=0.3 clip_start=True"
     )
     assert _method_options(Attack("zerograd", eps=0.3, alpha=0.3)) == (
-        " alpha=0.3 zero_quantile=0.35"
+        " alpha=0.3 zero_quantile=0.35 clip_start=True"
     )
     assert _method_options(Attack("pgd", eps=0.3, steps=10)) == (
-        " steps=10 step_size=auto"
+        " steps=10 step_size=auto random_start=True restarts=1"
     )
     assert _method_options(Attack("fgsm", eps=0.3)) == ""

@@ -178,12 +178,12 @@ def test_fused_step_matches_unfused_on_batchnorm_free_model(digits):
     x, y = digits[0][:64], digits[1][:64]
     a = _compile(
         AdversarialModel(
-            dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5, fused=False
+            dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5, reuse_gradient=False
         )
     )
     b = _compile(
         AdversarialModel(
-            dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5, fused=True
+            dense_classifier(seed=5), Attack("fgsm", eps=0.1), 0.5, reuse_gradient=True
         )
     )
     for _ in range(3):
@@ -195,8 +195,12 @@ def test_fused_step_matches_unfused_on_batchnorm_free_model(digits):
 
 
 def test_fused_needs_a_single_step_attack():
-    with pytest.raises(ValueError, match="fused=True needs a single-step attack"):
-        AdversarialModel(dense_classifier(), Attack("pgd", eps=0.1), 0.5, fused=True)
+    with pytest.raises(
+        ValueError, match="reuse_gradient=True needs a single-step attack"
+    ):
+        AdversarialModel(
+            dense_classifier(), Attack("pgd", eps=0.1), 0.5, reuse_gradient=True
+        )
 
 
 def _confident_classifier():
@@ -324,3 +328,19 @@ def test_validation_reports_robust_accuracy(digits):
     val_clean = history.history["val_accuracy"][-1]
     val_adv = history.history["val_adv_accuracy"][-1]
     assert 0.0 < val_adv < val_clean
+
+
+def test_train_and_validation_each_log_the_metrics_their_step_feeds(digits):
+    # adv_weight=0 with an attack: training never attacks, validation does.
+    x, y = digits[0][:64], digits[1][:64]
+    model = _compile(AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.1), 0.0))
+    history = model.fit(
+        x, y, batch_size=32, epochs=2, validation_data=(x, y), verbose=0
+    ).history
+    train = {"loss", "accuracy", "clean_loss"}
+    val = train | {"adv_loss", "adv_accuracy", "zero_grad_fraction"}
+    assert set(history) == train | {f"val_{k}" for k in val}
+    # The epoch's values are the metrics' own, whichever phase ran last.
+    assert set(model.get_metrics_result()) == val
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert set(model.get_metrics_result()) == train

@@ -62,8 +62,13 @@ def test_momentum_override_reaches_nested_batchnorm():
     )
     apply_batchnorm_policy(model, momentum=None)
     assert all(layer.momentum == 0.5 for layer in bns)  # None keeps it
-    apply_batchnorm_policy(model, total_steps=1_000)
-    assert all(layer.momentum == 0.98 for layer in bns)  # auto: the run's length
+    assert apply_batchnorm_policy(model, total_steps=1_000) is None
+    assert all(layer.momentum == 0.5 for layer in bns)  # auto keeps a choice
+    fresh = _nested_model()
+    note = apply_batchnorm_policy(fresh, total_steps=1_000)
+    # auto: the layers at Keras's 0.99, nested ones too, follow the run.
+    assert [layer.momentum for layer in batchnorm_layers(fresh)] == [0.98] * 3
+    assert "-> 0.98 on 3 layer(s)" in note
 
 
 def test_momentum_override_on_classifier():

@@ -1,5 +1,5 @@
-"""fused="auto": the fused step exactly for plain FGSM with a clean loss
-term, never for a subclass that overrides a hook the fused step bypasses."""
+"""reuse_gradient="auto": the gradient-reusing step exactly for plain FGSM
+with a clean loss term, never for a subclass overriding a hook it bypasses."""
 
 import keras
 import numpy as np
@@ -9,7 +9,7 @@ from helpers import bn_classifier, dense_classifier
 import advtrain
 from advtrain.attacks import Attack
 from advtrain.models import TRADES, AdversarialModel, GradAlign
-from advtrain.models.adversarial import FUSED_BYPASSES
+from advtrain.models.reuse_gradient import REUSE_GRADIENT_BYPASSES
 from advtrain.recipe.build import build_training_model
 from advtrain.recipe.loader import recipe_from_dict
 from advtrain.recipe.schema import AttackConfig
@@ -40,9 +40,11 @@ def test_auto_uses_the_fused_step_exactly_for_plain_fgsm_with_a_clean_term(
     attack, adv_weight, fused, why
 ):
     model = AdversarialModel(dense_classifier(), attack, adv_weight)
-    assert model.fused_step is fused
+    assert model.reuse_gradient_step is fused
     assert why in model.step_note and "auto" in model.step_note
-    assert model.step_note.startswith("fused step" if fused else ("attack", "clean"))
+    assert model.step_note.startswith(
+        "gradient-reusing step" if fused else ("attack", "clean")
+    )
 
 
 class GenerateHook(AdversarialModel):
@@ -77,18 +79,18 @@ SUBCLASSES = {
 }
 
 
-@pytest.mark.parametrize("hook", FUSED_BYPASSES)
+@pytest.mark.parametrize("hook", REUSE_GRADIENT_BYPASSES)
 def test_a_subclass_overriding_a_bypassed_hook_gets_the_inference_step(hook):
     cls = SUBCLASSES[hook]
     model = _compile(cls(dense_classifier(), Attack("fgsm", eps=0.1), 0.5))
-    assert model.fused_step is False
+    assert model.reuse_gradient_step is False
     assert f"{cls.__name__} overrides {hook}" in model.step_note
     model.called = False
     rng = np.random.default_rng(0)
     model.train_on_batch(rng.random((8, 8, 8, 1), "float32"), np.arange(8) % 10)
     assert model.called  # its hook ran: the step it trains with is not fused
     with pytest.raises(ValueError, match=f"overrides {hook}"):
-        cls(dense_classifier(), Attack("fgsm", eps=0.1), 0.5, fused=True)
+        cls(dense_classifier(), Attack("fgsm", eps=0.1), 0.5, reuse_gradient=True)
 
 
 def test_trades_and_grad_align_keep_their_own_step():
@@ -96,21 +98,27 @@ def test_trades_and_grad_align_keep_their_own_step():
         TRADES(dense_classifier(), Attack("fgsm", eps=0.1)),
         GradAlign(dense_classifier(), Attack("fgsm", eps=0.1), adv_weight=0.5),
     ):
-        assert model.fused_step is False
+        assert model.reuse_gradient_step is False
         assert "overrides" in model.step_note
 
 
 def test_true_and_false_still_force_and_other_values_are_refused():
     forced = AdversarialModel(
-        dense_classifier(), Attack("fgsm_rs", eps=0.1), 0.5, fused=True
+        dense_classifier(), Attack("fgsm_rs", eps=0.1), 0.5, reuse_gradient=True
     )
-    assert forced.fused_step is True and "fused=True" in forced.step_note
+    assert (
+        forced.reuse_gradient_step is True and "reuse_gradient=True" in forced.step_note
+    )
     off = AdversarialModel(
-        dense_classifier(), Attack("fgsm", eps=0.1), 0.5, fused=False
+        dense_classifier(), Attack("fgsm", eps=0.1), 0.5, reuse_gradient=False
     )
-    assert off.fused_step is False and "fused=False" in off.step_note
-    with pytest.raises(ValueError, match="fused: must be True, False or 'auto'"):
-        AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.1), fused="yes")
+    assert off.reuse_gradient_step is False and "reuse_gradient=False" in off.step_note
+    with pytest.raises(
+        ValueError, match="reuse_gradient: must be True, False or 'auto'"
+    ):
+        AdversarialModel(
+            dense_classifier(), Attack("fgsm", eps=0.1), reuse_gradient="yes"
+        )
 
 
 def test_the_default_trains_exactly_as_the_fused_step(digits):
@@ -123,8 +131,8 @@ def test_the_default_trains_exactly_as_the_fused_step(digits):
         )
         for fused, kw in (
             ("auto", {}),
-            (True, {"fused": True}),
-            (False, {"fused": False}),
+            (True, {"reuse_gradient": True}),
+            (False, {"reuse_gradient": False}),
         )
     }
     for _ in range(2):
@@ -148,7 +156,10 @@ def test_without_batchnorm_the_two_steps_are_the_same_algorithm(digits):
     for fused in (True, False):
         model = _compile(
             AdversarialModel(
-                dense_classifier(seed=3), Attack("fgsm", eps=0.1), 0.5, fused=fused
+                dense_classifier(seed=3),
+                Attack("fgsm", eps=0.1),
+                0.5,
+                reuse_gradient=fused,
             )
         )
         for _ in range(3):
@@ -168,7 +179,7 @@ def test_config_round_trip_keeps_the_choices(tmp_path):
     path = tmp_path / "m.keras"
     model.save(path)
     loaded = keras.models.load_model(path)
-    assert loaded.fused == "auto" and loaded.fused_step is True
+    assert loaded.reuse_gradient == "auto" and loaded.reuse_gradient_step is True
     assert loaded.check_inputs is False
 
 
@@ -176,9 +187,9 @@ def test_config_round_trip_keeps_the_choices(tmp_path):
     "attack, fused",
     [
         ({"method": "fgsm"}, True),
-        ({"method": "fgsm", "fused_step": False}, False),
+        ({"method": "fgsm", "reuse_gradient": False}, False),
         ({"method": "fgsm_rs"}, False),
-        ({"method": "fgsm_rs", "fused_step": True}, True),
+        ({"method": "fgsm_rs", "reuse_gradient": True}, True),
         ({"method": "fgsm", "adv_weight": 1.0}, False),
         ({"method": "fgsm", "objective": "grad_align"}, False),
         ({"method": "pgd", "objective": "trades"}, False),
@@ -186,14 +197,18 @@ def test_config_round_trip_keeps_the_choices(tmp_path):
 )
 def test_recipe_fused_step_auto(attack, fused):
     recipe = recipe_from_dict({"name": "t", "attack": attack})
-    assert AttackConfig().fused_step == "auto"
+    assert AttackConfig().reuse_gradient == "auto"
     model = build_training_model(recipe, dense_classifier())
-    assert model.fused_step is fused
+    assert model.reuse_gradient_step is fused
 
 
 def test_recipe_refuses_forcing_the_fused_step_for_pgd():
-    with pytest.raises(ValueError, match="attack.fused_step: fused=True needs a"):
-        recipe_from_dict({"name": "t", "attack": {"method": "pgd", "fused_step": True}})
+    with pytest.raises(
+        ValueError, match="attack.reuse_gradient: reuse_gradient=True needs a"
+    ):
+        recipe_from_dict(
+            {"name": "t", "attack": {"method": "pgd", "reuse_gradient": True}}
+        )
 
 
 def test_fit_prints_the_step_and_why():
@@ -209,6 +224,30 @@ def test_fit_prints_the_step_and_why():
     )
     step = [line for line in lines if line.startswith("step: ")]
     assert step == [
-        "step: fused step, 2 forward + 2 backward passes (auto: plain FGSM from "
-        "the clean point, 0 < adv_weight < 1)"
+        "step: gradient-reusing step, 2 forward + 2 backward passes (auto: "
+        "plain FGSM from the clean point, 0 < adv_weight < 1)"
     ]
+
+
+def test_the_old_fused_keyword_is_refused_naming_its_new_name():
+    with pytest.raises(TypeError, match="`fused` was renamed `reuse_gradient` in 0.3"):
+        AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.1), fused=True)
+    with pytest.raises(TypeError, match="`fused` was renamed `reuse_gradient`"):
+        AdversarialModel.check_arguments(Attack("fgsm", eps=0.1), fused=False)
+
+
+def test_an_unknown_keyword_is_refused_with_did_you_mean():
+    with pytest.raises(TypeError, match="Did you mean 'reuse_gradient'"):
+        AdversarialModel(
+            dense_classifier(), Attack("fgsm", eps=0.1), reuse_gradiant=True
+        )
+
+
+def test_a_config_saved_by_0_2_with_fused_loads():
+    model = AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.1))
+    config = model.get_config()
+    config["fused"] = config.pop("reuse_gradient")
+    config["fused"] = False
+    loaded = AdversarialModel.from_config(config)
+    assert loaded.reuse_gradient is False and loaded.reuse_gradient_step is False
+    assert "fused" not in loaded.get_config()

@@ -205,7 +205,7 @@ def test_advtrain_run_trains_the_objective_a_recipe_names(
         "attack": {
             "method": method,
             "eps": 0.1,
-            "steps": 1,
+            **({"steps": 1} if method == "pgd" else {}),
             "objective": objective,
             "objective_options": options,
         },

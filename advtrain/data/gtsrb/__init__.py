@@ -1,8 +1,9 @@
 """GTSRB, the German Traffic Sign Recognition Benchmark, as a TFDS dataset.
 
-Modules: `archive` (the official files, in zips or folders), `rows` (CSV
-rows and PPM images checked and encoded), `builder` (the TFDS builder and
-its configs), `split` (the advtrain source: train / val by track / test).
+Modules: `archive` (the official files, in zips or folders), `config`
+(how the images are stored: ROI crop, size), `rows` (CSV rows and PPM
+images checked and encoded), `builder` (the TFDS builder and its predefined
+configs), `split` (the advtrain source: train / val by track / test).
 
 Importing this module (or `advtrain`) registers the TFDS builder `gtsrb`
 and the advtrain source `gtsrb`. The builder downloads the three official
@@ -47,7 +48,8 @@ ds = tfds.load(
 """
 
 from advtrain.data.gtsrb.archive import URL_ENV, archives_url, locate_manual_dir
-from advtrain.data.gtsrb.builder import CLASS_NAMES, Gtsrb, GtsrbConfig, gtsrb_config
+from advtrain.data.gtsrb.builder import CLASS_NAMES, Gtsrb, gtsrb_config
+from advtrain.data.gtsrb.config import GtsrbConfig
 from advtrain.data.gtsrb.rows import NUM_CLASSES
 from advtrain.data.gtsrb.split import gtsrb_splits, prepare_gtsrb, split_by_track
 

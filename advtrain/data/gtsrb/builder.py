@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +22,7 @@ from advtrain.data.gtsrb.archive import (
     archives_url,
     locate_manual_dir,
 )
+from advtrain.data.gtsrb.config import GtsrbConfig, _config_name, _make_config
 from advtrain.data.gtsrb.rows import (
     _examples,
     _Problems,
@@ -89,36 +89,6 @@ _CITATION = """\
   pages   = {323--332},
   year    = {2012},
 }"""
-
-
-@dataclasses.dataclass(eq=False)
-class GtsrbConfig(tfds.core.BuilderConfig):
-    """How the images are stored: ROI crop and fixed size (height, width).
-
-    Make one with `gtsrb_config(roi_crop, image_size)`, which names it.
-    """
-
-    roi_crop: bool = False
-    image_size: Optional[tuple[int, int]] = None
-
-
-def _config_name(roi_crop: bool, image_size) -> str:
-    name = "roi" if roi_crop else "full"
-    if image_size is not None:
-        name += f"_{int(image_size[0])}x{int(image_size[1])}"
-    return name
-
-
-def _make_config(roi_crop: bool, image_size) -> GtsrbConfig:
-    size = None if image_size is None else tuple(int(s) for s in image_size)
-    crop = "cropped to the sign's ROI" if roi_crop else "whole images"
-    shape = f"resized to {size[0]}x{size[1]}" if size else "at native size"
-    return GtsrbConfig(
-        name=_config_name(roi_crop, size),
-        description=f"GTSRB {crop}, {shape}.",
-        roi_crop=roi_crop,
-        image_size=size,
-    )
 
 
 def gtsrb_config(

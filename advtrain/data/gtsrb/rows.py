@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -16,11 +16,9 @@ from PIL import Image
 
 from advtrain.data.errors import DataError
 from advtrain.data.gtsrb.archive import TRAIN_DIR, _Layout
+from advtrain.data.gtsrb.config import GtsrbConfig
 from advtrain.data.ppm import open_ppm
 from advtrain.utils.errors import one_line
-
-if TYPE_CHECKING:
-    from advtrain.data.gtsrb.builder import GtsrbConfig
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ float32) instead of being upcast first.
 
 `fuse_batchnorm(model)` switches the plain Keras BatchNormalization layers
 of an existing model (nested ones included, pretrained backbones too) to
-this class in place; the recipe key `model.batchnorm.fused_kernel` does it for
-every run.
+this class in place; the BatchNorm policy does it before every run
+(`policy.apply_batchnorm_policy(fused_kernel=True)`, the default).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 from keras import ops
+
+from advtrain.models.batchnorm.walk import batchnorm_layers
 
 _FUSED_DTYPES = ("float16", "bfloat16", "float32")
 
@@ -132,8 +134,6 @@ def fuse_batchnorm(model: keras.layers.Layer) -> int:
     fuse_batchnorm(base)  # 53
     ```
     """
-    from advtrain.models.batchnorm.policy import batchnorm_layers
-
     switched = 0
     for layer in batchnorm_layers(model):
         if type(layer) is keras.layers.BatchNormalization:

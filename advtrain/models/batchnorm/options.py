@@ -16,14 +16,12 @@ class BatchNormOptions(Options):
     """BatchNorm policy (advtrain.models.batchnorm.policy, advtrain.models.freezing).
 
     momentum: the BatchNormalization layers' momentum, nested ones
-        included, by the policy's rules (advtrain.models.batchnorm.policy):
-        auto gives every layer a momentum chosen from the run's length, so
-        the moving average spans about 5% of its training steps, clamped
-        to [0.9, 0.99]; adapt gives it only to layers still at Keras's
-        default 0.99 (others are someone's choice and stay); a number sets
-        every layer; None keeps each layer's own. Default: adapt for
-        advtrain.fit (the model is yours), auto for a recipe's
-        model.batchnorm (advtrain built the model).
+        included (advtrain.models.batchnorm.policy; docs/batchnorm.md):
+        auto (default) gives the layers still at Keras's default 0.99 a
+        momentum chosen from the run's length, so the moving average spans
+        about 5% of its training steps, clamped to [0.9, 0.99], and keeps
+        a momentum someone set; a number sets every layer; None keeps each
+        layer's own.
     trainable: whether the backbone's BN layers train while the backbone
         (or its top_k layers) does. Trained BN uses batch statistics and
         updates its moving statistics; frozen BN runs in inference mode and
@@ -42,7 +40,7 @@ class BatchNormOptions(Options):
         measures it). false keeps Keras's own computation.
     """
 
-    momentum: Union[float, str, None] = "adapt"
+    momentum: Union[float, str, None] = "auto"
     trainable: Optional[bool] = None
     recalibrate: Union[bool, str] = "auto"
     recalibrate_batches: int = Field(50, ge=1)

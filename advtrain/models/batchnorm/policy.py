@@ -8,19 +8,16 @@ forget their initial values, so a short run ends with moving statistics
 that lag the weights: the model is accurate in training mode (batch
 statistics) and poor in inference mode (moving statistics). The policy,
 the same for recipes, `advtrain.fit` and `AdversarialModel` (they only
-map their arguments onto it and echo its lines):
+map their arguments onto it and echo its lines; docs/batchnorm.md):
 
 1. before training, `apply_batchnorm_policy`: the fused kernel
    (`advtrain.models.batchnorm.fused`) and the momentum (`set_momentum`),
    one of
-   - "auto": every BN layer gets the run-length momentum
-     (`auto_momentum`: the moving average spans about 5% of the training
-     steps, clamped to [0.9, 0.99]); the recipe's default, since advtrain
-     built the model;
-   - "adapt": only layers still at Keras's default 0.99 get it, layers set
-     to anything else are someone's choice and stay (`adapt_momentum`);
-     the default of `advtrain.fit` and `AdversarialModel`, whose model is
-     the user's;
+   - "auto" (the default everywhere): the BN layers still at Keras's
+     default 0.99 get the run-length momentum (`auto_momentum`: the moving
+     average spans about 5% of the training steps, clamped to
+     [0.9, 0.99]); a layer set to anything else is someone's choice and
+     keeps it;
    - a number in (0, 1) for every BN layer, or None to keep them all;
 2. train;
 3. `settle_batchnorm`: measure `bn_gap` on held-out data; recalibrate the
@@ -37,24 +34,30 @@ inference mode even when the model is called with `training=True`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
 import keras
 import numpy as np
 
+from advtrain.models.batchnorm.fused import fuse_batchnorm
+from advtrain.models.batchnorm.walk import batchnorm_layers, walk_layers
 from advtrain.utils.errors import ArgumentError
 from advtrain.utils.progress import Echo
 
-# The momentum rules (see the module docstring); a number or None is the
+# The momentum rule (see the module docstring); a number or None is the
 # other choice.
-MOMENTUM_RULES = ("auto", "adapt")
+MOMENTUM_RULES = ("auto",)
+# Momentum words of earlier versions, and the word that replaced them. A
+# saved 0.2 `AdversarialModel` config holds "adapt": its `from_config`
+# maps it; everywhere else an old word is refused with one line.
+RENAMED_MOMENTUM = {"adapt": "auto"}
 # `apply_batchnorm_policy`'s and `settle_batchnorm`'s policy keywords,
 # named as the recipe's `model.batchnorm` keys and `BatchNormOptions`.
 POLICY_KEYS = ("momentum", "fused_kernel")
 SETTLE_KEYS = ("recalibrate", "gap_threshold", "recalibrate_batches")
-# Keras's own BatchNormalization momentum: the Python API treats a layer
-# still at this value as not chosen by the user.
+# Keras's own BatchNormalization momentum: "auto" treats a layer still at
+# this value as not chosen by anyone.
 KERAS_DEFAULT_MOMENTUM = 0.99
 # Share of the run's steps the moving average spans, and the clamp.
 HORIZON_FRACTION = 0.05
@@ -64,50 +67,23 @@ MOMENTUM_RANGE = (0.9, 0.99)
 INITIAL_WEIGHT = 0.01
 
 
-def walk_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
-    """Yields every layer below `layer` depth first, in model order.
-
-    Descends into nested models and into custom layers that own sublayers,
-    which `Model.layers` does not; each layer is yielded once.
-    """
-    seen: set[int] = set()
-
-    def visit(node):
-        # `_layers` is how Keras tracks sublayers of any layer; the public
-        # `Model.layers` stops at the first level.
-        for child in getattr(node, "_layers", []):
-            if id(child) in seen or isinstance(child, keras.layers.InputLayer):
-                continue
-            seen.add(id(child))
-            yield child
-            yield from visit(child)
-
-    yield from visit(layer)
-
-
-def batchnorm_layers(
-    model: keras.layers.Layer,
-) -> list[keras.layers.BatchNormalization]:
-    """Every BatchNormalization layer in `model`, nested ones included."""
-    return [
-        layer
-        for layer in walk_layers(model)
-        if isinstance(layer, keras.layers.BatchNormalization)
-    ]
-
-
 def check_momentum(momentum: Any, name: str = "momentum") -> None:
-    """The one rule for a momentum setting: "auto", "adapt", a number in
-    (0, 1) or None; else a ValueError naming `name`."""
+    """The one rule for a momentum setting: "auto", a number in (0, 1) or
+    None; else a ValueError naming `name`."""
     number = isinstance(momentum, (int, float)) and not isinstance(momentum, bool)
     if momentum is None or (number and 0.0 < momentum < 1.0):
         return
     if isinstance(momentum, str) and momentum in MOMENTUM_RULES:
         return
+    if isinstance(momentum, str) and momentum in RENAMED_MOMENTUM:
+        raise ArgumentError(
+            name,
+            f"{momentum!r} was renamed {RENAMED_MOMENTUM[momentum]!r} in 0.3 "
+            f"(the same rule). Received: {name}={momentum!r}",
+        )
     raise ArgumentError(
         name,
-        "must be 'auto', 'adapt', a number in (0, 1) or None. "
-        f"Received: {name}={momentum!r}",
+        f"must be 'auto', a number in (0, 1) or None. Received: {name}={momentum!r}",
     )
 
 
@@ -164,22 +140,21 @@ def set_momentum(
     total_steps: Optional[int] = None,
 ) -> Optional[str]:
     """Sets the BN momentum by the policy's rule (module docstring):
-    "auto" (every layer) or "adapt" (layers at Keras's 0.99) from the run's
-    length `total_steps` (epochs x steps per epoch; None: unknown), a
-    number (every layer), or None (keep). Returns `adapt_momentum`'s note
-    when "adapt" changed layers, else None.
+    "auto" gives the layers still at Keras's default 0.99 the momentum that
+    suits the run's length `total_steps` (epochs x steps per epoch; None:
+    unknown) and keeps the others; a number sets every layer; None keeps
+    them all. Returns a one-line note saying what "auto" changed, or None
+    when nothing did (or for a number or None).
 
     Example:
 
     ```python
-    set_momentum(classifier, "auto", total_steps=660)  # every layer: 0.97
+    note = set_momentum(classifier, "auto", total_steps=3 * 22)  # 0.99 -> 0.9
     ```
     """
     check_momentum(momentum)
-    if momentum == "adapt":
-        return adapt_momentum(model, total_steps)
     if momentum == "auto":
-        momentum = auto_momentum(total_steps)
+        return _follow_run_length(model, total_steps)
     if momentum is not None:
         set_batchnorm_momentum(model, momentum)
     return None
@@ -194,10 +169,10 @@ def apply_batchnorm_policy(
 ) -> Optional[str]:
     """The policy before training: with `fused_kernel`, plain Keras BN
     layers switch to the fused kernel; then `set_momentum`. Returns its
-    note (None unless "adapt" changed layers).
+    note (None unless "auto" changed layers).
 
-    The keywords are `POLICY_KEYS`, the recipe's `model.batchnorm` keys
-    with the recipe's defaults. `trainable` is applied by
+    The keywords are `POLICY_KEYS`, the recipe's `model.batchnorm` keys,
+    with the same defaults. `trainable` is applied by
     `advtrain.models.freezing.apply_phase`, which decides what trains;
     recalibration and the gap report run after training
     (`settle_batchnorm`). Call it before `compile`/`fit`.
@@ -211,26 +186,14 @@ def apply_batchnorm_policy(
     """
     check_momentum(momentum)
     if fused_kernel:
-        from advtrain.models.batchnorm.fused import fuse_batchnorm
-
         fuse_batchnorm(model)
     return set_momentum(model, momentum, total_steps)
 
 
-def adapt_momentum(
+def _follow_run_length(
     model: keras.layers.Layer, total_steps: Optional[int]
 ) -> Optional[str]:
-    """The Python API's momentum policy: layers still at Keras's default
-    0.99 get `auto_momentum(total_steps)`; layers set to anything else are
-    the user's choice and stay. Returns a one-line note saying what
-    changed, or None when nothing did.
-
-    Example:
-
-    ```python
-    note = adapt_momentum(model, total_steps=3 * 22)  # 0.99 -> 0.9
-    ```
-    """
+    # "auto": the layers still at Keras's 0.99 follow the run's length.
     momentum = auto_momentum(total_steps)
     layers = [
         layer

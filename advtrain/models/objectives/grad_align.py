@@ -8,11 +8,8 @@ import keras
 import tensorflow as tf
 
 from advtrain.attacks.common import input_gradient, random_in_ball
-from advtrain.models.adversarial import (
-    AdversarialModel,
-    _MeasuredMean,
-    replicas_in_sync,
-)
+from advtrain.models.adversarial import AdversarialModel
+from advtrain.models.adversarial_metrics import OptionalMean, replicas_in_sync
 from advtrain.models.objectives.registry import register_objective
 
 _TINY = 1e-12
@@ -80,7 +77,7 @@ class GradAlign(AdversarialModel):
                 "GradAlign needs an attack (its eps). Received: attack=None"
             )
         self.grad_align = float(grad_align)
-        self.grad_align_tracker = _MeasuredMean(name="grad_align_loss")
+        self.grad_align_tracker = OptionalMean(name="grad_align_loss")
 
     def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
         loss = super().adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)

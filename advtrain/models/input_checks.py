@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import keras
@@ -38,6 +39,9 @@ _FOUND = re.compile(rf"<{_MARK} (\w+) (\S+) (\S+)>")
 # The keys the reductions travel under in the logs (XLA), popped by
 # `check_logs` before Keras sees them.
 _LOG_KEY = "_advtrain_input_{}_{}"
+
+
+PROBABILITY_ACTIVATIONS = ("softmax", "sigmoid")
 
 
 class PixelRangeError(ValueError):
@@ -92,6 +96,50 @@ def output_shape(model: keras.Model) -> Optional[tuple]:
     if not isinstance(shape, tuple) or not shape or not isinstance(shape[-1], int):
         return None
     return shape
+
+
+def probability_activation(model: keras.Model) -> Optional[str]:
+    """The activation ("softmax" or "sigmoid") `model` ends in, else None."""
+    layer = model
+    while isinstance(layer, keras.Model) and layer.layers:
+        layer = layer.layers[-1]
+    if isinstance(layer, keras.layers.Softmax):
+        return "softmax"
+    name = getattr(getattr(layer, "activation", None), "__name__", None)
+    return name if name in PROBABILITY_ACTIVATIONS else None
+
+
+def warn_if_probability_output(model: keras.Model, loss: Any) -> None:
+    """Warns when `model` ends in softmax/sigmoid but `loss` takes logits:
+    the loss and the attacks would see probabilities as logits."""
+    activation = probability_activation(model)
+    config = getattr(loss, "get_config", dict)()
+    if activation and config.get("from_logits"):
+        warnings.warn(
+            f"The classifier's last layer applies {activation}, but the "
+            "loss has from_logits=True (and the attacks take logits too): "
+            "remove the final activation so the classifier returns "
+            f"logits. Received: activation={activation}, "
+            f"loss={type(loss).__name__}",
+            stacklevel=3,
+        )
+
+
+def fit_label_shape(arguments: Optional[dict]) -> Optional[tuple]:
+    """The shape of the labels `fit` gets (`arguments`: `keras.Model.fit`'s
+    arguments by name), from `y` or a dataset's element spec, with the
+    batch axis None; else None."""
+    if arguments is None:
+        return None
+    x, y = arguments.get("x"), arguments.get("y")
+    if y is None and isinstance(x, tf.data.Dataset):
+        spec = x.element_spec
+        if isinstance(spec, tuple) and len(spec) in (2, 3):
+            y = spec[1]
+    shape = getattr(y, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    return (None, *tuple(shape)[1:])
 
 
 class InputChecks:
@@ -271,6 +319,17 @@ class InputChecks:
                 high = found[_LOG_KEY.format(kind, "high")]
                 self._raise_if_bad(kind, float(low), float(high))
         return logs
+
+    def around(self, train_function: Callable) -> Callable:
+        """`train_function` (Keras's), raising a failed check's one-line
+        error and dropping the reductions `attach(xla=True)` added."""
+
+        def checked(iterator):
+            with self.clean_errors():
+                logs = train_function(iterator)
+            return self.check_logs(logs)
+
+        return checked
 
     @contextlib.contextmanager
     def clean_errors(self) -> Iterator[None]:

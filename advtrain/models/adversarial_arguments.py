@@ -1,0 +1,152 @@
+"""The rules on `AdversarialModel`'s arguments, checked before anything is
+built (the constructor, `AdversarialModel.check_arguments`, and a recipe
+as it loads), and the arguments of its `fit`."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import keras
+
+from advtrain.attacks import Attack
+from advtrain.utils.errors import ArgumentError
+from advtrain.utils.keywords import check_keywords
+
+ATTACK_MODES = ("inference", "train")
+# What `keras.Model.__init__` takes besides a model's own arguments.
+KERAS_KEYWORDS = ("name", "dtype", "trainable", "autocast", "activity_regularizer")
+# Keywords of 0.2 and their 0.3 names: refused from Python, mapped in the
+# config of a model saved by 0.2.
+RENAMED = {"fused": "reuse_gradient"}
+
+
+def check_keywords_known(owner: str, given: dict, accepted: Iterable[str]) -> None:
+    """Refuses a keyword `owner`'s constructor does not take, as the
+    registries do (a TypeError with did-you-mean); a keyword renamed since
+    0.2 gets one line naming its new name."""
+    for old, new in RENAMED.items():
+        if old in given:
+            raise TypeError(
+                f"{owner}: `{old}` was renamed `{new}` in 0.3. "
+                f"Received: {old}={given[old]!r}"
+            )
+    check_keywords(owner, given, [*accepted, *KERAS_KEYWORDS])
+
+
+def renamed_config(config: dict) -> dict:
+    """A saved config with 0.2's keys under their 0.3 names."""
+    from advtrain.models.batchnorm.policy import RENAMED_MOMENTUM
+
+    config = dict(config)
+    for old, new in RENAMED.items():
+        if old in config:
+            config.setdefault(new, config.pop(old))
+    momentum = config.get("batchnorm_momentum")
+    if isinstance(momentum, str) and momentum in RENAMED_MOMENTUM:
+        config["batchnorm_momentum"] = RENAMED_MOMENTUM[momentum]
+    return config
+
+
+def checked_arguments(
+    attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
+) -> Optional[Attack]:
+    """Validates `AdversarialModel`'s arguments; returns the `Attack` (a
+    config dict turned into one)."""
+    from advtrain.models.batchnorm.policy import check_momentum
+
+    check_momentum(batchnorm_momentum, "batchnorm_momentum")
+    if isinstance(attack, dict):
+        attack = Attack.from_config(attack)
+    if attack is not None and not isinstance(attack, Attack):
+        raise TypeError(
+            "attack must be an advtrain.attacks.Attack or its config dict. "
+            f"Received: attack={attack!r}"
+        )
+    number = isinstance(adv_weight, (int, float)) and not isinstance(adv_weight, bool)
+    if not number or not 0 <= adv_weight <= 1:
+        raise ArgumentError(
+            "adv_weight",
+            f"must be between 0.0 and 1.0. Received: adv_weight={adv_weight!r}",
+        )
+    if adv_weight > 0 and attack is None:
+        raise ArgumentError(
+            "attack", "adv_weight > 0 needs an attack. Received: attack=None"
+        )
+    _check_ramp(eps_ramp_steps, attack)
+    if attack_mode not in ATTACK_MODES:
+        raise ArgumentError(
+            "attack_mode",
+            f"must be one of {', '.join(ATTACK_MODES)}. "
+            f"Received: attack_mode={attack_mode!r}",
+        )
+    return attack
+
+
+def _check_ramp(eps_ramp_steps, attack: Optional[Attack]) -> None:
+    if (
+        isinstance(eps_ramp_steps, bool)
+        or not isinstance(eps_ramp_steps, int)
+        or eps_ramp_steps < 0
+    ):
+        raise ArgumentError(
+            "eps_ramp_steps",
+            f"must be an integer >= 0. Received: eps_ramp_steps={eps_ramp_steps!r}",
+        )
+    if eps_ramp_steps and (attack is None or attack.backend != "advtrain"):
+        received = "attack=None" if attack is None else f"backend={attack.backend!r}"
+        raise ArgumentError(
+            "eps_ramp_steps",
+            "eps_ramp_steps > 0 needs an attack on the advtrain backend. "
+            f"Received: {received}",
+        )
+
+
+def constructor_arguments(cls: type) -> list[str]:
+    """The names `cls`'s constructor and its bases' up to `keras.Model`
+    take (for the did-you-mean of an unknown keyword)."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if klass is keras.Model:
+            break
+        if "__init__" in vars(klass):
+            parameters = inspect.signature(klass.__init__).parameters
+            names += [n for n in parameters if n not in ("self", "kwargs", *names)]
+    return names
+
+
+def set_momentum_for_fit(
+    classifier: keras.Model, momentum: Any, arguments: Optional[dict]
+) -> bool:
+    """Sets `classifier`'s BatchNorm momentum per `momentum` (the model's
+    `batchnorm_momentum`) for the run `arguments` (`fit_arguments`)
+    describes, warning once with what changed; True once it is set."""
+    from advtrain.models.batchnorm.policy import (
+        MOMENTUM_RULES,
+        fit_total_steps,
+        set_momentum,
+    )
+
+    steps = None
+    if momentum in MOMENTUM_RULES:
+        if arguments is None:
+            return False  # Keras's own fit reports the bad arguments
+        names = inspect.signature(fit_total_steps).parameters
+        steps = fit_total_steps(**{k: v for k, v in arguments.items() if k in names})
+    note = set_momentum(classifier, momentum, steps)
+    if note:
+        warnings.warn(
+            f"{note} Pass batchnorm_momentum=None to keep them.", stacklevel=3
+        )
+    return True
+
+
+def fit_arguments(*args, **kwargs) -> Optional[dict[str, Any]]:
+    """`keras.Model.fit`'s arguments by name; None when they do not bind
+    (Keras's own fit reports that)."""
+    try:
+        return inspect.signature(keras.Model.fit).bind(None, *args, **kwargs).arguments
+    except TypeError:
+        return None

@@ -1,0 +1,148 @@
+"""The gradient-reusing training step of `AdversarialModel`, and when it runs.
+
+For plain FGSM from the clean point with a clean loss term
+(0 < adv_weight < 1), the clean training pass's own backward pass already
+holds the input gradient FGSM needs: the step takes it from there, so it
+costs 2 forward + 2 backward passes instead of 3 + 3 (Goodfellow et al.'s
+formulation, and NSL's). The attack then sees training-mode BatchNorm
+(batch statistics), and the step calls none of the model's attack hooks
+(`REUSE_GRADIENT_BYPASSES`).
+
+("fused" in advtrain means TensorFlow's fused BatchNorm kernel only.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional, Union
+
+import tensorflow as tf
+
+from advtrain.attacks import Attack
+from advtrain.attacks.common import as_float_tensor
+from advtrain.models import adversarial_metrics as am
+from advtrain.utils.errors import ArgumentError
+
+# The hooks the gradient-reusing step does not call: a subclass overriding
+# one never gets that step (refused with reuse_gradient=True, not chosen by
+# "auto").
+REUSE_GRADIENT_BYPASSES = (
+    "generate_adversarial",
+    "adversarial_loss",
+    "attack_model_fn",
+    "attack_loss_scale",
+)
+
+
+def choose_step(
+    reuse_gradient: Union[bool, str],
+    attack: Optional[Attack],
+    adv_weight: float,
+    owner: str = "AdversarialModel",
+    overridden: Sequence[str] = (),
+) -> tuple[bool, str]:
+    """(whether to train with the gradient-reusing step, why).
+
+    Args:
+        reuse_gradient: "auto", True or False, as the model was given it.
+        attack: the training attack; adv_weight: the model's.
+        owner: the model's class name, for the messages.
+        overridden: the `REUSE_GRADIENT_BYPASSES` hooks `owner` overrides.
+
+    Raises:
+        ArgumentError: a `reuse_gradient` that cannot be honoured.
+    """
+    if (
+        reuse_gradient is not True
+        and reuse_gradient is not False
+        and reuse_gradient != "auto"
+    ):
+        raise ArgumentError(
+            "reuse_gradient",
+            "must be True, False or 'auto'. "
+            f"Received: reuse_gradient={reuse_gradient!r}",
+        )
+    if reuse_gradient is True:
+        _check_forced(owner, attack, overridden)
+        return True, "reuse_gradient=True"
+    if reuse_gradient is False:
+        return False, "reuse_gradient=False"
+    if attack is None or adv_weight == 0:
+        return False, "auto: no attack in training (adv_weight=0)"
+    if overridden:
+        return False, f"auto: {owner} overrides {', '.join(overridden)}"
+    if attack.method != "fgsm" or not attack.fusable:
+        return False, (
+            f"auto: method {attack.method} on the {attack.backend} backend "
+            "is not plain FGSM from the clean point"
+        )
+    if adv_weight == 1:
+        return False, "auto: adv_weight=1, no clean loss term to reuse"
+    return True, "auto: plain FGSM from the clean point, 0 < adv_weight < 1"
+
+
+def _check_forced(owner: str, attack: Optional[Attack], overridden) -> None:
+    if overridden:
+        raise ArgumentError(
+            "reuse_gradient",
+            "reuse_gradient=True needs the default generate_adversarial, "
+            "adversarial_loss, attack_model_fn and attack_loss_scale hooks "
+            f"(the gradient-reusing step calls none of them); {owner} "
+            f"overrides {', '.join(overridden)}. Received: reuse_gradient=True",
+        )
+    if attack is None or not attack.fusable:
+        received = (
+            "attack=None"
+            if attack is None
+            else f"method={attack.method!r}, backend={attack.backend!r}"
+        )
+        raise ArgumentError(
+            "reuse_gradient",
+            "reuse_gradient=True needs a single-step attack (method fgsm or "
+            f"fgsm_rs, backend advtrain). Received: {received}",
+        )
+
+
+def train_step_reusing_gradient(model, attack: Attack, x, y, sample_weight) -> dict:
+    """One training step of `model` (an `AdversarialModel`) with `attack`
+    stepped from the clean pass's input gradient; returns the step's logs.
+
+    BatchNorm sees both batches in training mode (statistics updated twice
+    per step). Each loss is scaled for mixed precision on its own; the
+    weight gradients are mixed as the loss is: (1 - w) clean + w adv.
+    """
+    w = model.adv_weight
+    variables = model.trainable_variables
+    x = as_float_tensor(x)  # the attack's own check: float pixels
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y_pred = model(x, training=True)
+        clean = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+        scaled_clean = model.optimizer.scale_loss(clean)
+    input_grad, *clean_grads = tape.gradient(scaled_clean, [x, *variables])
+    am.track_zero_gradients(model.zero_grad_tracker, input_grad)
+    x_adv = tf.stop_gradient(
+        attack.step_from_gradient(x, input_grad, model.seed_generator)
+    )
+    with tf.GradientTape() as tape:
+        y_pred_adv = model(x_adv, training=True)
+        adv = model.compute_loss(
+            x=x_adv, y=y, y_pred=y_pred_adv, sample_weight=sample_weight
+        )
+        scaled_adv = model.optimizer.scale_loss(adv)
+    adv_grads = tape.gradient(scaled_adv, variables)
+    gradients = [_mixed(gc, ga, w) for gc, ga in zip(clean_grads, adv_grads)]  # noqa: B905 (traced: autograph)
+    model.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905
+    am.track_loss(model.loss_tracker, (1.0 - w) * clean + w * adv, x)
+    model.track_losses(clean=clean, adv=adv)
+    model.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def _mixed(clean_grad, adv_grad, w: float):
+    """(1 - w) * clean + w * adv, a missing gradient counting as zero."""
+    if clean_grad is None and adv_grad is None:
+        return None
+    clean_grad = 0.0 if clean_grad is None else clean_grad
+    adv_grad = 0.0 if adv_grad is None else adv_grad
+    return (1.0 - w) * clean_grad + w * adv_grad
