@@ -3,7 +3,7 @@
 Public API:
     AdversarialModel, TRADES, GradAlign
                                    keras.Model subclasses with a custom step
-    Attack, fgsm, fgsm_random_start, pgd
+    Attack, attack_settings, fgsm, fgsm_random_start, pgd
     load_recipe, Recipe, RecipeError
     run                            train + evaluate a recipe
     fit                            any Keras model through the same runtime
@@ -33,6 +33,7 @@ import_tensorflow()
 from advtrain import data  # noqa: E402, F401  (the gtsrb TFDS builder)
 from advtrain.attacks import (  # noqa: E402
     Attack,
+    attack_settings,
     fgsm,
     fgsm_random_start,
     make_attack,
@@ -84,6 +85,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AdversarialModel",
     "Attack",
+    "attack_settings",
     "GradAlign",
     "Recipe",
     "RecipeError",

@@ -313,8 +313,8 @@ def test_shipped_recipes_validate():
     # The list README and `advtrain recipes` promise, each valid and named
     # after its file.
     assert [p.stem for p in paths] == [
-        "digits_transfer", "gtsrb_resnet", "mnist_fgsm_rs", "mnist_inception",
-        "mnist_pgd", "mnist_pretrain", "quickstart",
+        "digits_transfer", "gtsrb_resnet", "mnist_fast", "mnist_fgsm_rs",
+        "mnist_inception", "mnist_pgd", "mnist_pretrain", "quickstart",
     ]  # fmt: skip
     for path in paths:
         assert load_recipe(path).name == path.stem

@@ -226,11 +226,18 @@ def test_bench_table_has_mean_worst_and_time_ratio():
     text = bench.format_table(table)
     assert text.splitlines()[0].split()[:4] == ["method", "seed", "train", "s"]
     assert "  worst  " in text and "n/a" in text  # no FGSM/APGD numbers here
-    assert bench.parse_method("pgd") == ("pgd", ["attack.method=pgd"])
+    assert bench.parse_method("pgd") == ("pgd", ["attack.method=pgd"], None)
     spec = "pgd_at:attack.method=pgd; attack.steps=10"
     assert bench.parse_method(spec) == (
         "pgd_at",
         ["attack.method=pgd", "attack.steps=10"],
+        None,
+    )
+    spec = "ref@recipes/mnist_fgsm_rs.yaml:train.epochs=2"
+    assert bench.parse_method(spec) == (
+        "ref",
+        ["train.epochs=2"],
+        Path("recipes/mnist_fgsm_rs.yaml"),
     )
     assert bench.parse_seeds("0,1,2") == [0, 1, 2]
 
@@ -244,8 +251,10 @@ def test_bench_quick_mode_runs_on_real_mnist(tmp_path):
     found = sorted(p.name for p in data.glob("*-ubyte*"))
     assert len(found) == 4, f"MNIST IDX files expected in {data}. Received: {found}"
     out = tmp_path / "bench"
+    fast = ROOT / "advtrain" / "recipes" / "mnist_fast.yaml"
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--seeds", "0", "--output", str(out),
+         "--recipe", str(fast),
          "--set", "data.limit_train=1024", "--set", "eval.max_examples=80",
          "--set", "eval.sanity_examples=16"],
         capture_output=True,
@@ -254,9 +263,11 @@ def test_bench_quick_mode_runs_on_real_mnist(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    # The default: the 10-epoch time reference and the shipped recipe.
+    # Another recipe's default: the shipped mnist_fgsm_rs as the time
+    # reference (FGSM and PGD only), and the recipe.
     reference, row = summary["rows"]
-    assert (reference["method"], row["method"]) == ("fgsm_rs", "mnist_fgsm_rs")
+    assert (reference["method"], row["method"]) == ("fgsm_rs", "mnist_fast")
+    assert reference["autoattack_square_accuracy"] is None
     assert row["seed"] == 0
     assert row["time_ratio"] == pytest.approx(
         row["train_seconds"] / reference["train_seconds"]
@@ -268,8 +279,9 @@ def test_bench_quick_mode_runs_on_real_mnist(tmp_path):
     assert row["robust_accuracy"] == row[cascade[-1]]
     assert "80 test images" in summary["title"]
     assert "AutoAttack (APGD-CE, APGD-T, Square), cheap budget" in summary["title"]
-    metrics = json.loads((out / "mnist_fgsm_rs-seed0" / "metrics.json").read_text())
+    assert row["gradient_free_only"] >= 0 and len(row["robust_accuracy_ci95"]) == 2
+    metrics = json.loads((out / "mnist_fast-seed0" / "metrics.json").read_text())
     assert metrics["examples"] == 80
     assert metrics["autoattack"]["steps"][-1]["settings"]["queries"] == 100
     assert "| method | seed |" in (out / "table.md").read_text()
-    assert "guard events" in proc.stdout
+    assert "guard events" in proc.stdout and "Square-only" in proc.stdout

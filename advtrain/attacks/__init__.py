@@ -1,7 +1,13 @@
 """Attacks: pure functions over a `model_fn`, and the `Attack` spec."""
 
 from advtrain.attacks.apgd import apgd_ce, apgd_dlr
-from advtrain.attacks.attack import Attack, attacks, make_attack, register_attack
+from advtrain.attacks.attack import (
+    Attack,
+    attack_settings,
+    attacks,
+    make_attack,
+    register_attack,
+)
 from advtrain.attacks.cleverhans_backend import cleverhans_fgsm, cleverhans_pgd
 from advtrain.attacks.common import canonical_norm, per_example_cross_entropy
 from advtrain.attacks.fgsm import fgsm, fgsm_random_start
@@ -12,6 +18,7 @@ __all__ = [
     "apgd_ce",
     "apgd_dlr",
     "Attack",
+    "attack_settings",
     "attacks",
     "canonical_norm",
     "cleverhans_fgsm",

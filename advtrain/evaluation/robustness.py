@@ -713,7 +713,6 @@ def _predict(
             recorder.start(np.asarray(x), labels, right)
         right = right == labels
         for name, attack in attacks.items():
-            predicted = runners(attack, x, y).numpy()
             if recorder is None:
                 predicted = runners(attack, x, y).numpy()
             else:

@@ -18,12 +18,11 @@ import tensorflow as tf
 from advtrain.attacks import Attack
 from advtrain.models import adversarial_metrics as am
 from advtrain.models.adversarial_arguments import (
+    before_fit,
     check_keywords_known,
     checked_arguments,
     constructor_arguments,
-    fit_arguments,
     renamed_config,
-    set_momentum_for_fit,
 )
 from advtrain.models.adversarial_metrics import (
     OptionalAccuracy,
@@ -33,10 +32,8 @@ from advtrain.models.adversarial_metrics import (
 from advtrain.models.attack_then_train import train_step_after_attack
 from advtrain.models.input_checks import (
     InputChecks,
-    fit_label_shape,
-    label_kind,
-    loss_name,
-    output_shape,
+    compiled_by_xla,
+    model_input_checks,
     warn_if_probability_output,
 )
 from advtrain.models.reuse_gradient import (
@@ -54,77 +51,50 @@ class AdversarialModel(keras.Model):
     """Wraps a classifier; `fit` minimises a clean/adversarial loss mix.
 
     loss = (1 - adv_weight) * clean_loss + adv_weight * adversarial_loss,
-    with the compiled loss (use `from_logits=True`: the classifier returns
-    logits). Two steps, chosen by `reuse_gradient` (default "auto";
-    `step_note` says which runs and why):
-    - the gradient-reusing step, for plain FGSM from the clean point with
-      a clean loss term (0 < adv_weight < 1): the clean training pass's
-      own backward pass gives the input gradient, so a step costs 2
-      forward + 2 backward passes (`advtrain.models.reuse_gradient`);
-    - otherwise the attack runs with the classifier in inference mode (no
-      BatchNorm statistics update, no dropout) under `stop_gradient`, then
-      one training forward pass over the clean and adversarial batch
-      together (3 + 3 passes for FGSM).
-    Both keep Keras semantics: loss scaling under mixed precision, sample
-    weights, compiled metrics (on the clean batch), `tf.distribute`
-    reductions, `steps_per_execution`, and `.keras` saving.
+    with the compiled loss (`from_logits=True`: the classifier returns
+    logits), keeping Keras semantics: loss scaling, sample weights,
+    compiled metrics (on the clean batch), `tf.distribute` reductions,
+    `steps_per_execution`, `.keras` saving. The step (`step_note` says
+    which and why) is the gradient-reusing one for plain FGSM with a clean
+    term (`advtrain.models.reuse_gradient`), else the attack in inference
+    mode, then one training pass (`advtrain.models.attack_then_train`).
+    Every training batch's pixels and labels are checked in the graph
+    (`advtrain.models.input_checks`: one-line `PixelRangeError`,
+    `LabelError`). Logged beside the compiled metrics, where a step feeds
+    them: `clean_loss`, `adv_loss`, `adv_accuracy`, `zero_grad_fraction`
+    (`advtrain.models.adversarial_metrics`).
 
-    Every training batch is checked in the step's graph (a min and a max,
-    `advtrain.models.input_checks`): pixels outside the attack's
-    `[clip_min, clip_max]` (0-255 images, say) stop `fit` at that batch
-    with one `PixelRangeError` line, and labels the compiled cross-entropy
-    cannot use (outside [0, classes), one-hot with a sparse loss, integers
-    with a categorical one) with one `LabelError` line.
-
-    Metrics added to the compiled ones, each logged only where a step
-    feeds it (`advtrain.models.adversarial_metrics`): `clean_loss`,
-    `adv_loss`, `adv_accuracy` (accuracy on the adversarial batch) and
-    `zero_grad_fraction` (single-step attacks: the share of input-gradient
-    entries that are exactly zero).
-
-    Research code overrides two small hooks:
-    - `generate_adversarial(x, y)` returns the adversarial batch;
-    - `adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)`
-      returns the scalar training loss, built from `compute_loss` and
-      `reduce_per_example` so that it is right under any number of
-      replicas (see `adversarial_loss`).
-    `TRADES` in `advtrain.models.objectives.trades` is built that way. The
-    gradient-reusing step calls neither hook (nor `attack_model_fn`,
-    `attack_loss_scale`): a subclass overriding one gets the inference-mode
-    step under "auto", and `reuse_gradient=True` is refused for it.
+    Research code overrides the hooks `generate_adversarial` and
+    `adversarial_loss` (built from `compute_loss`, `reduce_per_example`
+    and `track_losses`, so it is right on any number of replicas);
+    `TRADES` is built that way. The gradient-reusing step bypasses them
+    (and `attack_model_fn`, `attack_loss_scale`): a subclass overriding
+    one gets the inference-mode step.
 
     Args:
         classifier: a Keras model mapping [0, 1] pixels to logits.
         attack: an `Attack` (or its config dict) used during training.
-        adv_weight: weight of the adversarial loss, in [0, 1]. With 0 the
-            attack is skipped and training equals plain Keras training.
-        attack_mode: "inference" (default) or "train": the mode the
-            classifier runs in while the attack differentiates through it.
-            "train" updates BatchNorm statistics during the attack.
-        seed: seed of the attack's random start (its state is saved with
-            the model, so a resumed run continues the same stream).
+        adv_weight: the adversarial loss's weight, in [0, 1] (0: plain
+            Keras training, the attack skipped).
+        attack_mode: "inference" (default) or "train" (BatchNorm statistics
+            update during the attack): the classifier's mode when attacked.
+        seed: seed of the attack's random start (saved with the model).
         reuse_gradient: "auto" (default): the gradient-reusing step exactly
-            when the attack is plain FGSM from the clean point, 0 <
-            adv_weight < 1 and no hook it bypasses is overridden; True
-            forces it (FGSM or FGSM-RS), False never uses it
-            (`advtrain.models.reuse_gradient`). Called `fused` before 0.3.
-        fused_batchnorm: switch the classifier's plain Keras
-            BatchNormalization layers to
-            `advtrain.models.batchnorm.fused.FusedBatchNormalization`, in
-            place (same variables and results, TensorFlow's faster fused
-            kernel); False leaves the model as it is.
-        batchnorm_momentum: "auto" (default): on the first `fit`, BN
-            layers still at Keras's default 0.99 get a momentum that suits
-            the run's length (see `fit`); a number sets every BN layer;
-            None keeps them (`advtrain.models.batchnorm.policy`).
-        eps_ramp_steps: 0 (default) or the number of optimizer steps over
-            which the training attack's eps and step sizes grow linearly
-            from ~0 to their values (`advtrain.models.eps_ramp.EpsRamp`,
-            from `optimizer.iterations`, so resuming continues the ramp).
-            `test_step` and evaluation always use the full eps.
-        check_inputs: check every training batch's pixels against the
-            attack's `[clip_min, clip_max]` and its labels against the
-            compiled cross-entropy (see above); False skips the checks.
+            for plain FGSM, 0 < adv_weight < 1 and no bypassed hook
+            overridden; True forces it (FGSM or FGSM-RS); False never.
+            Called `fused` before 0.3.
+        fused_batchnorm: switch the classifier's BatchNormalization layers
+            to TensorFlow's fused kernel in place
+            (`advtrain.models.batchnorm.fused`); False leaves them.
+        batchnorm_momentum: "auto" (default): on the first `fit`, BN layers
+            still at Keras's 0.99 get the run length's momentum; a number
+            sets every BN layer; None keeps them
+            (`advtrain.models.batchnorm.policy`).
+        eps_ramp_steps: 0 (default) or the optimizer steps over which the
+            training attack's eps and step sizes grow from ~0 to their
+            values (`advtrain.models.eps_ramp`); evaluation uses full eps.
+        check_inputs: check every training batch's pixels and labels (see
+            above); False skips the checks.
 
     Example:
 
@@ -210,16 +180,6 @@ class AdversarialModel(keras.Model):
         building a model: a recipe checks its attack section this way when
         it loads. A bad value is an `advtrain.utils.errors.ArgumentError`
         naming the argument.
-
-        Example:
-
-        ```python
-        AdversarialModel.check_arguments(
-            Attack("pgd", eps=0.1), reuse_gradient=True
-        )
-        # ArgumentError: reuse_gradient: reuse_gradient=True needs a
-        # single-step attack ...
-        ```
         """
         check_keywords_known(
             f"{cls.__name__}.check_arguments",
@@ -246,14 +206,6 @@ class AdversarialModel(keras.Model):
     def step_note(self) -> str:
         """Which training step runs and why, in one line (the run header
         prints it).
-
-        Example:
-
-        ```python
-        AdversarialModel(classifier, Attack("fgsm", eps=0.1)).step_note
-        # "gradient-reusing step, 2 forward + 2 backward passes (auto: plain
-        # FGSM from the clean point, 0 < adv_weight < 1)"
-        ```
         """
         if self.reuse_gradient_step:
             what = "gradient-reusing step, 2 forward + 2 backward passes"
@@ -284,29 +236,11 @@ class AdversarialModel(keras.Model):
         return self.classifier(inputs, training=training)
 
     def fit(self, *args, **kwargs):
-        """`keras.Model.fit`, with BatchNorm momentum set for the run first.
-
-        On the first call, `batchnorm_momentum="auto"` gives the
-        classifier's BN layers still at Keras's default 0.99 the momentum
-        that suits this call's length (epochs x steps per epoch;
-        `advtrain.models.batchnorm.policy.auto_momentum`) and warns once
-        saying so; layers set to another momentum are kept. A number sets
-        every BN layer; None keeps them all.
-
-        Labels whose shape does not suit the compiled cross-entropy
-        (one-hot for a sparse loss, or the reverse) raise `LabelError`
-        here, before Keras builds anything.
-        """
-        arguments = fit_arguments(*args, **kwargs)
-        shape = fit_label_shape(arguments)
-        if self.check_inputs and shape is not None:
-            self._make_input_checks().check_label_shape(shape)
-        if not self._batchnorm_momentum_set:
-            self._batchnorm_momentum_set = True
-            if set_momentum_for_fit(
-                self.classifier, self.batchnorm_momentum, arguments
-            ):
-                self.train_function = None  # traced with the old momentum
+        """`keras.Model.fit`, after the labels' shape is checked against the
+        compiled loss and, on the first call, `batchnorm_momentum="auto"`
+        gives BN layers still at 0.99 the momentum of this call's length
+        (`advtrain.models.adversarial_arguments.before_fit`)."""
+        before_fit(self, *args, **kwargs)
         return super().fit(*args, **kwargs)
 
     # ------------------------------------------------------------ hooks
@@ -395,19 +329,13 @@ class AdversarialModel(keras.Model):
         return tf.add_n(parts)
 
     def reduce_per_example(self, values, sample_weight=None):
-        """This replica's share of the batch mean of a per-example term.
-
-        Returns `sum(values * sample_weight) / global_batch`, where the
-        global batch is this replica's batch times
-        `num_replicas_in_sync`. Summed over replicas, as the step's
-        gradients are, it is the mean over the whole batch: the same loss
-        on 1 or N replicas. Keras's losses (`sum_over_batch_size`) reduce
-        the same way, so it adds to `compute_loss` like for like.
-
-        Args:
-            values: one value per example, shape `[batch]`; further axes
-                are averaged first.
-            sample_weight: None, or one weight per example.
+        """This replica's share of the batch mean of a per-example term:
+        `sum(values * sample_weight) / global_batch` (the global batch is
+        this replica's times `num_replicas_in_sync`). Summed over replicas,
+        as the gradients are, it is the mean over the whole batch, and it
+        adds to `compute_loss` like for like. `values` has one value per
+        example (further axes averaged first); `sample_weight` is None or
+        one weight per example.
 
         Example:
 
@@ -436,7 +364,7 @@ class AdversarialModel(keras.Model):
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         warn_if_probability_output(self.classifier, getattr(self, "loss", None))
-        x, y, stats = self._input_checks.attach(x, y, xla=self._compiled_by_xla())
+        x, y, stats = self._input_checks.attach(x, y, xla=compiled_by_xla(self))
         am.begin_step(self.metrics)
         attack = self.training_attack()
         if self.reuse_gradient_step and self.adv_weight > 0:
@@ -480,50 +408,20 @@ class AdversarialModel(keras.Model):
     def get_metrics_result(self):
         """Keras's metric results, without the metrics that no step of the
         current phase feeds (`advtrain.models.adversarial_metrics`).
-
-        Example:
-
-        ```python
-        model.fit(x, y, epochs=1)
-        model.get_metrics_result()  # no "adv_accuracy" with adv_weight=0
-        ```
         """
         return am.logged(self.metrics, super().get_metrics_result())
 
     # ------------------------------------------------------------ input checks
 
-    def _make_input_checks(self) -> InputChecks:
-        """The checks for the compiled model: the attack's pixel range (when
-        it runs in training), the compiled loss's labels, the logits."""
-        if not self.check_inputs:
-            return InputChecks()
-        attack = self._attack
-        attacked = attack is not None and (
-            self.adv_weight > 0 or self.needs_clean_logits
-        )
-        loss = getattr(self, "loss", None)
-        return InputChecks(
-            (attack.clip_min, attack.clip_max) if attacked else None,
-            logits_shape=output_shape(self.classifier),
-            labels=label_kind(loss),
-            loss_name=loss_name(loss),
-        )
-
-    def _compiled_by_xla(self) -> bool:
-        # XLA drops assertions: the checks' reductions leave with the logs.
-        return bool(getattr(self, "jit_compile", False)) and not tf.executing_eagerly()
-
     def make_train_function(self, force=False):
-        """Keras's train function, whose failed input checks (see the class
-        docstring) raise their one-line error."""
+        """Keras's train function, whose failed input checks raise their
+        one-line error (`advtrain.models.input_checks`)."""
         if self.train_function is not None and not force:
             return self.train_function
         super().make_train_function(force=force)
-        step = self.train_function
         # Read by train_step when the function traces.
-        checks = self._input_checks = self._make_input_checks()
-
-        self.train_function = checks.around(step)
+        self._input_checks = model_input_checks(self)
+        self.train_function = self._input_checks.around(self.train_function)
         return self.train_function
 
     # ------------------------------------------------------------ config

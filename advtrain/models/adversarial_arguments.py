@@ -150,3 +150,21 @@ def fit_arguments(*args, **kwargs) -> Optional[dict[str, Any]]:
         return inspect.signature(keras.Model.fit).bind(None, *args, **kwargs).arguments
     except TypeError:
         return None
+
+
+def before_fit(model, *args: Any, **kwargs: Any) -> None:
+    """What `AdversarialModel.fit` does before Keras's `fit`: labels whose
+    shape does not suit the compiled cross-entropy (one-hot for a sparse
+    loss, or the reverse) raise `LabelError` before Keras builds anything;
+    on the first call, the BatchNorm momentum is set for the run's length
+    (epochs x steps per epoch), and a traced train step is dropped."""
+    from advtrain.models.input_checks import fit_label_shape, model_input_checks
+
+    arguments = fit_arguments(*args, **kwargs)
+    shape = fit_label_shape(arguments)
+    if model.check_inputs and shape is not None:
+        model_input_checks(model).check_label_shape(shape)
+    if not model._batchnorm_momentum_set:
+        model._batchnorm_momentum_set = True
+        if set_momentum_for_fit(model.classifier, model.batchnorm_momentum, arguments):
+            model.train_function = None  # traced with the old momentum

@@ -378,3 +378,26 @@ def _number(value: Optional[float], none: str = "None") -> str:
 
 def _shape(shape: tf.TensorShape) -> tuple:
     return tuple(shape.as_list())
+
+
+def model_input_checks(model) -> InputChecks:
+    """The checks for a compiled `AdversarialModel`: the attack's pixel
+    range (when it runs in training), the compiled loss's labels, the
+    logits; none with `check_inputs=False`."""
+    if not model.check_inputs:
+        return InputChecks()
+    attack = model._attack
+    attacked = attack is not None and (model.adv_weight > 0 or model.needs_clean_logits)
+    loss = getattr(model, "loss", None)
+    return InputChecks(
+        (attack.clip_min, attack.clip_max) if attacked else None,
+        logits_shape=output_shape(model.classifier),
+        labels=label_kind(loss),
+        loss_name=loss_name(loss),
+    )
+
+
+def compiled_by_xla(model) -> bool:
+    """Whether `model`'s step is being traced for XLA, which drops
+    assertions: the checks' reductions then leave with the logs."""
+    return bool(getattr(model, "jit_compile", False)) and not tf.executing_eagerly()
