@@ -78,9 +78,15 @@ def logged(metrics: Iterable[Any], results: dict) -> dict:
         m.name
         for m in metrics
         if isinstance(m, OptionalMetric)
-        and not (float(m.count) > 0 if eager else m.fed)
+        and not (_count(m) > 0 if eager else m.fed)
     }
     return {k: v for k, v in results.items() if k not in skip}
+
+
+def _count(metric) -> float:
+    # Under a strategy the count is a sync-on-read variable, which `float`
+    # refuses; read as a tensor (cross-replica) it is the replicas' sum.
+    return float(tf.convert_to_tensor(metric.count.value))
 
 
 def batch_mean_share(values, sample_weight=None) -> tf.Tensor:

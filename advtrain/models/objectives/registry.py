@@ -19,7 +19,7 @@ def register_objective(name: str) -> Callable[[type], type]:
     documented hooks (`generate_adversarial`, `adversarial_loss`) and
     inherits the step, metrics and saving. It is built as
     `cls(classifier, attack, adv_weight=..., attack_mode=..., seed=...,
-    fused=..., eps_ramp_steps=..., **options)`: so its `__init__` takes
+    reuse_gradient=..., eps_ramp_steps=..., **options)`: so its `__init__` takes
     `(classifier, attack=None, <its options>, **kwargs)` and passes
     `**kwargs` on; `options` are the keyword arguments it adds
     (`objective_options` lists them, and a builder accepts no other).
