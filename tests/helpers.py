@@ -43,28 +43,38 @@ def accuracy(model, x, y) -> float:
     return float(np.mean(np.argmax(model(x, training=False), axis=-1) == y))
 
 
-def run_console(cwd, *args, **env):
-    """`advtrain ARGS` through the installed console script in `cwd`, as a
-    user runs it: a fresh interpreter, `env` added, no PYTHONPATH (unlike
-    `python -m`, the script does not put the current folder on sys.path).
-    Asserts exit 0; returns the finished process."""
+def run_fresh(command, cwd, check=True, **env):
+    """`command` (a list) as a user runs it: a fresh interpreter in `cwd`,
+    one TensorFlow thread, `env` added, no PYTHONPATH (so nothing the test
+    process imported or put on the path helps it). With `check`, asserts
+    exit 0 (the output's tail in the message). Returns the process."""
     import os
     import subprocess
-    import sys
-    from pathlib import Path
 
-    environ = {**os.environ, **{k: str(v) for k, v in env.items()}}
+    quiet = {"TF_NUM_INTRAOP_THREADS": 1, "OMP_NUM_THREADS": 1}
+    environ = {**os.environ, **{k: str(v) for k, v in {**quiet, **env}.items()}}
     environ.pop("PYTHONPATH", None)
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "advtrain"), *map(str, args)],
+        [str(part) for part in command],
         cwd=cwd,
         env=environ,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
+
+
+def run_console(cwd, *args, **env):
+    """`advtrain ARGS` through the installed console script in `cwd`, as a
+    user runs it (`run_fresh`; unlike `python -m`, the script does not put
+    the current folder on sys.path). Asserts exit 0; returns the process."""
+    import sys
+    from pathlib import Path
+
+    return run_fresh([Path(sys.executable).parent / "advtrain", *args], cwd, **env)
 
 
 # ------------------------------------------------- one vs two CPU replicas

@@ -19,14 +19,13 @@ The program runs in a temporary folder (files a block writes land there),
 one subprocess per page, TF_NUM_INTRAOP_THREADS=1.
 """
 
-import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_fresh
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -108,20 +107,8 @@ def test_the_pages_python_blocks_run(page, tmp_path):
     for module, source in modules.items():
         (tmp_path / f"{module}.py").write_text(source)
     (tmp_path / "page.py").write_text(program)
-    env = {
-        **os.environ,
-        "TF_NUM_INTRAOP_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        [sys.executable, "page.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = run_fresh(
+        [sys.executable, "page.py"], tmp_path, check=False, TF_CPP_MIN_LOG_LEVEL=2
     )
     assert done.returncode == 0, (
         f"{name}: its Python blocks, run in order as one program, fail "

@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from advtrain.attacks import Attack
 from advtrain.evaluation.robustness import (
+    evaluate,
     evaluate_robustness,
     macro_f1,
     per_class_accuracy,
     plot_eps_sweep,
 )
 from advtrain.recipe.schema import EvalConfig
+from advtrain.utils.errors import ArgumentError
 
 
 def _batches(x, y, size=100):
@@ -285,3 +288,40 @@ def test_bench_quick_mode_runs_on_real_mnist(tmp_path):
     assert metrics["autoattack"]["steps"][-1]["settings"]["queries"] == 100
     assert "| method | seed |" in (out / "table.md").read_text()
     assert "guard events" in proc.stdout and "Square-only" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("keywords", "error", "message"),
+    [
+        (
+            {"pgd_stpes": 3},
+            TypeError,
+            "evaluate got an unknown keyword argument 'pgd_stpes'. Did you mean "
+            "'pgd_steps'?",
+        ),
+        (
+            {"attacks": ["pgd", "sqaure"]},
+            ArgumentError,
+            "attacks: unknown attack 'sqaure'. Did you mean 'square'?",
+        ),
+    ],
+)
+def test_evaluate_refuses_what_it_does_not_know(
+    trained_dense, keywords, error, message
+):
+    # Refused before any attack runs: a typo is never an evaluation that
+    # silently used the default.
+    x = np.zeros((4, 8, 8, 1), np.float32)
+    with pytest.raises(error) as info:
+        evaluate(trained_dense, (x, np.zeros(4, int)), eps=0.1, **keywords)
+    assert str(info.value).startswith(message)
+
+
+def test_an_attack_records_only_its_own_settings():
+    # What eval-metrics.json shows for Square: no steps, no random start.
+    config = Attack("square", eps=0.1, queries=100).get_config()
+    assert set(config) == {
+        "method", "backend", "eps", "norm", "clip_min", "clip_max",
+        "queries", "restarts", "p_init", "rescale_schedule",
+    }  # fmt: skip
+    assert "steps" not in repr(Attack("square", eps=0.1))

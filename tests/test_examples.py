@@ -14,13 +14,12 @@ Measured on the 2-core machine under load: 25-55 s per script, about
 3 minutes for the six (each pays ~6-12 s of TensorFlow import).
 """
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_fresh
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -28,22 +27,9 @@ EXAMPLES = ROOT / "examples"
 
 def run_example(name, cwd, *args):
     """`python examples/NAME ARGS` in `cwd`; asserts exit 0, returns stdout."""
-    env = {
-        **os.environ,
-        "TF_NUM_INTRAOP_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = run_fresh(
+        [sys.executable, EXAMPLES / name, *args], cwd, TF_CPP_MIN_LOG_LEVEL=2
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
 

@@ -77,8 +77,7 @@ def logged(metrics: Iterable[Any], results: dict) -> dict:
     skip = {
         m.name
         for m in metrics
-        if isinstance(m, OptionalMetric)
-        and not (_count(m) > 0 if eager else m.fed)
+        if isinstance(m, OptionalMetric) and not (_count(m) > 0 if eager else m.fed)
     }
     return {k: v for k, v in results.items() if k not in skip}
 

@@ -339,9 +339,7 @@ def _resolved_attack(section: dict[str, Any]) -> dict[str, Any]:
         takes = attack_settings(section["method"], section["backend"])
     if takes is None:  # a plugin taking **kwargs: as written
         return section
-    return {
-        k: v for k, v in section.items() if k not in METHOD_KEYS or k in takes
-    }
+    return {k: v for k, v in section.items() if k not in METHOD_KEYS or k in takes}
 
 
 def _checked_options(owner: str, options: dict, accepted, reserved, key: str) -> dict:
