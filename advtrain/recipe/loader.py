@@ -22,7 +22,6 @@ from pydantic import (
     BaseModel,
 )
 
-from advtrain.recipe.plugins import import_plugins  # noqa: F401 (its old home)
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
 from advtrain.utils.options import Options, format_validation_error
@@ -225,24 +224,14 @@ def from_resolved_0_2(data: dict[str, Any]) -> dict[str, Any]:
     `fused_step` is `reuse_gradient`. Such a recipe is recognised by its
     attack section listing all of them.
     """
-    from advtrain.attacks.attack import attack_settings
-    from advtrain.recipe.schema import METHOD_KEYS
+    from advtrain.recipe.schema import METHOD_KEYS, without_untaken_keys
 
     attack = data.get("attack") if isinstance(data, dict) else None
     if not isinstance(attack, dict) or not {*METHOD_KEYS, "fused_step"} <= set(attack):
         return data
     attack = dict(attack)
     attack["reuse_gradient"] = attack.pop("fused_step")
-    method, backend = attack.get("method"), attack.get("backend", "advtrain")
-    try:
-        takes = () if method == "none" else attack_settings(method, backend)
-    except (TypeError, ValueError):  # an unknown method: validation says so
-        return {**data, "attack": attack}
-    if takes is not None:
-        for key in METHOD_KEYS:
-            if key not in takes:
-                del attack[key]
-    return {**data, "attack": attack}
+    return {**data, "attack": without_untaken_keys(attack)}
 
 
 def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:

@@ -328,16 +328,22 @@ class AttackConfig(_Section):
         )
 
 
-def _resolved_attack(section: dict[str, Any]) -> dict[str, Any]:
-    """The attack section without the method keys its method does not take
-    (all null in a valid recipe)."""
+def without_untaken_keys(section: dict[str, Any]) -> dict[str, Any]:
+    """An attack section without the method keys (`METHOD_KEYS`) its
+    method does not take; as it is for a method taking `**kwargs` or one
+    no registry holds (validation says so)."""
     from advtrain.attacks.attack import attack_settings
 
-    if section["method"] == "none":
-        takes = {}
-    else:
-        takes = attack_settings(section["method"], section["backend"])
-    if takes is None:  # a plugin taking **kwargs: as written
+    method = section.get("method", "fgsm_rs")
+    try:
+        takes = (
+            {}
+            if method == "none"
+            else attack_settings(method, section.get("backend", "advtrain"))
+        )
+    except (TypeError, ValueError):
+        return section
+    if takes is None:
         return section
     return {k: v for k, v in section.items() if k not in METHOD_KEYS or k in takes}
 
@@ -528,7 +534,8 @@ class Recipe(_Section):
         section, the method's own keys with the values the attack runs
         with, and no key the method does not take."""
         data = self.model_dump(mode="json")
-        data["attack"] = _resolved_attack(data["attack"])
+        # A valid recipe's untaken method keys are all null: left out.
+        data["attack"] = without_untaken_keys(data["attack"])
         return data
 
     def to_yaml(self) -> str:
