@@ -193,3 +193,83 @@ def test_one_finite_check_serves_the_nan_guard_and_the_checkpoint():
     assert first_nonfinite_variable(model.variables) == path
     with pytest.raises(NonFiniteStateError, match=f"variable {path} holds NaN"):
         capture_variables(model)
+
+
+# A run that defeats its own attack but was never robust: the model trains
+# against FGSM at eps 0.02 (ramped up over its first two epochs) while the
+# guard attacks with PGD at eps 0.3. The training attack's accuracy climbs
+# with the clean accuracy; PGD's stays near zero from the first epoch, so
+# there is no robust best to fall from. The mismatch forces, on a
+# few-second run, the signature of a run that collapsed during its eps
+# ramp (mnist_fast at eps 0.33: 96-99% against the training attack, 4-34%
+# against the guard's PGD-10).
+NEVER_ROBUST_STEPS_PER_EPOCH = 12  # 768 images, batch 64
+
+
+def _never_robust_run(digits, action, epochs=5):
+    x, y = digits
+    model = AdversarialModel(
+        dense_classifier(),
+        Attack("fgsm", eps=0.02),
+        adv_weight=1.0,
+        seed=0,
+        eps_ramp_steps=2 * NEVER_ROBUST_STEPS_PER_EPOCH,
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    lines = []
+    guard = CatastrophicOverfittingGuard(
+        x[:128], y[:128], eps=0.3, steps=3, action=action, echo=lines.append
+    )
+    history = model.fit(
+        x[:768], y[:768], batch_size=64, epochs=epochs, verbose=0, callbacks=[guard]
+    )
+    return guard, history.history, lines
+
+
+def test_a_run_that_was_never_robust_is_caught_and_called_unsound(digits):
+    guard, history, lines = _never_robust_run(digits, "rollback")
+    # The ramp's epochs are not judged; every later one collapsed.
+    assert [(t["epoch"], t["reason"]) for t in guard.triggers] == [
+        (3, "gap"),
+        (4, "gap"),
+        (5, "gap"),
+    ]
+    assert [e for e, _ in guard.gaps] == [3, 4, 5]
+    assert all(g > 0.5 for _, g in guard.gaps)
+    assert history["adv_accuracy"][-1] > 0.7
+    assert max(a for _, a in guard.accuracies) < 0.2
+    # A collapsed epoch never becomes the best: the best is a ramp epoch,
+    # restored after each collapse, and the run is called unsound.
+    assert guard.best_epoch in (1, 2)
+    assert "catastrophic overfitting at epoch 3: the training attack's" in lines[0]
+    assert f"restored the epoch {guard.best_epoch} weights" in lines[0]
+    unsound = guard.unsound
+    assert unsound["collapsed_epochs"] == [3, 4, 5]
+    assert unsound["kept_epoch"] == guard.best_epoch
+    assert guard.robust_accuracy() == pytest.approx(unsound["kept_pgd_accuracy"])
+    assert lines[-1] == unsound["message"]
+    assert "no epoch the guard could keep was sound" in lines[-1]
+    assert guard.summary()["unsound"] == unsound
+
+
+def test_stop_ends_a_never_robust_run_at_its_first_judged_epoch(digits):
+    guard, history, lines = _never_robust_run(digits, "stop")
+    assert len(history["loss"]) == 3
+    assert [(t["epoch"], t["action"]) for t in guard.triggers] == [(3, "stop")]
+    assert guard.unsound["collapsed_epochs"] == [3]
+    assert "stopping training" in lines[0]
+
+
+def test_a_sound_epoch_means_the_run_is_not_called_unsound(digits):
+    # The lr-spike run: sound epochs 1 and 2 (gap checked, under the
+    # limit), then collapses caught by the drop from the best epoch.
+    _, guard, _, lines = _train(digits, "rollback")
+    assert [e for e, _ in guard.gaps] == [1, 2, 3, 4]
+    assert all(g <= 0.5 for _, g in guard.gaps)
+    assert [t["reason"] for t in guard.triggers] == ["drop", "drop"]
+    assert guard.unsound is None
+    assert not any("no epoch the guard could keep" in line for line in lines)

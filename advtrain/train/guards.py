@@ -24,6 +24,11 @@ from advtrain.utils.progress import Echo
 ACTIONS = ("stop", "rollback")
 KEEPS = ("best", "last")
 
+# The exit code of `advtrain run` when the guard passed no epoch as sound
+# (`CatastrophicOverfittingGuard.unsound`): the run finished and saved its
+# weights, but they are not robust.
+COLLAPSED_EXIT_CODE = 3
+
 
 def first_nonfinite_variable(
     state: Union[keras.layers.Layer, Iterable[keras.Variable]],
@@ -59,11 +64,25 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     under the training attack climbs (Wong, Rice and Kolter 2020). After
     every epoch this callback runs PGD on the same training examples, with
     the same random start, and keeps the weights of the best epoch in
-    memory. When PGD accuracy falls more than `drop` (absolute) below the
-    best so far, it restores the best weights (and the optimizer's moment
-    estimates, not its step count or learning rate) and then either stops
-    training (`action="stop"`, early stopping as in Wong et al.) or goes on
-    from there (`action="rollback"`); either way it says so through `echo`.
+    memory. An epoch collapsed when either
+    - its PGD accuracy fell more than `drop` (absolute) below the best
+      epoch's, or
+    - the training attack's accuracy (the epoch's `adv_accuracy` log, of
+      an `AdversarialModel`) is more than `max_gap` above its PGD
+      accuracy, in an epoch trained at full eps from its first step (after
+      the model's eps ramp): the signature of a run that defeats its own
+      attack, seen even when the run was never robust, so has no best to
+      fall from.
+    A collapsed epoch never becomes the best. The guard then restores the
+    best weights (and the optimizer's moment estimates, not its step count
+    or learning rate), if it kept any, and either stops training
+    (`action="stop"`, early stopping as in Wong et al.) or goes on from
+    there (`action="rollback"`); either way it says so through `echo`.
+
+    When the gap caught a collapse and no epoch passed the gap check,
+    `finish()` sets `unsound` and says so in one line: no epoch the guard
+    could keep was sound. The weights stay in the model (`advtrain run`
+    saves them and exits with `COLLAPSED_EXIT_CODE`).
 
     It adds `co_guard_pgd_accuracy` to the epoch logs (history, CSV log,
     progress line) when it runs before those callbacks. `triggers` lists
@@ -80,6 +99,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         steps: PGD steps; the step size is `2.5 * eps / steps`.
         drop: absolute fall in PGD accuracy from the best epoch that counts
             as a collapse, in (0, 1].
+        max_gap: the training attack's accuracy above PGD accuracy that
+            counts as a collapse, in (0, 1]; None: no gap check.
         action: "stop" or "rollback".
         echo: receives one line per collapse.
         classifier: the model to attack; default the trained model's
@@ -100,6 +121,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     guard = CatastrophicOverfittingGuard(x[:256], y[:256], eps=0.3)
     model.fit(train_ds, epochs=10, callbacks=[guard])
     guard.triggers  # [] when nothing collapsed
+    guard.unsound  # None, or why no epoch it could keep was sound
     ```
     """
 
@@ -112,6 +134,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         norm: str = "inf",
         steps: int = 10,
         drop: float = 0.2,
+        max_gap: Optional[float] = 0.5,
         action: str = "rollback",
         echo: Echo = print,
         classifier: Optional[keras.Model] = None,
@@ -135,6 +158,10 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             )
         if not 0.0 < drop <= 1.0:
             raise ValueError(f"drop must be in (0, 1]. Received: drop={drop!r}")
+        if max_gap is not None and not 0.0 < max_gap <= 1.0:
+            raise ValueError(
+                f"max_gap must be in (0, 1] or None. Received: max_gap={max_gap!r}"
+            )
         check_count("steps", steps)
         self.x = tf.convert_to_tensor(x, tf.float32)
         self.y = tf.convert_to_tensor(np.asarray(y).reshape(-1), tf.int64)
@@ -148,12 +175,18 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         self.norm = norm
         self.steps = steps
         self.drop = drop
+        self.max_gap = max_gap
         self.action = action
         self.echo = echo
         self.classifier = classifier
         self.seed = seed
         self.accuracies: list[tuple[int, float]] = []
         self.triggers: list[dict[str, Any]] = []
+        # (epoch, training attack's accuracy - PGD accuracy), for the
+        # epochs trained at full eps that logged `adv_accuracy`.
+        self.gaps: list[tuple[int, float]] = []
+        self.unsound: Optional[dict[str, Any]] = None
+        self._full_eps = False
         self.best_accuracy = -1.0
         self.best_epoch: Optional[int] = None
         self._best_weights: Optional[list[np.ndarray]] = None
@@ -214,39 +247,94 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
 
     # ------------------------------------------------------------ hooks
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._full_eps = self._trains_at_full_eps()
+
     def on_epoch_end(self, epoch, logs=None):
         self._judge(epoch, logs)
         if self.state_path is not None:
             self.save_state(self.state_path)
+
+    def _trains_at_full_eps(self) -> bool:
+        """Whether every step of the coming epoch attacks at full eps: the
+        model's eps ramp (`AdversarialModel.eps_ramp_steps`) has ended."""
+        ramp = getattr(self.model, "eps_ramp_steps", 0) or 0
+        if not ramp:
+            return True
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            return False
+        # The step at 0-based iteration t attacks at min(1, (t + 1) / ramp).
+        return int(optimizer.iterations.numpy()) + 1 >= ramp
+
+    def _gap(self, logs, accuracy: float) -> Optional[tuple[float, float]]:
+        """(training attack's accuracy, its gap to `accuracy`), or None
+        when the epoch cannot be judged so (ramp, no `adv_accuracy`)."""
+        if self.max_gap is None or not self._full_eps or not logs:
+            return None
+        attack_accuracy = logs.get("adv_accuracy")
+        if attack_accuracy is None:
+            return None
+        attack_accuracy = float(attack_accuracy)
+        return attack_accuracy, attack_accuracy - accuracy
 
     def _judge(self, epoch, logs) -> None:
         accuracy = self.robust_accuracy()
         if logs is not None:
             logs["co_guard_pgd_accuracy"] = accuracy
         self.accuracies.append((epoch + 1, accuracy))
+        judged = self._gap(logs, accuracy)
+        if judged is not None:
+            self.gaps.append((epoch + 1, judged[1]))
+            if judged[1] > self.max_gap:
+                self._collapse(epoch + 1, accuracy, attack_accuracy=judged[0])
+                return
         if accuracy > self.best_accuracy:
             self.best_accuracy, self.best_epoch = accuracy, epoch + 1
             self._snapshot()
             return
-        if self.best_accuracy - accuracy <= self.drop:
-            return
-        trigger = {
-            "epoch": epoch + 1,
-            "pgd_accuracy": accuracy,
-            "best_accuracy": self.best_accuracy,
-            "best_epoch": self.best_epoch,
-            "action": self.action,
-        }
-        self.triggers.append(trigger)
-        self._restore()
-        then = "stopping training" if self.action == "stop" else "training goes on"
-        self.echo(
-            f"catastrophic overfitting at epoch {epoch + 1}: PGD accuracy on "
-            f"{int(self.y.shape[0])} training examples fell to "
-            f"{100 * accuracy:.1f}% from {100 * self.best_accuracy:.1f}% "
-            f"(epoch {self.best_epoch}); restored the epoch {self.best_epoch} "
-            f"weights, {then}"
+        if self.best_accuracy - accuracy > self.drop:
+            self._collapse(epoch + 1, accuracy)
+
+    def _collapse(
+        self, epoch: int, accuracy: float, attack_accuracy: Optional[float] = None
+    ) -> None:
+        """Records a collapse (a fall from the best epoch, or, given
+        `attack_accuracy`, the gap), restores the best epoch if there is
+        one, and stops training or goes on."""
+        kept = self._best_weights is not None
+        self.triggers.append(
+            {
+                "epoch": epoch,
+                "pgd_accuracy": accuracy,
+                "best_accuracy": self.best_accuracy if kept else None,
+                "best_epoch": self.best_epoch if kept else None,
+                "action": self.action,
+                "reason": "drop" if attack_accuracy is None else "gap",
+                "attack_accuracy": attack_accuracy,
+            }
         )
+        n = int(self.y.shape[0])
+        if attack_accuracy is None:
+            what = (
+                f"PGD accuracy on {n} training examples fell to "
+                f"{100 * accuracy:.1f}% from {100 * self.best_accuracy:.1f}% "
+                f"(epoch {self.best_epoch})"
+            )
+        else:
+            what = (
+                f"the training attack's accuracy {100 * attack_accuracy:.1f}% "
+                f"is {100 * (attack_accuracy - accuracy):.1f} points above "
+                f"PGD-{self.steps}'s {100 * accuracy:.1f}% on {n} training "
+                f"examples (limit {100 * self.max_gap:g})"
+            )
+        if kept:
+            self._restore()
+            what += f"; restored the epoch {self.best_epoch} weights"
+        else:
+            what += "; no earlier epoch to restore"
+        then = "stopping training" if self.action == "stop" else "training goes on"
+        self.echo(f"catastrophic overfitting at epoch {epoch}: {what}, {then}")
         if self.action == "stop":
             self.model.stop_training = True
 
@@ -257,7 +345,15 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     def finish(self) -> Optional[dict[str, Any]]:
         """With `keep="best"`, restores the best epoch's weights when the
         last epoch measured lower; returns (and records in `summary()`)
-        what it did, or None."""
+        what it did, or None. Then sets `unsound` (and says so) when no
+        epoch it could keep was sound."""
+        final = self._keep_best()
+        self.unsound = self._verdict()
+        if self.unsound is not None:
+            self.echo(self.unsound["message"])
+        return final
+
+    def _keep_best(self) -> Optional[dict[str, Any]]:
         if (
             self.keep != "best"
             or self._best_weights is None
@@ -285,15 +381,55 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         )
         return self.final
 
+    def kept_epoch(self) -> Optional[int]:
+        """The epoch whose weights the model holds now (None before the
+        first epoch)."""
+        if self.final is not None:
+            return self.final["restored_epoch"]
+        if not self.accuracies:
+            return None
+        last_epoch = self.accuracies[-1][0]
+        if self.triggers and self.triggers[-1]["epoch"] == last_epoch:
+            return self.triggers[-1]["best_epoch"] or last_epoch
+        return last_epoch
+
+    def _verdict(self) -> Optional[dict[str, Any]]:
+        """What `unsound` holds: None unless the gap check caught a collapse
+        and passed no epoch."""
+        collapsed = [t["epoch"] for t in self.triggers if t.get("reason") == "gap"]
+        if not collapsed or any(g <= self.max_gap for _, g in self.gaps):
+            return None
+        gaps = [g for _, g in self.gaps]
+        kept = self.kept_epoch()
+        pgd = dict(self.accuracies).get(kept)
+        message = (
+            f"catastrophic overfitting: no epoch the guard could keep was "
+            f"sound: in each of the {len(gaps)} epoch(s) trained at full eps "
+            f"the training attack's accuracy was {100 * min(gaps):.1f}-"
+            f"{100 * max(gaps):.1f} points above PGD-{self.steps}'s "
+            f"(limit {100 * self.max_gap:g}); the epoch {kept} weights "
+            f"(PGD-{self.steps} {100 * pgd:.1f}% on {int(self.y.shape[0])} "
+            "training examples) are kept, but are not robust"
+        )
+        return {
+            "collapsed_epochs": collapsed,
+            "smallest_gap": min(gaps),
+            "largest_gap": max(gaps),
+            "kept_epoch": kept,
+            "kept_pgd_accuracy": pgd,
+            "message": message,
+        }
+
     # ------------------------------------------------------------ state
 
     def save_state(self, path: Union[str, Path]) -> None:
-        """Writes accuracies, triggers and the best epoch's weights and
-        optimizer moments to one `.npz`, atomically."""
+        """Writes accuracies, gaps, triggers and the best epoch's weights
+        and optimizer moments to one `.npz`, atomically."""
         meta = {
             "format": 1,
             "accuracies": [[e, a] for e, a in self.accuracies],
             "triggers": self.triggers,
+            "gaps": [[e, g] for e, g in self.gaps],
             "best_accuracy": self.best_accuracy,
             "best_epoch": self.best_epoch,
         }
@@ -330,6 +466,9 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             (int(e), float(a)) for e, a in meta["accuracies"] if e <= epochs_done
         ]
         self.triggers = [t for t in meta["triggers"] if t["epoch"] <= epochs_done]
+        self.gaps = [
+            (int(e), float(g)) for e, g in meta.get("gaps", []) if e <= epochs_done
+        ]
         self.best_accuracy = float(meta["best_accuracy"])
         self.best_epoch = int(best_epoch)
         self._best_weights = weights
@@ -343,8 +482,11 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             "best_epoch": self.best_epoch,
             "best_accuracy": None if self.best_epoch is None else self.best_accuracy,
             "drop": self.drop,
+            "max_gap": self.max_gap,
+            "gaps": [{"epoch": e, "gap": g} for e, g in self.gaps],
             "action": self.action,
             "triggers": list(self.triggers),
             "keep": self.keep,
             "final": self.final,
+            "unsound": self.unsound,
         }
