@@ -9,14 +9,19 @@ epoch. PGD accuracy on the guard batch falls from ~0.5 to chance, which is
 what the guard watches for whatever the cause.
 """
 
+import json
+import sys
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
-from helpers import dense_classifier
+import yaml
+from helpers import dense_classifier, run_fresh
 
 from advtrain.attacks import Attack
 from advtrain.models.adversarial import AdversarialModel
-from advtrain.train.guards import CatastrophicOverfittingGuard
+from advtrain.train.guards import COLLAPSED_EXIT_CODE, CatastrophicOverfittingGuard
 
 EPS = 0.1
 
@@ -273,3 +278,47 @@ def test_a_sound_epoch_means_the_run_is_not_called_unsound(digits):
     assert [t["reason"] for t in guard.triggers] == ["drop", "drop"]
     assert guard.unsound is None
     assert not any("no epoch the guard could keep" in line for line in lines)
+
+
+def test_advtrain_run_says_unsound_in_one_line_report_metrics_and_exit_code(
+    tmp_path,
+):
+    # The same signature through a recipe: a one-step PGD with a 0.001
+    # step trains at eps 0.3 in name only; the guard's PGD-3 takes every
+    # epoch's training batch to 0%.
+    recipe = {
+        "name": "never_robust",
+        "data": {"source": "digits", "limit_train": 512, "limit_test": 64},
+        "model": {"backbone": "small_cnn", "width": 8},
+        "attack": {
+            "method": "pgd", "eps": 0.3, "steps": 1, "step_size": 0.001,
+            "random_start": False, "adv_weight": 1.0,
+        },
+        "train": {
+            "epochs": 2, "batch_size": 64, "learning_rate": 0.01,
+            "co_guard": True, "co_guard_examples": 64, "co_guard_pgd_steps": 3,
+        },
+        "eval": {
+            "attacks": ["pgd"], "pgd_steps": 2, "max_examples": 32,
+            "sanity_examples": 32, "budget": "cheap",
+        },
+        "output": {
+            "tensorboard": False, "plots": False, "export_saved_model": False,
+        },
+    }  # fmt: skip
+    path = tmp_path / "never_robust.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+    advtrain = Path(sys.executable).parent / "advtrain"
+    done = run_fresh([advtrain, "run", path, "-o", out], tmp_path, check=False)
+    assert done.returncode == COLLAPSED_EXIT_CODE, done.stdout[-2000:] + done.stderr
+    warning = done.stderr.strip().splitlines()[-1]
+    assert warning.startswith("warning: catastrophic overfitting: no epoch")
+    assert (out / "model.keras").is_file()  # nothing trained is lost
+    metrics = json.loads((out / "metrics.json").read_text())
+    message = metrics["catastrophic_overfitting"]
+    assert warning == f"warning: {message}"
+    assert metrics["co_guard"]["unsound"]["collapsed_epochs"] == [1, 2]
+    report = (out / "report.md").read_text().splitlines()
+    assert report[2].startswith("**Robust accuracy")
+    assert report[4] == f"**Warning: {message}.**"

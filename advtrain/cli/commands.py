@@ -4,7 +4,8 @@ Bad input (recipe, override, path, unknown option or command) exits with
 code 2 and one line on stderr, before anything heavy runs or anything is
 written; `advtrain --debug COMMAND` shows the traceback instead. Exit codes:
 0 done, 1 failed (a diverged run, an unexpected error), 2 bad input,
-130 interrupted.
+3 finished but catastrophically overfitted (no sound epoch; the weights are
+saved), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -249,6 +250,13 @@ def _train(path: Path, resolved, output: Optional[Path]) -> None:
         result = run_recipe(resolved, output, echo=_echo)
     _echo(f"run folder: {result.output_dir}")
     _echo(summary_table(result.metrics))
+    collapse = result.metrics.get("catastrophic_overfitting")
+    if collapse:
+        # Finished and saved, but not robust: a script must not take it.
+        from advtrain.train.guards import COLLAPSED_EXIT_CODE
+
+        typer.echo(f"warning: {collapse}", err=True)
+        raise typer.Exit(code=COLLAPSED_EXIT_CODE)
 
 
 @app.command()

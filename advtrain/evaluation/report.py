@@ -235,13 +235,27 @@ def _timing(metrics: Mapping[str, Any]) -> list[str]:
 def _guard(guard: Mapping[str, Any]) -> list[str]:
     if not guard.get("triggers"):
         return ["- no collapse detected"]
-    return [
-        f"- epoch {t['epoch']}: PGD accuracy on the guard batch "
-        f"fell to {_pct(t['pgd_accuracy'])} from "
-        f"{_pct(t['best_accuracy'])} (epoch {t['best_epoch']}); "
-        f"action: {t['action']}"
-        for t in guard["triggers"]
-    ]
+    lines = [f"- epoch {t['epoch']}: {_collapse(t)}" for t in guard["triggers"]]
+    if guard.get("unsound"):
+        lines.append(f"- **{guard['unsound']['message']}**")
+    return lines
+
+
+def _collapse(trigger: Mapping[str, Any]) -> str:
+    if trigger.get("reason") == "gap":
+        what = (
+            f"training attack's accuracy {_pct(trigger['attack_accuracy'])}, "
+            f"PGD accuracy on the guard batch {_pct(trigger['pgd_accuracy'])}"
+        )
+    else:
+        what = (
+            f"PGD accuracy on the guard batch fell to "
+            f"{_pct(trigger['pgd_accuracy'])} from "
+            f"{_pct(trigger['best_accuracy'])}"
+        )
+    restored = trigger["best_epoch"]
+    back = f"epoch {restored} restored" if restored else "nothing to restore"
+    return f"{what}; {back}; action: {trigger['action']}"
 
 
 def _curves(
@@ -338,6 +352,8 @@ def write_report(
     if _has_headline(metrics):
         label, value = robustness_headline(metrics)
         out += [f"**{label[0].upper()}{label[1:]}: {value}**", ""]
+    if metrics.get("catastrophic_overfitting"):
+        out += [f"**Warning: {metrics['catastrophic_overfitting']}.**", ""]
     if recipe.get("description"):
         out += [recipe["description"], ""]
     out += ["## Results", ""] + _headline(metrics) + [""]

@@ -247,10 +247,13 @@ def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
         **setup.data,
     )
     x, y = next(iter(batches))
+    gap = cfg.co_guard_gap
     echo(
         f"catastrophic-overfitting guard: PGD-{cfg.co_guard_pgd_steps} at "
         f"eps={recipe.attack.eps:g} on {len(y)} training examples each "
-        f"epoch; a drop > {cfg.co_guard_drop:g} triggers {cfg.co_guard_action}"
+        f"epoch; a drop > {cfg.co_guard_drop:g}"
+        + ("" if gap is None else f", or a training attack > {gap:g} above it")
+        + f" triggers {cfg.co_guard_action}"
     )
     guard = CatastrophicOverfittingGuard(
         x.numpy(),
@@ -259,6 +262,7 @@ def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
         norm=recipe.attack.norm,
         steps=cfg.co_guard_pgd_steps,
         drop=cfg.co_guard_drop,
+        max_gap=gap,
         action=cfg.co_guard_action,
         echo=echo,
         seed=cfg.seed,
@@ -322,6 +326,7 @@ def finish(
     history, seconds = trained.history, trained.seconds
     metrics: dict[str, Any] = {
         "recipe": recipe.name,
+        **_collapse(trained.co_guard),
         **evaluation,
         "bn_gap": gap,
         "train_seconds": round(seconds, 2),
@@ -346,6 +351,16 @@ def finish(
     )
     atomic_write_json(out / "metrics.json", metrics)
     return RunResult(out, metrics, history)
+
+
+def _collapse(co_guard: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json's `catastrophic_overfitting`, beside the headline: the
+    guard's line when no epoch it could keep was sound, else None (absent
+    without the guard)."""
+    if co_guard is None:
+        return {}
+    unsound = co_guard.get("unsound")
+    return {"catastrophic_overfitting": unsound["message"] if unsound else None}
 
 
 def _assert_finite(model: keras.Model, what: str) -> None:

@@ -374,9 +374,12 @@ class TrainConfig(PlanOptions):
     # Catastrophic-overfitting guard (advtrain.train.guards): after each epoch,
     # PGD (co_guard_pgd_steps, the training eps) on co_guard_examples fixed
     # training examples; a fall of more than co_guard_drop (absolute) below
-    # the best epoch restores that epoch's weights, then stops or goes on.
+    # the best epoch, or (in an epoch trained at full eps, after the eps
+    # ramp) the training attack's accuracy more than co_guard_gap above
+    # PGD's, restores the best epoch's weights, then stops or goes on.
     co_guard: bool = False
     co_guard_drop: float = Field(0.2, gt=0.0, le=1.0)
+    co_guard_gap: Optional[float] = Field(0.5, gt=0.0, le=1.0)  # None: off
     co_guard_action: Literal["stop", "rollback"] = "rollback"
     co_guard_examples: int = Field(256, ge=1)
     co_guard_pgd_steps: int = Field(10, ge=1, le=1000)
