@@ -280,6 +280,7 @@ def test_a_sound_epoch_means_the_run_is_not_called_unsound(digits):
     assert not any("no epoch the guard could keep" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_advtrain_run_says_unsound_in_one_line_report_metrics_and_exit_code(
     tmp_path,
 ):
