@@ -107,6 +107,7 @@ def test_stop_ends_training_with_the_best_weights(digits):
         ({"drop": 0.0}, "drop must be in"),
         ({"steps": 0}, "steps: must be an int"),
         ({"keep": "first"}, "keep must be one of best, last"),
+        ({"max_gap": 1.5}, "max_gap must be in"),
     ],
 )
 def test_bad_arguments_are_rejected(kwargs, match):
@@ -129,6 +130,7 @@ def test_saved_state_lets_a_resumed_run_roll_back(digits, tmp_path):
     resumed.set_model(fresh)
     assert resumed.load_state(path, epochs_done=4)
     assert resumed.accuracies == guard.accuracies
+    assert resumed.gaps == guard.gaps and len(guard.gaps) == 4
     assert resumed.best_epoch == 2 and [t["epoch"] for t in resumed.triggers] == [3, 4]
     # A collapse after the resume rolls back to the epoch-2 weights that
     # were saved before it.
