@@ -48,6 +48,8 @@ class ProgressLine(keras.callbacks.Callback):
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or Inf loss and was stopped (exit code 1)."""
 
+    exit_code = 1
+
 
 class StepCallback(keras.callbacks.Callback):
     """Base of the callbacks that name a step: the epoch, the batches of it

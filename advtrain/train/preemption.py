@@ -71,6 +71,8 @@ class Preempted(Exception):
     worker's), removed by `exit_preempted`.
     """
 
+    exit_code = PREEMPTED_EXIT_CODE
+
     def __init__(
         self,
         message: str,
