@@ -405,19 +405,20 @@ def resume(
 
     with _exits():
         from advtrain.recipe.loader import load_recipe
+        from advtrain.recipe.run_folder import RECIPE_FILE, holds_run, is_finished
 
         if not run_dir.is_dir():
             raise _BadInput(f"{run_dir}: run folder not found.")
-        recipe_path = run_dir / "recipe.yaml"
-        if not recipe_path.is_file():
+        if not holds_run(run_dir):
             raise _BadInput(
                 f"{run_dir}: not a run folder (no recipe.yaml); start a run "
                 "with `advtrain run RECIPE --output DIR`."
             )
-        if (run_dir / "metrics.json").is_file():
+        if is_finished(run_dir):
             raise _BadInput(
                 f"{run_dir}: the run is finished (metrics.json); nothing to resume."
             )
+        recipe_path = run_dir / RECIPE_FILE
         _train(recipe_path, load_recipe(recipe_path), run_dir)
 
 
