@@ -1,5 +1,7 @@
 """The two layers stay apart: the library never imports the recipe
-application or the CLI, and never names a recipe key in what it says.
+application or the CLI, and never names a recipe key, a run folder's file,
+a command or a command-line flag in what it says; the application passes
+such names in as plain arguments.
 
 Library errors name arguments (`weights`, `batch_size`); the recipe layer
 says which key it filled them from (`advtrain.recipe.build`).
@@ -14,6 +16,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "advtrain"
 LIBRARY = ("attacks", "backbones", "models", "data", "train", "evaluation", "utils")
 APPLICATION = ("advtrain.recipe", "advtrain.cli")
+# The run folder's files, the commands and their flags.
+APPLICATION_NAMES = re.compile(
+    r"recipe\.yaml|metrics\.json"
+    r"|\badvtrain (run|resume|eval|export|launch|show|profile|recipes)\b"
+    r"|(?<![\w-])--(output|set|recipe|workers|debug|quiet|unsafe-load"
+    r"|save-examples|max-restarts)\b"
+)
 
 
 def library_files() -> list[Path]:
@@ -103,6 +112,47 @@ def test_library_messages_name_arguments_not_recipe_keys():
                 where = path.relative_to(PACKAGE.parent)
                 bad.append(f"{where}:{line} names {match.group(0)}: {text!r}")
     assert not bad, "\n".join(bad)
+
+
+def application_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) for each run-folder file, command or flag a module's
+    messages name."""
+    found = []
+    for line, text in messages(tree):
+        match = APPLICATION_NAMES.search(text)
+        if match:
+            found.append((line, match.group(0)))
+    return found
+
+
+def test_library_messages_name_no_run_folder_file_command_or_flag():
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} names {name!r}"
+        for path in library_files()
+        for line, name in application_names(ast.parse(path.read_text()))
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'path = out / "recipe.yaml"\n',
+        'def f(out):\n    raise ValueError(f"--output {out}: not a folder")\n',
+        'hint = "resume with `advtrain resume RUN`"\n',
+    ],
+)
+def test_the_name_check_sees_each_kind_of_name(source):
+    assert application_names(ast.parse(source))
+
+
+def test_the_name_check_lets_docstrings_and_plain_words_be():
+    source = (
+        '"""Used by `advtrain run`, which writes recipe.yaml."""\n'
+        'def f(output):\n    """Writes --output."""\n'
+        '    return {"output": output, "dir": "--x", "note": "a recipe"}\n'
+    )
+    assert application_names(ast.parse(source)) == []
 
 
 def test_the_checks_see_a_violation(tmp_path):

@@ -5,7 +5,9 @@ code 2 and one line on stderr, before anything heavy runs or anything is
 written; `advtrain --debug COMMAND` shows the traceback instead. Exit codes:
 0 done, 1 failed (a diverged run, an unexpected error), 2 bad input,
 3 finished but catastrophically overfitted (no sound epoch; the weights are
-saved), 130 interrupted.
+saved), 75 preempted, 130 interrupted; an error type names its own
+(`exit_code`), and `_exits` is the one place that turns an exception into
+its exit.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from advtrain.utils.errors import one_line
+from advtrain.utils.errors import BAD_INPUT, one_line
 
 
 def _is_usage_error(exc: BaseException) -> bool:
@@ -167,7 +169,7 @@ def resolve_recipe_path(name: str) -> Path:
 
 
 class _BadInput(Exception):
-    pass
+    exit_code = BAD_INPUT
 
 
 def _model_file(target: Path) -> Path:
@@ -186,67 +188,61 @@ def _model_file(target: Path) -> Path:
     return target / "model.keras"
 
 
-@contextlib.contextmanager
-def _naming(recipe_path: Path):
-    """Prefixes the recipe file to errors found while the run starts
-    (runtime.strategy, train.batch_size, output.monitor, data.path ...)."""
-    from advtrain.recipe.schema import RecipeError
+def _exit_code(exc: Exception) -> int:
+    """The exit code of `exc`: its type's `exit_code` (see
+    `advtrain.utils.errors`); else 2 for the values library code cannot use
+    (ValueError, TypeError, OSError: the user's input), else 1."""
+    code = getattr(exc, "exit_code", None)
+    if isinstance(code, int):
+        return code
+    bad_input = isinstance(exc, (ValueError, TypeError, OSError))
+    return BAD_INPUT if bad_input else 1
 
+
+@contextlib.contextmanager
+def _exits(recipe_path: Optional[Path] = None):
+    """The one place an exception becomes the command's exit: one line on
+    stderr and its exit code (`--debug`: the traceback). With
+    `recipe_path`, bad input found in the block (runtime.strategy,
+    train.batch_size, output.monitor, data.path ...) is named by the
+    recipe file."""
     try:
         yield
-    except (ValueError, TypeError, OSError) as exc:
-        text = one_line(exc)
-        if text.startswith((str(recipe_path), "--")):
-            raise
-        raise RecipeError(f"{recipe_path}: {text}") from None
-
-
-def _guarded(action):
-    debug = _DEBUG["on"]
-
-    try:
-        return action()
-    except (_BadInput, ValueError, TypeError, OSError) as exc:
-        # RecipeError is a ValueError; library code raises these for values
-        # it cannot use: the user's input, so exit 2, in one line.
-        if debug:
-            raise
-        _fail(one_line(exc), 2)
-    except KeyboardInterrupt:
-        _fail("interrupted; completed checkpoints are kept.", 130)
     except typer.Exit:
         raise
+    except KeyboardInterrupt:
+        _fail("interrupted; completed checkpoints are kept.", 130)
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
-        if type(exc).__name__ == "Preempted":
-            # SIGTERM/SIGINT: a checkpoint was kept; the message says how to
-            # resume. advtrain.train.preemption.PREEMPTED_EXIT_CODE.
-            typer.echo(str(exc), err=True)
-            from advtrain.train.preemption import exit_preempted
+        from advtrain.train.preemption import Preempted, exit_preempted
 
+        code = _exit_code(exc)
+        if isinstance(exc, Preempted):
+            # A checkpoint was kept; the message says how to resume.
+            typer.echo(str(exc), err=True)
             exit_preempted(exc)  # multi-worker: without teardown (see there)
-            raise typer.Exit(code=75) from None
-        if debug:
+            raise typer.Exit(code=code) from None
+        if _DEBUG["on"]:
             raise
-        if type(exc).__name__ == "NonFiniteLossError":
-            # The run stopped on NaN/Inf; its message says where and why.
-            _fail(str(exc), 1)
-        _fail(
-            f"{type(exc).__name__}: {one_line(exc)} (rerun as `advtrain --debug ...`)",
-            1,
-        )
+        line = one_line(exc)
+        if not hasattr(exc, "exit_code") and code == 1:  # unexpected: say what
+            line = f"{type(exc).__name__}: {line} (rerun as `advtrain --debug ...`)"
+        elif code == 2 and recipe_path:
+            if not line.startswith((str(recipe_path), "--")):  # named already
+                line = f"{recipe_path}: {line}"
+        _fail(line, code)
 
 
 def _train(path: Path, resolved, output: Optional[Path]) -> None:
     """Runs a loaded recipe into `output` and prints the summary."""
     from advtrain.recipe.run_folder import check_recipe_paths
 
-    with _naming(path):
+    with _exits(path):
         check_recipe_paths(resolved, output)
     from advtrain.recipe.run import run as run_recipe
     from advtrain.recipe.summary import summary_table
 
     _echo(f"recipe: {path} ({resolved.name})")
-    with _naming(path):
+    with _exits(path):
         result = run_recipe(resolved, output, echo=_echo)
     _echo(f"run folder: {result.output_dir}")
     _echo(summary_table(result.metrics))
@@ -272,13 +268,11 @@ def run(
     _quiet_tensorflow()
     _set_quiet(quiet)
 
-    def action():
+    with _exits():
         from advtrain.recipe.loader import load_recipe
 
         path = resolve_recipe_path(recipe)
         _train(path, load_recipe(path, set_ or []), output)
-
-    _guarded(action)
 
 
 @app.command("eval")
@@ -308,7 +302,7 @@ def eval_(
     _quiet_tensorflow()
     _set_quiet(quiet)
 
-    def action():
+    with _exits():
         from advtrain.recipe.loader import load_recipe
         from advtrain.recipe.run_folder import check_recipe_paths
         from advtrain.utils.io import check_keras_file, check_writable_dir
@@ -324,7 +318,7 @@ def eval_(
             recipe_path = resolve_recipe_path(recipe)
         check_keras_file(model_path)
         resolved = load_recipe(recipe_path, set_ or [])
-        with _naming(recipe_path):
+        with _exits(recipe_path):
             # Writes nothing but eval-metrics.json (and, asked, the
             # adversarial examples) into a run folder.
             check_recipe_paths(resolved, target, writes=target.is_dir())
@@ -344,8 +338,6 @@ def eval_(
         from advtrain.evaluation.sanity import format_sanity_checks
 
         _echo(format_sanity_checks(metrics["sanity_checks"]))
-
-    _guarded(action)
 
 
 @app.command()
@@ -371,7 +363,7 @@ def export(
     """
     _quiet_tensorflow()
 
-    def action():
+    with _exits():
         from advtrain.utils.io import check_keras_file, check_writable_dir
 
         model_path = _model_file(target)
@@ -404,8 +396,6 @@ def export(
             "logits, probabilities"
         )
 
-    _guarded(action)
-
 
 @app.command()
 def resume(
@@ -422,24 +412,23 @@ def resume(
     _quiet_tensorflow()
     _set_quiet(quiet)
 
-    def action():
+    with _exits():
         from advtrain.recipe.loader import load_recipe
+        from advtrain.recipe.run_folder import RECIPE_FILE, holds_run, is_finished
 
         if not run_dir.is_dir():
             raise _BadInput(f"{run_dir}: run folder not found.")
-        recipe_path = run_dir / "recipe.yaml"
-        if not recipe_path.is_file():
+        if not holds_run(run_dir):
             raise _BadInput(
                 f"{run_dir}: not a run folder (no recipe.yaml); start a run "
                 "with `advtrain run RECIPE --output DIR`."
             )
-        if (run_dir / "metrics.json").is_file():
+        if is_finished(run_dir):
             raise _BadInput(
                 f"{run_dir}: the run is finished (metrics.json); nothing to resume."
             )
+        recipe_path = run_dir / RECIPE_FILE
         _train(recipe_path, load_recipe(recipe_path), run_dir)
-
-    _guarded(action)
 
 
 @app.command()
@@ -458,21 +447,19 @@ def profile(
     """
     _quiet_tensorflow()
 
-    def action():
+    with _exits():
         from advtrain.recipe.loader import load_recipe
 
         path = resolve_recipe_path(recipe)
         resolved = load_recipe(path, set_ or [])
         from advtrain.recipe.run_folder import check_recipe_paths
 
-        with _naming(path):
+        with _exits(path):
             check_recipe_paths(resolved, writes=False)
         from advtrain.cli.profile import profile as run_profile
 
         _echo(f"recipe: {path} ({resolved.name})")
         run_profile(resolved, steps=steps, echo=_echo)
-
-    _guarded(action)
 
 
 @app.command()
@@ -505,14 +492,14 @@ def launch(
     """
     _quiet_tensorflow()
 
-    def action():
+    with _exits():
         from advtrain.cli.launch import exit_code
         from advtrain.cli.launch import launch as run_launch
         from advtrain.recipe.loader import load_recipe
         from advtrain.recipe.run_folder import check_recipe_paths
 
         path = resolve_recipe_path(recipe)
-        with _naming(path):
+        with _exits(path):
             check_recipe_paths(load_recipe(path, set_ or []), output)
         results = run_launch(
             str(path),
@@ -526,8 +513,6 @@ def launch(
         code = exit_code(results)
         if code:
             raise typer.Exit(code=code)
-
-    _guarded(action)
 
 
 @app.command()
@@ -543,16 +528,14 @@ def show(
     """
     _quiet_tensorflow()
 
-    def action():
+    with _exits():
         from advtrain.cli.show import show as show_recipe
         from advtrain.recipe.loader import load_recipe
 
         path = resolve_recipe_path(recipe)
         _echo(f"recipe: {path}")
-        with _naming(path):
+        with _exits(path):
             show_recipe(load_recipe(path, set_ or []), echo=_echo)
-
-    _guarded(action)
 
 
 @app.command()

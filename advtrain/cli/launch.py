@@ -42,12 +42,14 @@ from pathlib import Path
 from typing import IO, Optional
 
 from advtrain.recipe.loader import load_recipe
-from advtrain.recipe.schema import RecipeError
-from advtrain.train.preemption import (
-    LAUNCHER_PID_ENV,
-    PREEMPTED_EXIT_CODE,
+from advtrain.recipe.run_folder import (
     RESUME_COMMAND_ENV,
+    check_run_dir,
+    holds_run,
+    output_dir,
 )
+from advtrain.recipe.schema import RecipeError
+from advtrain.train.preemption import LAUNCHER_PID_ENV, PREEMPTED_EXIT_CODE
 from advtrain.utils.progress import Echo
 
 # After a worker is lost the others block in a collective until TensorFlow's
@@ -433,7 +435,7 @@ def _keep_logs(logs: Path, out: Path, keep: bool) -> Optional[Path]:
     if not keep:
         shutil.rmtree(logs, ignore_errors=True)
         return None
-    if not (out / "recipe.yaml").is_file():
+    if not holds_run(out):
         return logs
     target = out / "launch-logs"
     target.mkdir(exist_ok=True)
@@ -444,18 +446,9 @@ def _keep_logs(logs: Path, out: Path, keep: bool) -> Optional[Path]:
 
 
 def _run_folder(recipe, output: Optional[Path]) -> Path:
-    """The run folder, as `experiment.resolve_output_dir` picks it, chosen
+    """The run folder, as `run_folder.resolve_output_dir` picks it, chosen
     once for all workers (without importing TensorFlow here)."""
-    import datetime
-
-    from advtrain.recipe.run_folder import check_run_dir
-
-    if output is None and recipe.output.dir:
-        output = Path(recipe.output.dir)
-    if output is None:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        output = Path("runs") / f"{recipe.name}-{stamp}"
-    output = Path(output).resolve()
+    output = output_dir(recipe, output).resolve()
     check_run_dir(output, recipe)
     return output
 

@@ -47,7 +47,13 @@ from advtrain.recipe.build import (
     recipe_splits,
 )
 from advtrain.recipe.keys import recipe_keys
-from advtrain.recipe.run_folder import resolve_output_dir
+from advtrain.recipe.run_folder import (
+    FINISHED_FILE,
+    RECIPE_FILE,
+    holds_run,
+    resolve_output_dir,
+    resume_hint,
+)
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.recipe.summary import describe, describe_momentum
 from advtrain.train.loop import RunSetup, TrainingState, fit_phases
@@ -107,7 +113,13 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     callbacks (`advtrain.train.loop.TrainingState`)."""
     keras.utils.set_random_seed(recipe.train.seed)
     runtime = recipe_runtime(recipe)
-    state = TrainingState(run_dir, workers=runtime.workers, echo=echo)
+    state = TrainingState(
+        run_dir,
+        resuming=holds_run(run_dir),
+        workers=runtime.workers,
+        resume_hint=resume_hint(run_dir, runtime.workers),
+        echo=echo,
+    )
     splits = recipe_splits(recipe)
     plan = recipe_plan(recipe, runtime, splits.train_size)
     describe(recipe, splits, runtime, plan, echo)
@@ -126,8 +138,8 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     state.restore(model, steps_per_epoch=plan.steps_per_epoch)
     state.open(
         is_chief=runtime.is_chief,
-        recipe_yaml=recipe.to_yaml(),
         epochs=plan.epochs,
+        files={RECIPE_FILE: recipe.to_yaml()},
         keep_checkpoints=recipe.output.keep_checkpoints,
         monitor=monitor,
         monitor_mode=monitor_mode,
@@ -349,7 +361,7 @@ def finish(
     _report_and_export(
         out, recipe, metrics, history, classifier, setup.splits, echo, examples
     )
-    atomic_write_json(out / "metrics.json", metrics)
+    atomic_write_json(out / FINISHED_FILE, metrics)
     return RunResult(out, metrics, history)
 
 

@@ -1,24 +1,83 @@
 """The run folder's rules: a new folder, or an unfinished run of the same
 resolved recipe (resumed); anything else is refused before a byte is
 written. And the paths a recipe names, checked before a run starts.
+
+A run folder is one because it holds its resolved recipe (`RECIPE_FILE`),
+written first; it is finished once it holds `FINISHED_FILE`, written last.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from advtrain.recipe.keys import recipe_keys
 from advtrain.recipe.loader import parse_yaml, recipe_from_dict
 from advtrain.recipe.schema import Recipe, RecipeError
-from advtrain.train.checkpoint import RunFolderError
+from advtrain.train.checkpoint import TMP_PREFIX
 from advtrain.utils.io import (
     PathLike,
     check_data_paths,
     check_readable_file,
     check_writable_dir,
 )
+
+RECIPE_FILE = "recipe.yaml"
+FINISHED_FILE = "metrics.json"
+# Set by `advtrain launch` in each worker's environment.
+RESUME_COMMAND_ENV = "ADVTRAIN_RESUME_COMMAND"
+
+
+def holds_run(out: Path) -> bool:
+    """Whether `out` holds an advtrain run (finished or not)."""
+    return (out / RECIPE_FILE).is_file()
+
+
+def is_finished(out: Path) -> bool:
+    """Whether the run in `out` finished: the one finished-run check."""
+    return (out / FINISHED_FILE).is_file()
+
+
+def resume_hint(run_dir: Path, workers: int = 1) -> str:
+    """How to continue the run in `run_dir`: "resume with `COMMAND`"."""
+    given = os.environ.get(RESUME_COMMAND_ENV)  # set by `advtrain launch`
+    if given:
+        return f"resume with `{given}`"
+    if workers > 1:
+        return (
+            f"resume with `advtrain run {run_dir}/{RECIPE_FILE} --output "
+            f"{run_dir}` on every worker of the cluster"
+        )
+    return f"resume with `advtrain resume {run_dir}`"
+
+
+def saved_recipe_text(out: Path) -> Optional[str]:
+    """The `recipe.yaml` of the run in `out`, or None for a new (missing or
+    empty) folder.
+
+    Raises:
+        RecipeError: `out` is a file, or a non-empty folder without a
+            readable `recipe.yaml`; nothing is written.
+    """
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"--output {out}: exists and is not a folder.")
+    # A kill between creating the folder and writing recipe.yaml leaves at
+    # most a temporary file: still a new folder.
+    if not out.is_dir() or all(p.name.startswith(TMP_PREFIX) for p in out.iterdir()):
+        return None
+    saved_path = out / RECIPE_FILE
+    if not saved_path.is_file():
+        raise RecipeError(
+            f"--output {out}: folder is not empty and holds no advtrain run "
+            f"(no {RECIPE_FILE}); choose a new folder so nothing in it is "
+            "overwritten."
+        )
+    try:
+        return saved_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{saved_path}: cannot read: {exc}") from None
 
 
 def recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -51,28 +110,28 @@ def check_run_dir(out: Path, recipe: Recipe) -> bool:
         RecipeError: the folder holds something else (not a run, a run of
             another recipe, a finished run); nothing is written.
     """
-    from advtrain.train.checkpoint import check_unfinished, saved_recipe_text
-
-    try:
-        text = saved_recipe_text(out)
-        if text is None:
-            return False
-        saved_path = out / "recipe.yaml"
-        saved = recipe_from_dict(parse_yaml(text, str(saved_path)), str(saved_path))
-        differences = recipe_differences(saved.to_dict(), recipe.to_dict())
-        if differences:
-            shown = "; ".join(differences[:4])
-            more = len(differences) - 4
-            if more > 0:
-                shown += f"; and {more} more"
-            raise RecipeError(
-                f"--output {out}: folder is not empty: it holds a run of a "
-                f"different recipe ({shown}). Choose a new folder, or continue "
-                f"that run with `advtrain resume {out}`."
-            )
-        check_unfinished(out)
-    except RunFolderError as exc:
-        raise RecipeError(str(exc)) from None
+    text = saved_recipe_text(out)
+    if text is None:
+        return False
+    saved_path = out / RECIPE_FILE
+    saved = recipe_from_dict(parse_yaml(text, str(saved_path)), str(saved_path))
+    differences = recipe_differences(saved.to_dict(), recipe.to_dict())
+    if differences:
+        shown = "; ".join(differences[:4])
+        more = len(differences) - 4
+        if more > 0:
+            shown += f"; and {more} more"
+        raise RecipeError(
+            f"--output {out}: folder is not empty: it holds a run of a "
+            f"different recipe ({shown}). Choose a new folder, or continue "
+            f"that run with `advtrain resume {out}`."
+        )
+    if is_finished(out):
+        raise RecipeError(
+            f"--output {out}: folder is not empty: it holds a finished run "
+            f"of this recipe ({FINISHED_FILE}); nothing to resume. Choose a "
+            "new folder."
+        )
     return True
 
 
@@ -109,16 +168,22 @@ def check_recipe_paths(
         check_writable_dir("runs", "runs/")
 
 
-def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
-    """The run folder: new, or an unfinished run of the same resolved recipe
-    (which `run` resumes). Refuses anything else with a RecipeError naming
-    the differing keys (`check_run_dir`)."""
+def output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
+    """The run folder's path: `output`, else output.dir, else
+    runs/NAME-TIMESTAMP (nothing checked)."""
     if output is None and recipe.output.dir:
         output = recipe.output.dir
     if output is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         output = Path("runs") / f"{recipe.name}-{stamp}"
-    output = Path(output)
+    return Path(output)
+
+
+def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
+    """The run folder: new, or an unfinished run of the same resolved recipe
+    (which `run` resumes). Refuses anything else with a RecipeError naming
+    the differing keys (`check_run_dir`)."""
+    output = output_dir(recipe, output)
     check_recipe_paths(recipe, output)
     check_run_dir(output, recipe)
     return output

@@ -15,6 +15,7 @@ from advtrain.recipe.build import (
     recipe_sanity_checks,
     recipe_splits,
 )
+from advtrain.recipe.run_folder import holds_run
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
 from advtrain.utils.io import atomic_write_json
@@ -97,7 +98,7 @@ def evaluate_saved(
     metrics["sanity_checks"] = recipe_sanity_checks(
         classifier, test_ds, recipe, lambda line: None, evaluation=metrics
     )
-    if (model_path.parent / "recipe.yaml").is_file():
+    if holds_run(model_path.parent):
         atomic_write_json(model_path.parent / "eval-metrics.json", metrics)
     if examples is not None:
         path = examples.save(model_path.parent / EXAMPLES_FILE)

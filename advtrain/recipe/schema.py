@@ -30,12 +30,14 @@ from pydantic import (
 
 from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.train.options import PlanOptions, RuntimeOptions
-from advtrain.utils.errors import did_you_mean
+from advtrain.utils.errors import BAD_INPUT, did_you_mean
 from advtrain.utils.options import Options, Seed
 
 
 class RecipeError(ValueError):
     """A recipe, override or CLI value that cannot be used (exit code 2)."""
+
+    exit_code = BAD_INPUT
 
 
 _NAME = re.compile(r"\w[\w.+=-]{0,99}")

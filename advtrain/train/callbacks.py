@@ -14,7 +14,7 @@ from typing import Optional
 import keras
 import numpy as np
 
-from advtrain.train.preemption import Preempted, resume_hint
+from advtrain.train.preemption import Preempted
 from advtrain.utils.progress import Echo
 
 
@@ -47,6 +47,8 @@ class ProgressLine(keras.callbacks.Callback):
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN or Inf loss and was stopped (exit code 1)."""
+
+    exit_code = 1
 
 
 class StepCallback(keras.callbacks.Callback):
@@ -322,8 +324,9 @@ class Preemption(keras.callbacks.Callback):
     A second signal while the first is handled also raises at once.
 
     Args:
-        run_dir: the run folder (named in the message).
-        workers: workers of the run (for the resume command).
+        run_dir: the run folder (its checkpoints are named in the message).
+        workers: workers of the run.
+        resume_hint: how to resume ("resume with ..."), ending the message.
         signals: the signals handled.
 
     Example:
@@ -342,11 +345,13 @@ class Preemption(keras.callbacks.Callback):
         run_dir: Path,
         *,
         workers: int = 1,
+        resume_hint: str = "",
         signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
     ):
         super().__init__()
         self.run_dir = Path(run_dir)
         self.workers = workers
+        self.resume_hint = resume_hint
         self.received: Optional[str] = None
         self._requested = threading.Event()
         self._requested_at = 0.0
@@ -498,8 +503,8 @@ class Preemption(keras.callbacks.Callback):
         if store is not None and self.run_dir not in store.directory.parents:
             scratch = store.directory.parent  # a non-chief worker's folder
         return Preempted(
-            f"preempted by {self.received or 'a signal'}{during}: {kept}; "
-            + resume_hint(self.run_dir, self.workers),
+            f"preempted by {self.received or 'a signal'}{during}: {kept}"
+            + (f"; {self.resume_hint}" if self.resume_hint else ""),
             checkpoint,
             multi_worker=self.workers > 1,
             scratch=scratch,

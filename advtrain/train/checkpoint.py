@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints, resuming from them, and the run folder's rules.
+"""Crash-safe checkpoints, and resuming from them.
 
 `advtrain.train.loop.TrainingState` puts these together for a run.
 
@@ -69,50 +69,6 @@ class CheckpointError(ValueError):
 
 class NonFiniteStateError(RuntimeError):
     """Refusal to checkpoint weights that hold NaN or Inf."""
-
-
-# ---------------------------------------------------------------- run folder
-
-
-class RunFolderError(ValueError):
-    """An output folder that must not be used for this run."""
-
-
-def saved_recipe_text(out: Path) -> Optional[str]:
-    """The `recipe.yaml` of the run in `out`, or None for a new (missing or
-    empty) folder.
-
-    Raises:
-        RunFolderError: `out` is a file, or a non-empty folder without a
-            readable `recipe.yaml`; nothing is written.
-    """
-    if out.exists() and not out.is_dir():
-        raise RunFolderError(f"--output {out}: exists and is not a folder.")
-    # A kill between creating the folder and writing recipe.yaml leaves at
-    # most a temporary file: still a new folder.
-    if not out.is_dir() or all(p.name.startswith(TMP_PREFIX) for p in out.iterdir()):
-        return None
-    saved_path = out / "recipe.yaml"
-    if not saved_path.is_file():
-        raise RunFolderError(
-            f"--output {out}: folder is not empty and holds no advtrain run "
-            "(no recipe.yaml); choose a new folder so nothing in it is "
-            "overwritten."
-        )
-    try:
-        return saved_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RunFolderError(f"{saved_path}: cannot read: {exc}") from None
-
-
-def check_unfinished(out: Path) -> None:
-    """Raises RunFolderError when the run in `out` finished (metrics.json)."""
-    if (out / "metrics.json").is_file():
-        raise RunFolderError(
-            f"--output {out}: folder is not empty: it holds a finished run "
-            "of this recipe (metrics.json); nothing to resume. Choose a new "
-            "folder."
-        )
 
 
 def writable_dir(out: Path, is_chief: bool) -> Path:

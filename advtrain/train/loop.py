@@ -10,9 +10,9 @@ the phases (head-only warm-up, then fine-tuning) with it.
 Example (what `advtrain.recipe.run.run` does):
 
 ```python
-state = TrainingState(run_dir, workers=runtime.workers)
+state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
 state.restore(model, steps_per_epoch=plan.steps_per_epoch)
-out = state.open(is_chief=runtime.is_chief, recipe_yaml=text, epochs=plan.epochs)
+out = state.open(is_chief=runtime.is_chief, files={name: text}, epochs=plan.epochs)
 setup = RunSetup(runtime, splits, plan, classifier, model, data_options, state)
 history, seconds = fit_phases(setup, phases=phases, optimizer=make, seed=0,
                               callbacks=state.callbacks())
@@ -78,17 +78,30 @@ class TrainingState:
     `restore_optimizer` and `restore_epoch_metrics`.
 
     Args:
-        run_dir: the run folder; a `recipe.yaml` there means a resume.
-        workers: workers of the run (for the resume command).
+        run_dir: the run folder.
+        resuming: whether `run_dir` holds the run, interrupted (the caller
+            knows its folder's rules).
+        workers: workers of the run.
+        resume_hint: how to resume, appended to the preemption message.
         echo: receives progress lines and warnings.
     """
 
-    def __init__(self, run_dir: Path, *, workers: int = 1, echo: Echo = print):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        resuming: bool = False,
+        workers: int = 1,
+        resume_hint: str = "",
+        echo: Echo = print,
+    ):
         self.run_dir = Path(run_dir)
         self.echo = echo
-        self.resuming = (self.run_dir / "recipe.yaml").is_file()
+        self.resuming = resuming
         # SIGTERM/SIGINT: checkpoint and exit 75 (advtrain.train.preemption).
-        self.preemption = Preemption(self.run_dir, workers=workers)
+        self.preemption = Preemption(
+            self.run_dir, workers=workers, resume_hint=resume_hint
+        )
         self.point: Optional[Checkpoint] = None
         self.steps_per_epoch = 1
         self.out = self.run_dir
@@ -152,8 +165,8 @@ class TrainingState:
         self,
         *,
         is_chief: bool,
-        recipe_yaml: str,
         epochs: int,
+        files: Optional[dict[str, str]] = None,
         keep_checkpoints: int = 3,
         monitor: Optional[str] = None,
         monitor_mode: str = "max",
@@ -163,10 +176,12 @@ class TrainingState:
     ) -> Path:
         """Prepares the folder this worker writes (the run folder for the
         chief, a private one for the others) and the checkpoint callbacks;
-        returns the folder."""
+        returns the folder. `files` (name: text) are written first, each
+        atomically: the caller's record of what the folder holds."""
         self.out = out = writable_dir(self.run_dir, is_chief)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "recipe.yaml", recipe_yaml)
+        for name, text in (files or {}).items():
+            atomic_write_text(out / name, text)
         if self.resuming:
             truncate_history(out / "history.csv", self.start_epoch)
         store = CheckpointStore(

@@ -5,8 +5,9 @@ follow with SIGKILL after a grace period. During training, the callback
 `advtrain.train.callbacks.Preemption` turns the first SIGTERM or SIGINT into:
 finish the step running now, write a checkpoint at the step reached (the
 chief into the run folder, as any checkpoint), and raise `Preempted`,
-which the CLI turns into exit code `PREEMPTED_EXIT_CODE` (75, `EX_TEMPFAIL`
-of sysexits.h: "try again later") and one line saying how to resume.
+whose type carries exit code `PREEMPTED_EXIT_CODE` (75, `EX_TEMPFAIL` of
+sysexits.h: "try again later"); its message ends with the caller's hint on
+how to resume.
 Outside the training loop (data loading, evaluation) the signal raises
 `Preempted` at once: the checkpoint on disk is all there is to keep.
 
@@ -37,8 +38,8 @@ preemption.close()    # restores the previous handlers
 ```
 
 `advtrain.train.loop.TrainingState` creates it and `fit_phases` arms it
-around the training loop; `advtrain.recipe.run.run`'s decorator,
-`restores_signal_handlers`, puts the caller's handlers back.
+around the training loop; the decorator `restores_signal_handlers` puts
+the caller's handlers back.
 
 This module holds what the launcher and the CLI need too (exit code,
 environment, `Preempted`) and imports no TensorFlow.
@@ -57,7 +58,6 @@ PREEMPTED_EXIT_CODE = 75
 
 # Set by `advtrain launch` in each worker's environment.
 LAUNCHER_PID_ENV = "ADVTRAIN_LAUNCHER_PID"
-RESUME_COMMAND_ENV = "ADVTRAIN_RESUME_COMMAND"
 
 # How long a worker whose launcher vanished may take to checkpoint and exit
 # after the SIGTERM it sends itself, before it ends itself.
@@ -70,6 +70,8 @@ class Preempted(Exception):
     `scratch`, when set, is this process's private folder (a non-chief
     worker's), removed by `exit_preempted`.
     """
+
+    exit_code = PREEMPTED_EXIT_CODE
 
     def __init__(
         self,
@@ -107,19 +109,6 @@ def exit_preempted(exc: Preempted) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(PREEMPTED_EXIT_CODE)
-
-
-def resume_hint(run_dir: Path, workers: int = 1) -> str:
-    """How to continue the run in `run_dir`: "resume with `COMMAND`"."""
-    given = os.environ.get(RESUME_COMMAND_ENV)  # set by `advtrain launch`
-    if given:
-        return f"resume with `{given}`"
-    if workers > 1:
-        return (
-            f"resume with `advtrain run {run_dir}/recipe.yaml --output "
-            f"{run_dir}` on every worker of the cluster"
-        )
-    return f"resume with `advtrain resume {run_dir}`"
 
 
 def watch_launcher() -> None:

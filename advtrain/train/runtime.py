@@ -187,8 +187,8 @@ def _cluster_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
             ) from None
     raise ArgumentError(
         "strategy",
-        "multi_worker needs a cluster: TF_CONFIG (set by `advtrain launch "
-        "--workers N`) or a SLURM job step with several tasks (srun); found "
+        "multi_worker needs a cluster: TF_CONFIG (as a launcher sets it for "
+        "each worker) or a SLURM job step with several tasks (srun); found "
         "neither. Received: strategy=multi_worker",
     )
 

@@ -4,9 +4,14 @@ Library code raises `ValueError`/`TypeError` (or a subclass) whose message
 says what was expected, then `Received: name=value`; a bad value of a named
 argument is an `ArgumentError`, which callers may report under their own
 name for that argument (a recipe key). Only the CLI turns an
-error into its one-line, exit-2 form; it and the places that quote another
+error into its one-line exit form; it and the places that quote another
 library's error (a TensorFlow or pydantic message of many lines) use
 `one_line`. This module imports nothing from advtrain or TensorFlow.
+
+An error type carries its exit code as the class attribute `exit_code`
+(`BAD_INPUT` here; 75 for `Preempted`; 1 for `NonFiniteLossError`); the CLI
+reads it, and gives any other `ValueError`, `TypeError` or `OSError` exit 2
+and anything else exit 1. A new outcome is a new type with its own code.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from typing import Optional
+
+BAD_INPUT = 2  # the exit code of input that cannot be used
 
 
 class ArgumentError(ValueError):
@@ -31,6 +38,8 @@ class ArgumentError(ValueError):
     # ArgumentError: batch_size: must be positive. Received: batch_size=0
     ```
     """
+
+    exit_code = BAD_INPUT
 
     def __init__(self, argument: str, message: str):
         super().__init__(f"{argument}: {message}")

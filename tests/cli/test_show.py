@@ -9,7 +9,7 @@ from advtrain.cli.show import schedule_lines, show, unprepared_data
 from advtrain.recipe.loader import load_recipe
 from advtrain.train.runtime import BatchPlan
 
-RECIPES = os.path.join(os.path.dirname(__file__), "..", "advtrain", "recipes")
+RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "advtrain", "recipes")
 
 
 def _show(*args, cwd):

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from advtrain.cli.commands import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 # Trains a BN-free classifier for 4 steps of a global batch of 32 with three

@@ -192,7 +192,7 @@ def test_eval_attacks_are_checked(settings, message):
         EvalConfig(**settings)
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "scripts" / "bench_mnist_robust"
 
 

@@ -17,7 +17,6 @@ def _model(seed=0):
 def _interrupted_run(run_dir, model, *, step=2, steps_per_epoch=6):
     """A run folder as a run killed inside epoch 2 leaves it."""
     run_dir.mkdir()
-    (run_dir / "recipe.yaml").write_text("name: test\n")
     (run_dir / "history.csv").write_text("epoch,loss\n0,1.5\n1,1.2\n")
     CheckpointStore(run_dir / "checkpoints").save(
         model,
@@ -31,7 +30,7 @@ def _interrupted_run(run_dir, model, *, step=2, steps_per_epoch=6):
 
 
 def _open(state, **settings):
-    return state.open(is_chief=True, recipe_yaml="name: test\n", epochs=3, **settings)
+    return state.open(is_chief=True, epochs=3, files={"run.txt": "t\n"}, **settings)
 
 
 def test_a_new_run_starts_at_zero_with_its_callbacks(tmp_path):
@@ -40,6 +39,7 @@ def test_a_new_run_starts_at_zero_with_its_callbacks(tmp_path):
         state.restore(_model(), steps_per_epoch=6)
         out = _open(state, checkpoint_every_steps=4)
         assert out == tmp_path / "run"
+        assert (out / "run.txt").read_text() == "t\n"  # the caller's record
         assert state.start_epoch == state.start_step == state.start_global_step == 0
         assert state.samples_trained(epochs=3, global_batch=10) == 180
         callbacks = state.callbacks(before=["first"], after=["last"])
@@ -57,7 +57,7 @@ def test_resume_restores_the_model_and_trims_the_history(tmp_path):
     saved = _model(seed=0)
     _interrupted_run(run_dir, saved)
     lines = []
-    state = TrainingState(run_dir, echo=lines.append)
+    state = TrainingState(run_dir, resuming=True, echo=lines.append)
     try:
         model = _model(seed=1)
         state.restore(model, steps_per_epoch=6)
@@ -81,7 +81,7 @@ def test_resume_restores_the_model_and_trims_the_history(tmp_path):
 def test_resume_refuses_a_checkpoint_of_another_epoch_length(tmp_path):
     run_dir = tmp_path / "run"
     _interrupted_run(run_dir, _model(), steps_per_epoch=6)
-    state = TrainingState(run_dir, echo=lambda line: None)
+    state = TrainingState(run_dir, resuming=True, echo=lambda line: None)
     try:
         with pytest.raises(CheckpointError, match="written with 6 steps per epoch"):
             state.restore(_model(), steps_per_epoch=5)

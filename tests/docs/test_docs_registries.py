@@ -6,7 +6,7 @@ from pathlib import Path
 
 from advtrain.attacks.attack import attack_settings, attacks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _table(page: str, name: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import run_fresh
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 

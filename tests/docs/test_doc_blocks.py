@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from helpers import run_fresh
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # Blocks not run, per page: (first line of the block, why).
@@ -101,7 +101,7 @@ def test_the_pages_python_blocks_run(page, tmp_path):
     name = str(page.relative_to(ROOT))
     program, modules, skipped = page_program(name, page.read_text())
     assert skipped == [first for first, _ in SKIPPED.get(name, [])], (
-        f"{name} skips blocks not listed in SKIPPED (tests/test_doc_blocks.py). "
+        f"{name} skips blocks not listed in SKIPPED (tests/docs/test_doc_blocks.py). "
         f"Received: {skipped}"
     )
     for module, source in modules.items():

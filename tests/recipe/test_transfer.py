@@ -13,7 +13,7 @@ from advtrain.recipe.loader import load_recipe
 from advtrain.recipe.run import run
 from advtrain.recipe.saved import load_classifier
 
-RECIPES = Path(__file__).parent.parent / "advtrain" / "recipes"
+RECIPES = Path(__file__).parents[2] / "advtrain" / "recipes"
 _TINY = [
     "model.width=4",
     "train.batch_size=32",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # A command's name is `advtrain` with its global options and subcommand
@@ -24,38 +24,40 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # entries, or to ".ci/run" for a command CI runs itself.
 RUN_BY = {
     "advtrain recipes": [
-        "tests/test_commands.py::test_recipes_lists_each_shipped_recipe"
+        "tests/cli/test_commands.py::test_recipes_lists_each_shipped_recipe"
     ],
-    "advtrain run": ["tests/test_commands.py::test_run_writes_the_run_folder"],
+    "advtrain run": ["tests/cli/test_commands.py::test_run_writes_the_run_folder"],
     "advtrain eval": [
-        "tests/test_commands.py::test_eval_run_folder",
-        "tests/test_commands.py::test_eval_model_file_with_shipped_recipe",
-        "tests/test_commands.py::test_eval_save_examples_writes_them_to_the_run_folder",
+        "tests/cli/test_commands.py::test_eval_run_folder",
+        "tests/cli/test_commands.py::test_eval_model_file_with_shipped_recipe",
+        "tests/cli/test_commands.py::test_eval_save_examples_writes_them_to_the_run_folder",
     ],
-    "advtrain resume": ["tests/test_commands.py::test_resume_interrupted_run"],
+    "advtrain resume": ["tests/cli/test_commands.py::test_resume_interrupted_run"],
     "advtrain export": [
-        "tests/test_commands.py::test_export_run_folder_and_to_another_folder"
+        "tests/cli/test_commands.py::test_export_run_folder_and_to_another_folder"
     ],
     "advtrain show": [
-        "tests/test_show.py::test_show_prints_the_plan_and_writes_nothing"
+        "tests/cli/test_show.py::test_show_prints_the_plan_and_writes_nothing"
     ],
-    "advtrain profile": ["tests/test_commands.py::test_profile_shipped_recipe"],
-    "advtrain launch": ["tests/test_commands.py::test_launch_two_workers"],
-    "advtrain --version": ["tests/test_commands.py::test_version"],
-    "advtrain --debug run": ["tests/test_commands.py::test_debug_shows_the_traceback"],
+    "advtrain profile": ["tests/cli/test_commands.py::test_profile_shipped_recipe"],
+    "advtrain launch": ["tests/cli/test_commands.py::test_launch_two_workers"],
+    "advtrain --version": ["tests/cli/test_commands.py::test_version"],
+    "advtrain --debug run": [
+        "tests/cli/test_commands.py::test_debug_shows_the_traceback"
+    ],
     "advtrain --quiet run": [
-        "tests/test_progress.py::"
+        "tests/utils/test_progress.py::"
         "test_cli_run_prints_plain_progress_lines_and_none_when_quiet"
     ],
     # The test runs the script itself in a subprocess and checks the
     # recipe's promised numbers.
     "scripts/quickstart": [
-        "tests/test_quickstart.py::test_quickstart_reaches_promised_accuracy"
+        "tests/cli/test_quickstart.py::test_quickstart_reaches_promised_accuracy"
     ],
     # The scripts in examples/ (docs/your-model-your-data.md), each run in
     # a fresh interpreter by its test.
     **{
-        f"python examples/{name}.py": [f"tests/test_examples.py::test_{name}"]
+        f"python examples/{name}.py": [f"tests/docs/test_examples.py::test_{name}"]
         for name in (
             "own_model_numpy",
             "own_tf_data_and_folder",
@@ -123,7 +125,7 @@ def test_every_documented_command_is_run_by_a_test(name):
     assert name in RUN_BY, (
         f"`{name}` is shown in {', '.join(DOCUMENTED[name])} but no test runs "
         "it: add a test that runs it, then add it to RUN_BY in "
-        "tests/test_docs_commands.py. Received: "
+        "tests/docs/test_docs_commands.py. Received: "
         f"command={name!r}"
     )
 

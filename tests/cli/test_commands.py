@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+from sklearn.metrics import f1_score
 
 # The quickstart, as small as `--set` makes it: 2 steps per epoch, a few
 # test images, the cheapest PGD, no sanity checks and no plots.
@@ -106,10 +107,13 @@ def test_run_writes_the_run_folder(run_dir):
     x, y = (np.stack(a) for a in zip(*test.as_numpy_iterator(), strict=True))
     assert metrics["examples"] == len(y) == 32
     logits = load_classifier(run_dir / "model.keras").predict(x, verbose=0)
-    recomputed = float(np.mean(np.argmax(logits, axis=-1) == y))
-    assert metrics["clean_accuracy"] == pytest.approx(recomputed)
-    for key in ("fgsm_accuracy", "pgd_accuracy", "macro_f1"):
-        assert 0.0 <= metrics[key] <= 1.0, key
+    predicted = np.argmax(logits, axis=-1)
+    assert metrics["clean_accuracy"] == pytest.approx(np.mean(predicted == y))
+    f1 = f1_score(y, predicted, average="macro")
+    assert metrics["macro_f1"] == pytest.approx(f1)
+    for key in ("fgsm_accuracy", "pgd_accuracy"):
+        correct = metrics[key] * len(y)  # a share of the test images
+        assert correct == pytest.approx(round(correct)), key
     # The headline is the worst case: at most every attack's accuracy.
     worst = metrics["robust_accuracy"]
     assert worst <= min(metrics["fgsm_accuracy"], metrics["pgd_accuracy"])
