@@ -120,13 +120,27 @@ def test_breaks_the_digits_cnn(digits_cnn, test_digits, method, settings, drop):
     assert _accuracy(digits_cnn, x_adv, y) < clean - drop
 
 
-def test_importing_the_attacks_on_jax_leaves_tensorflow_unloaded():
-    env = {**os.environ, "KERAS_BACKEND": "jax"}
-    script = (
-        "import json, sys, advtrain.attacks, advtrain.backend; "
-        "print(json.dumps([advtrain.backend.NAME, "
-        "sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow')]))"
+_ON_JAX = """
+import json, sys
+import numpy as np
+import advtrain.attacks, advtrain.backend
+try:
+    advtrain.attacks.cleverhans_fgsm(
+        lambda z: z, np.zeros((1, 2), "float32"), np.zeros(1, "int32"), eps=0.1
     )
+    refused = None
+except ValueError as error:
+    refused = str(error)
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow")
+print(json.dumps([advtrain.backend.NAME, loaded, refused]))
+"""
+
+
+def test_importing_the_attacks_on_jax_leaves_tensorflow_unloaded():
+    # The cleverhans backend (TensorFlow-only) refuses in one line, and
+    # asking does not import TensorFlow either.
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    script = _ON_JAX
     result = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
@@ -135,4 +149,7 @@ def test_importing_the_attacks_on_jax_leaves_tensorflow_unloaded():
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.splitlines()[-1]) == ["jax", []]
+    name, loaded, refused = json.loads(result.stdout.splitlines()[-1])
+    assert (name, loaded) == ("jax", [])
+    assert refused.startswith("The cleverhans backend runs on TensorFlow only")
+    assert "\n" not in refused
