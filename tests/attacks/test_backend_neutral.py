@@ -5,18 +5,19 @@ in .venv-jax without TensorFlow) selects them with `-m backend_neutral`.
 Every attack runs compiled, as training and evaluation run it."""
 
 import json
-import os
-import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
+from helpers import run_fresh
 from keras import ops
 
 from advtrain.attacks import Attack
 
 pytestmark = pytest.mark.backend_neutral
+ROOT = Path(__file__).resolve().parents[2]
 
 # Few steps and queries: the JAX tier keeps to a few minutes on 2 cores.
 METHODS = {
@@ -139,16 +140,7 @@ print(json.dumps([advtrain.backend.NAME, loaded, refused]))
 def test_importing_the_attacks_on_jax_leaves_tensorflow_unloaded():
     # The cleverhans backend (TensorFlow-only) refuses in one line, and
     # asking does not import TensorFlow either.
-    env = {**os.environ, "KERAS_BACKEND": "jax"}
-    script = _ON_JAX
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_fresh([sys.executable, "-c", _ON_JAX], ROOT, KERAS_BACKEND="jax")
     name, loaded, refused = json.loads(result.stdout.splitlines()[-1])
     assert (name, loaded) == ("jax", [])
     assert refused.startswith("The cleverhans backend runs on TensorFlow only")
