@@ -244,3 +244,13 @@ def test_fit_reports_the_worst_case_on_test_data(digits):
             loss="sparse_categorical_crossentropy", batch_size=64,
             test_data=(x[:8], y[:8]), echo=None,
         )  # fmt: skip
+
+
+def test_the_standard_cascade_runs_fab_t_after_apgd_t():
+    standard = ensemble_attacks(0.3, "inf", "standard")
+    assert list(standard) == ["apgd_ce", "apgd_t", "fab_t", "square"]
+    assert standard["fab_t"].targets == 9 and standard["fab_t"].steps == 100
+    assert list(ensemble_attacks(0.3, budget="cheap")) == [
+        "apgd_ce", "apgd_t", "square",
+    ]  # fmt: skip
+    assert "fab_t" not in ensemble_attacks(0.5, "2", "standard")  # L-inf only

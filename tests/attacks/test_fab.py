@@ -1,16 +1,29 @@
 """FAB-T: the L-inf projection, the attack's properties on the digits CNN,
-its settings and its place in AutoAttack's standard cascade."""
+its settings and its place in AutoAttack's standard cascade. Compiled on
+the backend in use: the JAX tier runs them too (`-m backend_neutral`)."""
 
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 from advtrain.attacks import Attack, attack_settings, fab_t
 from advtrain.attacks.fab import project_linf
-from advtrain.evaluation.robustness import ensemble_attacks
 from advtrain.utils.errors import ArgumentError
 
+pytestmark = pytest.mark.backend_neutral
+
 EPS = 0.1
+
+
+def _compiled(fn):
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.jit(fn)
+    import tensorflow as tf
+
+    return tf.function(fn)
 
 
 @pytest.fixture(scope="module")
@@ -18,17 +31,16 @@ def cnn(digits_cnn):
     return digits_cnn
 
 
-def _in_graph(model, **settings):
-    """FAB-T traced once under tf.function, as evaluation runs it."""
-
-    @tf.function
-    def run(x, y, eps):
-        return fab_t(lambda z: model(z, training=False), x, y, eps=eps, **settings)
-
-    def call(x, y, eps=EPS):
-        return run(tf.constant(x), tf.constant(y), tf.constant(eps, tf.float32))
-
-    return call
+def _in_graph(model, eps=EPS, **settings):
+    """FAB-T compiled once, as evaluation runs it; numpy out."""
+    run = _compiled(
+        lambda x, y: fab_t(
+            lambda z: model(z, training=False), x, y, eps=eps, **settings
+        )
+    )
+    return lambda x, y: ops.convert_to_numpy(
+        run(ops.convert_to_tensor(x), ops.convert_to_tensor(y))
+    )
 
 
 def _smallest_move(t, w, b):
@@ -56,7 +68,7 @@ def test_projection_is_the_smallest_move_onto_the_plane_in_the_box():
     w = rng.normal(size=(200, 12)).astype(np.float32)
     w[:, :3] *= rng.uniform(size=(200, 1)) < 0.5  # some zero normals
     b = (w * t).sum(1) + rng.normal(scale=1.0, size=200).astype(np.float32)
-    d = np.asarray(project_linf(t, w, b, 0.0, 1.0))
+    d = ops.convert_to_numpy(project_linf(t, w, b, 0.0, 1.0))
     reached = 0
     for i in range(len(t)):
         expected = _smallest_move(t[i], w[i], b[i])
@@ -76,13 +88,13 @@ def test_projection_is_the_smallest_move_onto_the_plane_in_the_box():
 
 def test_within_eps_and_pixel_range_and_misclassified(cnn, test_digits):
     x, y = test_digits[0][:96], test_digits[1][:96]
-    x_adv = _in_graph(cnn, steps=20, targets=3)(x, y).numpy()
+    x_adv = _in_graph(cnn, steps=20, targets=3)(x, y)
     size = np.abs(x_adv - x).reshape(len(x), -1).max(1)
     assert size.max() <= EPS + 1e-6
     assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
     moved = size > 0
     assert moved.sum() > 10  # it broke some: not a silent no-op
-    predicted = np.argmax(cnn(x_adv, training=False), -1)
+    predicted = np.argmax(ops.convert_to_numpy(cnn(x_adv, training=False)), -1)
     # A moved point is adversarial; an unbroken example comes back as it was.
     assert np.all(predicted[moved] != y[moved])
     np.testing.assert_array_equal(x_adv[~moved], x[~moved])
@@ -90,8 +102,8 @@ def test_within_eps_and_pixel_range_and_misclassified(cnn, test_digits):
 
 def test_eps_zero_leaves_inputs_unchanged(cnn, test_digits):
     x, y = test_digits[0][:32], test_digits[1][:32]
-    x_adv = _in_graph(cnn, steps=5, targets=2)(x, y, 0.0)
-    np.testing.assert_array_equal(x_adv.numpy(), x)
+    x_adv = _in_graph(cnn, eps=0.0, steps=5, targets=2)(x, y)
+    np.testing.assert_array_equal(x_adv, x)
 
 
 def test_as_strong_as_apgd_t_on_the_digits_cnn(cnn, test_digits):
@@ -99,12 +111,13 @@ def test_as_strong_as_apgd_t_on_the_digits_cnn(cnn, test_digits):
     # on this undefended CNN they break about the same digits.
     x, y = test_digits
     fab = _in_graph(cnn)(x, y)
-    apgd_t = tf.function(
+    apgd_t = _compiled(
         lambda x, y: Attack("apgd_dlr", eps=EPS)(lambda z: cnn(z), x, y, seed=0)
-    )(tf.constant(x), tf.constant(y))
+    )(ops.convert_to_tensor(x), ops.convert_to_tensor(y))
 
     def accuracy(points):
-        return float(np.mean(np.argmax(cnn(points), -1) == y))
+        logits = ops.convert_to_numpy(cnn(points))
+        return float(np.mean(np.argmax(logits, -1) == y))
 
     clean = accuracy(x)
     assert accuracy(fab) < clean - 0.3
@@ -113,7 +126,7 @@ def test_as_strong_as_apgd_t_on_the_digits_cnn(cnn, test_digits):
 
 def test_random_restarts_start_inside_the_box(cnn, test_digits):
     x, y = test_digits[0][:32], test_digits[1][:32]
-    x_adv = _in_graph(cnn, steps=3, targets=1, restarts=3, seed=1)(x, y).numpy()
+    x_adv = _in_graph(cnn, steps=3, targets=1, restarts=3, seed=1)(x, y)
     assert np.abs(x_adv - x).max() <= EPS + 1e-6
     assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
 
@@ -132,13 +145,3 @@ def test_settings_and_errors(cnn, test_digits):
         fab_t(model_fn, x, y, eps=EPS, clip_min=None)
     with pytest.raises(ArgumentError, match="fab_t does not take rho"):
         Attack("fab_t", eps=EPS, rho=0.5)
-
-
-def test_the_standard_cascade_runs_fab_t_after_apgd_t():
-    standard = ensemble_attacks(0.3, "inf", "standard")
-    assert list(standard) == ["apgd_ce", "apgd_t", "fab_t", "square"]
-    assert standard["fab_t"].targets == 9 and standard["fab_t"].steps == 100
-    assert list(ensemble_attacks(0.3, budget="cheap")) == [
-        "apgd_ce", "apgd_t", "square",
-    ]  # fmt: skip
-    assert "fab_t" not in ensemble_attacks(0.5, "2", "standard")  # L-inf only
