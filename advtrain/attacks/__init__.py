@@ -10,6 +10,7 @@ from advtrain.attacks.attack import (
 )
 from advtrain.attacks.cleverhans_backend import cleverhans_fgsm, cleverhans_pgd
 from advtrain.attacks.common import canonical_norm, per_example_cross_entropy
+from advtrain.attacks.fab import fab_t
 from advtrain.attacks.fgsm import fgsm, fgsm_random_start
 from advtrain.attacks.pgd import pgd
 from advtrain.attacks.square import square
@@ -23,6 +24,7 @@ __all__ = [
     "canonical_norm",
     "cleverhans_fgsm",
     "cleverhans_pgd",
+    "fab_t",
     "fgsm",
     "fgsm_random_start",
     "make_attack",

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-from advtrain.attacks import apgd, cleverhans_backend, fgsm, pgd, square
+from advtrain.attacks import apgd, cleverhans_backend, fab, fgsm, pgd, square
 from advtrain.attacks.common import (
     LossFn,
     ModelFn,
@@ -142,7 +142,8 @@ class Attack:
     the attack: `attack(model_fn, x, y)` returns adversarial pixels.
 
     `method` names a registered attack: "fgsm", "fgsm_rs", "n_fgsm",
-    "zerograd", "pgd", "apgd_ce", "apgd_dlr", "square" (gradient-free),
+    "zerograd", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square"
+    (gradient-free),
     or one added with `register_attack`. Every method takes the shared
     settings `eps` (pixel units), `norm` ("inf" or 2) and the pixel range
     `clip_min`, `clip_max`; `backend` is "advtrain" or "cleverhans" (fgsm
@@ -505,5 +506,6 @@ register_attack("pgd")(pgd.pgd)
 register_attack("apgd_ce")(apgd.apgd_ce)
 register_attack("apgd_dlr")(apgd.apgd_dlr)
 register_attack("square")(square.square)
+register_attack("fab_t")(fab.fab_t)
 register_attack("cleverhans_fgsm")(cleverhans_backend.cleverhans_fgsm)
 register_attack("cleverhans_pgd")(cleverhans_backend.cleverhans_pgd)

@@ -38,7 +38,7 @@ class AdversarialExamples:
 
     For each example evaluated, in evaluation order, `x_adv` is the input
     of the first attack, in the order the evaluation runs them (its listed
-    attacks, then AutoAttack's cascade: APGD-CE, APGD-T, Square), that
+    attacks, then AutoAttack's cascade: APGD-CE, APGD-T, FAB-T, Square), that
     made the model wrong; `attack` names it. An example that no attack
     broke (`robust`) holds the last attack's point and `attack` "". An
     example wrong before any attack holds `x_adv = x` and `attack`

@@ -34,11 +34,14 @@ ATTACK_LABELS = {
     "pgd": "PGD accuracy",
     "apgd_ce": "APGD-CE accuracy",
     "apgd_dlr": "APGD-DLR accuracy (targeted)",
+    "fab_t": "FAB-T accuracy (targeted)",
     "square": "Square accuracy (gradient-free)",
 }
 
 # Labels of AutoAttack's members in the cascade rows.
-CASCADE_LABELS = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "square": "Square"}
+CASCADE_LABELS = {
+    "apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square",
+}  # fmt: skip
 
 
 def robustness_headline(metrics: Mapping[str, Any]) -> tuple[str, str]:
@@ -46,7 +49,8 @@ def robustness_headline(metrics: Mapping[str, Any]) -> tuple[str, str]:
     is over, the 95% interval and the number of examples.
 
     Example: ("robust accuracy (worst case over clean, FGSM, PGD,
-    AutoAttack (APGD-CE, APGD-T, Square), standard budget; eps=0.3 inf)",
+    AutoAttack (APGD-CE, APGD-T, FAB-T, Square), standard budget; eps=0.3
+    inf)",
     "84.70% (95% CI 82.3-86.8%, 1000 examples)").
     """
     over, value = headline_parts(metrics)
@@ -144,7 +148,7 @@ def _headline(metrics: Mapping[str, Any]) -> list[str]:
             continue
         attack = metrics.get(f"{key}_attack", {})
         detail = f"eps={attack.get('eps', 0):g} norm={attack.get('norm', '?')}"
-        if attack.get("method") in ("pgd", "apgd_ce", "apgd_dlr"):
+        if attack.get("method") in ("pgd", "apgd_ce", "apgd_dlr", "fab_t"):
             detail += f", {attack['steps']} steps x {attack['restarts']} restart(s)"
         if attack.get("method") == "square":
             detail += f", {attack['queries']} queries"

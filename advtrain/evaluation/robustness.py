@@ -1,10 +1,10 @@
 """Robust evaluation: the AutoAttack-grade worst case as the headline;
-clean, FGSM, PGD, APGD and Square accuracy, macro F1, eps sweeps.
+clean, FGSM, PGD, APGD, FAB-T and Square accuracy, macro F1, eps sweeps.
 
 The headline `robust_accuracy` counts an example robust only if it is
 classified right clean and under every attack that ran: the listed
-attacks, then AutoAttack's ensemble (APGD-CE, APGD-T, Square) as a
-cascade, each attack only on the examples every earlier one failed to
+attacks, then AutoAttack's standard set (APGD-CE, APGD-T, FAB-T, Square)
+as a cascade, each attack only on the examples every earlier one failed to
 break (Croce and Hein 2020), so the cost falls on the robust examples.
 """
 
@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from advtrain.attacks import Attack
+from advtrain.attacks import Attack, canonical_norm
 from advtrain.attacks.pgd import default_step_size
 from advtrain.evaluation.examples import ExampleRecorder
 from advtrain.utils.errors import ArgumentError, did_you_mean
@@ -75,22 +75,32 @@ class _Accumulator:
 
 
 # AutoAttack's budgets (Croce and Hein 2020; fra31/auto-attack's
-# "standard" version for L-inf and L2, and its earlier "cheap" flag): APGD
-# iterations and runs, APGD-T's target classes, Square's queries.
+# "standard" version for L-inf, and its earlier "cheap" flag): APGD
+# iterations and runs, APGD-T's target classes, FAB-T's target classes
+# (100 iterations, one run each; 0 leaves FAB-T out), Square's queries.
+# The cheap budget runs APGD-CE, APGD-T and Square at 1,000 queries.
 BUDGETS = {
-    "standard": dict(apgd_steps=100, apgd_restarts=1, targets=9, queries=5000),
-    "cheap": dict(apgd_steps=100, apgd_restarts=1, targets=9, queries=1000),
+    "standard": dict(
+        apgd_steps=100, apgd_restarts=1, targets=9, fab_targets=9, queries=5000
+    ),
+    "cheap": dict(
+        apgd_steps=100, apgd_restarts=1, targets=9, fab_targets=0, queries=1000
+    ),
 }
 
 # Names of the ensemble's members, in cascade order, and their labels.
-ENSEMBLE = {"apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "square": "Square"}
+ENSEMBLE = {
+    "apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square",
+}  # fmt: skip
 
 # Gradient-free attacks (for the masking check): they read logits only.
 GRADIENT_FREE = ("square",)
 
 
 # The names an evaluation's `attacks` may list.
-EVALUATION_ATTACKS = ("fgsm", "pgd", "apgd_ce", "apgd_dlr", "square", "autoattack")
+EVALUATION_ATTACKS = (
+    "fgsm", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square", "autoattack",
+)  # fmt: skip
 
 # The keyword arguments that choose an evaluation's attacks (the recipe's
 # `eval` keys of that name; `evaluation_attacks` takes them).
@@ -127,10 +137,11 @@ def ensemble_attacks(
     num_classes: Optional[int] = None,
 ) -> dict[str, Attack]:
     """AutoAttack's ensemble at `budget`, in cascade order: APGD-CE,
-    APGD-T (targeted DLR over the 9 most likely wrong classes) and Square
-    (gradient-free); `queries` overrides Square's budget. With fewer than 4
-    classes APGD-T is left out: its loss needs 4 logits (AutoAttack skips
-    it there too)."""
+    APGD-T (targeted DLR over the 9 most likely wrong classes), FAB-T
+    (targeted FAB over the same classes; standard budget and L-inf only:
+    the L2 projection is not implemented) and Square (gradient-free);
+    `queries` overrides Square's budget. With fewer than 4 classes APGD-T
+    is left out: its loss needs 4 logits (AutoAttack skips it there too)."""
     if budget not in BUDGETS:
         raise ValueError(
             f"budget must be one of {', '.join(BUDGETS)}. Received: budget={budget!r}"
@@ -140,10 +151,13 @@ def ensemble_attacks(
     members = {
         "apgd_ce": Attack("apgd_ce", **apgd),
         "apgd_t": Attack("apgd_dlr", **apgd, targets=b["targets"]),
+        "fab_t": Attack("fab_t", eps=eps, targets=max(b["fab_targets"], 1)),
         "square": Attack("square", eps=eps, norm=norm, queries=queries or b["queries"]),
     }
     if num_classes is not None and num_classes < 4:
         del members["apgd_t"]
+    if not b["fab_targets"] or canonical_norm(norm) != "inf":
+        del members["fab_t"]
     return members
 
 
@@ -166,7 +180,7 @@ def evaluation_attacks(
     report name (the AutoAttack cascade is `ensemble_attacks`).
 
     The arguments are the recipe's `eval` keys: `attacks` names them
-    (fgsm, pgd, apgd_ce, apgd_dlr, square, autoattack; see
+    (fgsm, pgd, apgd_ce, apgd_dlr, fab_t, square, autoattack; see
     `listed_attacks` for the default). `eps` None means `default_eps` (the
     training eps). Each `eps_sweep` value adds a PGD attack `sweep_<eps>`.
     """
@@ -186,6 +200,7 @@ def evaluation_attacks(
         ),
         "apgd_ce": lambda: Attack("apgd_ce", **apgd),
         "apgd_dlr": lambda: Attack("apgd_dlr", **apgd),
+        "fab_t": lambda: Attack("fab_t", eps=eps, norm=norm),
         "square": lambda: Attack(
             "square", eps=eps, norm=norm, queries=square_queries or 5000
         ),
@@ -519,7 +534,8 @@ def evaluate(
 
     The Python face of a recipe's evaluation: `robust_accuracy` is the
     worst case per example over clean, FGSM, PGD and AutoAttack (APGD-CE,
-    APGD-T, Square as a cascade) at `eps`, with its 95% interval; the
+    APGD-T, FAB-T, Square as a cascade; the cheap budget leaves out FAB-T)
+    at `eps`, with its 95% interval; the
     other keys are `evaluate_robustness`'s.
 
     Args:

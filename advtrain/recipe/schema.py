@@ -398,20 +398,31 @@ class EvalConfig(_Section):
     pgd_steps: int = Field(20, ge=0, le=10_000)
     pgd_step_size: Optional[float] = Field(None, gt=0.0)
     pgd_restarts: int = Field(1, ge=1, le=1000)
-    # The attacks reported: a list of fgsm, pgd, apgd_ce, apgd_dlr, square
-    # and autoattack (AutoAttack's ensemble APGD-CE, APGD-T, Square as a
-    # cascade), or autoattack alone. None: FGSM when `fgsm` is true, PGD
-    # when pgd_steps > 0, and autoattack. Given, the list alone decides
+    # The attacks reported: a list of fgsm, pgd, apgd_ce, apgd_dlr, fab_t,
+    # square and autoattack (AutoAttack's ensemble APGD-CE, APGD-T, FAB-T,
+    # Square as a cascade), or autoattack alone. None: FGSM when `fgsm` is
+    # true, PGD when pgd_steps > 0, and autoattack. Given, the list alone decides
     # (pgd uses the pgd_* settings). The headline robust_accuracy counts an
     # example robust only if clean and every attack get it right.
     attacks: Optional[
         Union[
             Literal["autoattack"],
-            list[Literal["fgsm", "pgd", "apgd_ce", "apgd_dlr", "square", "autoattack"]],
+            list[
+                Literal[
+                    "fgsm",
+                    "pgd",
+                    "apgd_ce",
+                    "apgd_dlr",
+                    "fab_t",
+                    "square",
+                    "autoattack",
+                ]
+            ],
         ]
     ] = None
-    # AutoAttack's budget: standard (APGD 100 iterations, APGD-T over 9
-    # targets, Square 5,000 queries) or cheap (Square 1,000 queries).
+    # AutoAttack's budget: standard (APGD 100 iterations, APGD-T and FAB-T
+    # over 9 targets, Square 5,000 queries) or cheap (no FAB-T, Square 1,000
+    # queries).
     budget: Literal["standard", "cheap"] = "standard"
     # Square's queries per example (default: the budget's), for the
     # ensemble and for a listed square.

@@ -139,6 +139,7 @@ def test_ensemble_budgets():
     standard = ensemble_attacks(0.3, "inf", "standard")
     assert standard["apgd_ce"].steps == 100 and standard["square"].queries == 5000
     assert standard["apgd_t"].method == "apgd_dlr"
+    assert standard["fab_t"].method == "fab_t"
     assert ensemble_attacks(0.3, budget="cheap")["square"].queries == 1000
     assert ensemble_attacks(0.3, queries=77)["square"].queries == 77
     with pytest.raises(ValueError, match="budget must be one of standard, cheap"):
@@ -199,7 +200,7 @@ def test_python_api_evaluate(cnn, test_digits):
 
 def test_two_classes_run_the_ensemble_without_apgd_t(digits):
     # APGD-T's DLR loss needs 4 logits; a binary classifier still gets
-    # APGD-CE and Square.
+    # APGD-CE, FAB-T (one target: the other class) and Square.
     x, y = digits
     keep = y < 2
     x2, y2 = x[keep][:128], y[keep][:128]
@@ -213,9 +214,11 @@ def test_two_classes_run_the_ensemble_without_apgd_t(digits):
     )  # fmt: skip
     assert [s["attack"] for s in result["autoattack"]["steps"]] == [
         "apgd_ce",
+        "fab_t",
         "square",
     ]
-    assert "AutoAttack (APGD-CE, Square)" in result["robust_accuracy_ensemble"]
+    ensemble = result["robust_accuracy_ensemble"]
+    assert "AutoAttack (APGD-CE, FAB-T, Square)" in ensemble
 
 
 def test_fit_reports_the_worst_case_on_test_data(digits):
@@ -241,3 +244,13 @@ def test_fit_reports_the_worst_case_on_test_data(digits):
             loss="sparse_categorical_crossentropy", batch_size=64,
             test_data=(x[:8], y[:8]), echo=None,
         )  # fmt: skip
+
+
+def test_the_standard_cascade_runs_fab_t_after_apgd_t():
+    standard = ensemble_attacks(0.3, "inf", "standard")
+    assert list(standard) == ["apgd_ce", "apgd_t", "fab_t", "square"]
+    assert standard["fab_t"].targets == 9 and standard["fab_t"].steps == 100
+    assert list(ensemble_attacks(0.3, budget="cheap")) == [
+        "apgd_ce", "apgd_t", "square",
+    ]  # fmt: skip
+    assert "fab_t" not in ensemble_attacks(0.5, "2", "standard")  # L-inf only

@@ -124,7 +124,7 @@ def test_default_attacks_are_fgsm_pgd_and_autoattack(trained_dense, digits):
     )  # fmt: skip
     assert not [key for key in result if key.startswith("apgd")]
     assert result["robust_accuracy_over"] == [
-        "clean", "fgsm", "pgd", "apgd_ce", "apgd_t", "square",
+        "clean", "fgsm", "pgd", "apgd_ce", "apgd_t", "fab_t", "square",
     ]  # fmt: skip
     assert result["robust_accuracy"] <= result["pgd_accuracy"]
     assert result["robust_accuracy_worst"] == result["robust_accuracy"]

@@ -71,6 +71,7 @@ def test_evaluation_traces_each_attack_kind_once(monkeypatch):
     )  # fmt: skip
     run_sanity_checks(model, ds, **keys, default_eps=0.01, max_examples=40)
     kinds = [len(r._functions) for r in runners]
-    assert kinds[:2] == [2, 3]  # fgsm + pgd; the cascade's apgd_ce, apgd_t, square
+    # fgsm + pgd; the cascade's apgd_ce, apgd_t, fab_t, square
+    assert kinds[:2] == [2, 4]
     for runner in runners:
         assert runner.tracing_count == len(runner._functions)

@@ -1,0 +1,281 @@
+"""FAB-T (Croce and Hein 2020): the targeted Fast Adaptive Boundary attack.
+
+"Minimally distorted adversarial examples with a fast adaptive boundary
+attack" (ICML 2020), the third member of AutoAttack's standard set. FAB
+looks for the adversarial point closest to the input: at each step it
+linearises the decision boundary between the true class and a target
+class, projects both the current point and the original input onto that
+hyperplane (inside the pixel box, minimal L-inf distance), and moves to
+a blend of the two projections that leans towards the original input;
+once a point is adversarial it steps back towards the input. An example
+is broken when the closest adversarial point found lies within eps.
+
+The targeted version attacks, in turn, the classes the model ranks
+highest after the true one on the clean input, so each step needs only
+the gradient of one logit difference. Settings follow the authors' code
+(fra31/auto-attack, its standard version): 9 target classes, 100
+iterations, one run per target, `alpha_max=0.1`, `eta=1.05`, `beta=0.9`.
+
+Written in `keras.ops` with fixed shapes, on the whole batch at once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import keras
+from keras import ops
+
+from advtrain.attacks.common import (
+    ModelFn,
+    Norm,
+    attack_inputs,
+    check_count,
+    checked_norm,
+    input_gradient,
+    int_labels,
+)
+from advtrain.utils.errors import ArgumentError
+
+# AutoAttack's FAB-T attacks the 9 most likely wrong classes.
+DEFAULT_TARGETS = 9
+_TINY = 1e-12
+_MIN_STEP = 1e-8  # the reference's floor on the projections' lengths
+
+
+def fab_t(
+    model_fn: ModelFn,
+    x: Any,
+    y: Optional[Any] = None,
+    *,
+    eps: float,
+    norm: Norm = "inf",
+    steps: int = 100,
+    targets: int = DEFAULT_TARGETS,
+    restarts: int = 1,
+    alpha_max: float = 0.1,
+    eta: float = 1.05,
+    beta: float = 0.9,
+    clip_min: float = 0.0,
+    clip_max: float = 1.0,
+    seed: Any = None,
+) -> Any:
+    """Targeted FAB, L-inf (AutoAttack's FAB-T).
+
+    Args:
+        model_fn: maps pixels to logits (at least 2 classes).
+        x: float pixels.
+        y: integer labels (or probability rows); None uses predictions.
+        eps: radius of the ball in pixel units: a point found further
+            away does not count.
+        norm: "inf" only (the L-inf projection is the one implemented).
+        steps: iterations per run (AutoAttack: 100).
+        targets: target classes tried, the most likely wrong ones on the
+            clean input first (AutoAttack: 9); at most classes - 1.
+        restarts: runs per target; runs after the first start at a random
+            point at L-inf distance eps / 2 (AutoAttack's FAB-T: 1).
+        alpha_max: the largest weight of the projection of the original
+            input in each step's blend.
+        eta: overshoot of each projection (> 1 lands past the boundary).
+        beta: once adversarial, the point moves back to `x + beta * delta`.
+        clip_min, clip_max: the pixel box (finite).
+        seed: None, an int or a `keras.random.SeedGenerator`; used only
+            with `restarts > 1`.
+
+    Returns:
+        Per example, the closest adversarial point found within eps, else
+        `x` unchanged (also for an example misclassified already); the
+        dtype of `x`.
+
+    Example:
+
+    ```python
+    x_adv = fab_t(lambda x: model(x, training=False), x, y, eps=0.3)
+    ```
+    """
+    _validate(eps, norm, steps, targets, restarts, alpha_max, eta, beta)
+    _check_box(clip_min, clip_max)
+    x, y = attack_inputs(model_fn, x, y)
+    dtype = x.dtype
+    x = ops.cast(x, "float32")
+    labels = ops.cast(int_labels(y), "int32")
+    clean_logits = ops.cast(model_fn(x), "float32")
+    classes = clean_logits.shape[-1]
+    if classes is not None and classes < 2:
+        raise ValueError(f"FAB-T needs at least 2 classes. Received: classes={classes}")
+    if classes is not None:
+        targets = min(targets, classes - 1)
+    # Target k is the (k + 2)-th most likely class on the clean input, as in
+    # AutoAttack (for a correctly classified input: the k-th wrong class).
+    ranked = ops.cast(ops.argsort(-clean_logits, axis=-1), "int32")
+    wrong = ops.not_equal(ops.cast(ops.argmax(clean_logits, axis=-1), "int32"), labels)
+    box = (float(clip_min), float(clip_max))
+    starts = _random_starts(x, eps, restarts, box, seed)
+    eps = ops.cast(eps, "float32")
+    options = dict(steps=steps, alpha_max=alpha_max, eta=eta, beta=beta, box=box)
+    runs = targets * restarts
+
+    def body(run, best, done):
+        target = ops.take(ranked, run // restarts + 1, axis=1)
+        start = x if starts is None else _start_of(x, starts, run % restarts)
+        point, distance = _fab_run(model_fn, x, start, labels, target, **options)
+        new = ops.logical_and(ops.less_equal(distance, eps), ops.logical_not(done))
+        best = ops.where(_per_example(new, x), point, best)
+        return run + 1, best, ops.logical_or(done, new)
+
+    def more(run, best, done):
+        return ops.logical_and(ops.less(run, runs), ops.logical_not(ops.all(done)))
+
+    _, best, _ = ops.while_loop(
+        more,
+        body,
+        (ops.convert_to_tensor(0, "int32"), x, wrong),
+        maximum_iterations=runs,
+    )
+    return ops.cast(ops.stop_gradient(best), dtype)
+
+
+def _validate(eps, norm, steps, targets, restarts, alpha_max, eta, beta) -> None:
+    if checked_norm(norm, eps) != "inf":
+        raise ArgumentError(
+            "norm", f"fab_t supports norm='inf' only. Received: norm={norm!r}"
+        )
+    check_count("steps", steps, tensor=False)
+    check_count("restarts", restarts, tensor=False)
+    check_count("targets", targets, tensor=False)
+    if not 0.0 <= alpha_max <= 1.0:
+        raise ArgumentError(
+            "alpha_max", f"must be in [0, 1]. Received: alpha_max={alpha_max!r}"
+        )
+    if not eta >= 1.0:
+        raise ArgumentError("eta", f"must be >= 1. Received: eta={eta!r}")
+    if not 0.0 < beta <= 1.0:
+        raise ArgumentError("beta", f"must be in (0, 1]. Received: beta={beta!r}")
+
+
+def _check_box(clip_min: Any, clip_max: Any) -> None:
+    finite = all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for v in (clip_min, clip_max)
+    )
+    if not finite or not clip_min < clip_max:
+        raise ArgumentError(
+            "clip_max",
+            "fab_t projects inside the pixel box: clip_min and clip_max must be "
+            f"finite numbers, clip_min < clip_max. Received: clip_min={clip_min!r}"
+            f", clip_max={clip_max!r}",
+        )
+
+
+def _per_example(mask, x):
+    return ops.reshape(mask, (-1,) + (1,) * (len(x.shape) - 1))
+
+
+def _random_starts(x, eps, restarts: int, box, seed):
+    """The random starts of runs 1.. of each target, drawn once up front
+    (AutoAttack: uniform noise rescaled to L-inf length eps / 2)."""
+    if restarts == 1:
+        return None
+    shape = (restarts - 1, *ops.shape(x))
+    noise = keras.random.uniform(shape, minval=-1.0, maxval=1.0, seed=seed)
+    axes = tuple(range(2, len(x.shape) + 1))
+    noise = noise / (ops.max(ops.abs(noise), axis=axes, keepdims=True) + _TINY)
+    return ops.clip(x[None] + 0.5 * ops.cast(eps, "float32") * noise, *box)
+
+
+def _start_of(x, starts, restart):
+    """The start of run `restart` of a target: `x` for the first."""
+    index = ops.maximum(restart - 1, 0)
+    drawn = ops.take(starts, index, axis=0)
+    return ops.where(ops.equal(restart, 0), x, drawn)
+
+
+def _margin(pair, logits):
+    """Per example, target logit minus true logit; `pair` holds the true
+    and the target class in its two columns."""
+    logits = ops.cast(logits, "float32")
+    chosen = ops.take_along_axis(logits, pair, axis=1)
+    return chosen[:, 1] - chosen[:, 0]
+
+
+def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta, box):
+    """One FAB run towards `target` from `start`: per example, the closest
+    adversarial point found and its L-inf distance from `x0` (inf if none)."""
+    batch = ops.shape(x0)[0]
+    flat = (batch, -1)
+    pair = ops.stack([labels, target], axis=1)
+
+    def body(_, state):
+        x1, best, distance = state
+        margin = _margin(pair, model_fn(x1))
+        w = ops.reshape(input_gradient(model_fn, x1, pair, loss_fn=_margin), flat)
+        # The linearised boundary between true and target class: w.z = b.
+        b = ops.sum(w * ops.reshape(x1, flat), axis=1) - margin
+        moves = project_linf(
+            ops.concatenate([ops.reshape(x1, flat), ops.reshape(x0, flat)], 0),
+            ops.concatenate([w, w], 0),
+            ops.concatenate([b, b], 0),
+            *box,
+        )
+        d1 = ops.reshape(moves[:batch], ops.shape(x0))
+        d2 = ops.reshape(moves[batch:], ops.shape(x0))
+        length = ops.maximum(ops.max(ops.abs(moves), axis=1), _MIN_STEP)
+        a1, a2 = length[:batch], length[batch:]
+        alpha = ops.clip(a1 / (a1 + a2), 0.0, alpha_max)
+        alpha = _per_example(alpha, x0)
+        x1 = (x1 + eta * d1) * (1 - alpha) + (x0 + eta * d2) * alpha
+        x1 = ops.clip(x1, *box)
+        predicted = ops.cast(ops.argmax(model_fn(x1), axis=-1), "int32")
+        fooled = ops.not_equal(predicted, labels)
+        size = ops.max(ops.abs(ops.reshape(x1 - x0, flat)), axis=1)
+        closer = ops.logical_and(fooled, ops.less(size, distance))
+        best = ops.where(_per_example(closer, x0), x1, best)
+        distance = ops.where(closer, size, distance)
+        # Back towards the input from an adversarial point (FAB's beta step).
+        x1 = ops.where(_per_example(fooled, x0), x0 + (x1 - x0) * beta, x1)
+        return x1, best, distance
+
+    state = (start, x0, ops.full((batch,), math.inf, "float32"))
+    _, best, distance = ops.fori_loop(0, steps, body, state)
+    return best, distance
+
+
+def project_linf(t, w, b, low: float, high: float):
+    """Per row, the smallest L-inf move `d` with `w.(t + d) = b` and
+    `low <= t + d <= high`; where the box does not reach the hyperplane,
+    the move to the box corner nearest it.
+
+    Rows are flattened points `t` (N, D), normals `w` (N, D), offsets `b`
+    (N,). With the sign of `w` chosen so that the plane lies in the
+    direction of decreasing `w.z`, coordinate i moves towards the box
+    side that lowers `w.z`, by `min(lam, room_i)` for a common length
+    `lam`. `w.d` is then piecewise linear and decreasing in `lam`, with
+    kinks at the rooms; sorting the rooms finds the piece where it meets
+    the plane, and `lam` solves that piece's linear equation.
+    """
+    gap = b - ops.sum(w * t, axis=1)
+    side = ops.where(ops.greater(gap, 0.0), -1.0, 1.0)
+    w, gap = w * side[:, None], gap * side  # now gap <= 0: lower w.z by -gap
+    up = ops.less(w, 0.0)
+    room = ops.where(up, high - t, t - low)
+    weight = ops.abs(w)
+    order = ops.argsort(-room, axis=1)
+    room_sorted = ops.take_along_axis(room, order, axis=1)
+    weight_sorted = ops.take_along_axis(weight, order, axis=1)
+    # Moving the k+1 roomiest coordinates by lam = room_sorted[k] and the
+    # others all the way, w.d = -(capped[k] * lam + rest[k]).
+    capped = ops.cumsum(weight_sorted, axis=1)
+    spent = weight_sorted * room_sorted
+    rest = ops.sum(spent, axis=1, keepdims=True) - ops.cumsum(spent, axis=1)
+    reach = -(capped * room_sorted + rest)  # increasing along the row
+    # The last kink short of the plane: lam lies between it and the next.
+    short = ops.sum(ops.cast(ops.greater(gap[:, None], reach), "int32"), axis=1)
+    k = ops.maximum(short - 1, 0)[:, None]
+    rest_k = ops.take_along_axis(rest, k, axis=1)[:, 0]
+    capped_k = ops.take_along_axis(capped, k, axis=1)[:, 0]
+    lam = ops.maximum(-(gap + rest_k) / ops.maximum(capped_k, _TINY), 0.0)
+    # No kink short of the plane: even the whole box cannot reach it.
+    lam = ops.where(ops.greater(short, 0), lam, ops.max(room, axis=1))
+    size = ops.minimum(lam[:, None], room)
+    return ops.where(up, size, -size) * ops.cast(ops.not_equal(w, 0.0), w.dtype)
