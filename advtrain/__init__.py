@@ -22,34 +22,46 @@ imported on first use of one of its names: the library never loads it.
 """
 
 import importlib
+import importlib.util
+import os
 from typing import TYPE_CHECKING
 
 from advtrain._tfimport import import_tensorflow
 
-import_tensorflow()
+# Keras imports TensorFlow on its default backend: quietly, first.
+if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow" and (
+    importlib.util.find_spec("tensorflow") is not None
+):
+    import_tensorflow()
 
-# Below TensorFlow's quiet import. Each import also registers its Keras
-# objects (register_keras_serializable) or its TFDS builder.
-from advtrain import data  # noqa: E402, F401  (the gtsrb TFDS builder)
-from advtrain.attacks import (  # noqa: E402
-    Attack,
-    attack_settings,
-    fgsm,
-    fgsm_random_start,
-    make_attack,
-    pgd,
-    register_attack,
-)
-from advtrain.backbones import register_backbone  # noqa: E402
-from advtrain.data import register_source  # noqa: E402
-from advtrain.evaluation.robustness import evaluate  # noqa: E402
-from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
-from advtrain.models.objectives import register_objective  # noqa: E402
-from advtrain.train import runtime  # noqa: E402, F401  (OneCycle)
+import keras  # noqa: E402
 
-# `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule named
-# `fit` would replace this function on the package with the module.
-from advtrain.train.fitting import fit  # noqa: E402
+# Until the rest of the library runs without TensorFlow (issue 36), only
+# the TensorFlow backend loads it; on another backend `advtrain.attacks`
+# and `advtrain.backend` import alone, without TensorFlow.
+if keras.backend.backend() == "tensorflow":
+    # Below TensorFlow's quiet import. Each import also registers its Keras
+    # objects (register_keras_serializable) or its TFDS builder.
+    from advtrain import data  # noqa: E402, F401  (the gtsrb TFDS builder)
+    from advtrain.attacks import (  # noqa: E402
+        Attack,
+        attack_settings,
+        fgsm,
+        fgsm_random_start,
+        make_attack,
+        pgd,
+        register_attack,
+    )
+    from advtrain.backbones import register_backbone  # noqa: E402
+    from advtrain.data import register_source  # noqa: E402
+    from advtrain.evaluation.robustness import evaluate  # noqa: E402
+    from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
+    from advtrain.models.objectives import register_objective  # noqa: E402
+    from advtrain.train import runtime  # noqa: E402, F401  (OneCycle)
+
+    # `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule named
+    # `fit` would replace this function on the package with the module.
+    from advtrain.train.fitting import fit  # noqa: E402
 
 __version__ = "0.3.0"
 

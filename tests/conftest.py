@@ -1,6 +1,7 @@
 """Shared fixtures: small models trained once per session on real digits."""
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -14,9 +15,16 @@ from helpers import dense_classifier  # noqa: E402
 def digits():
     """scikit-learn's digits as float [0, 1] arrays (N, 8, 8, 1), shuffled
     once with a fixed seed (the file is ordered by writer)."""
-    from advtrain.data.digits import load_digits_arrays
+    if keras.backend.backend() == "tensorflow":
+        from advtrain.data.digits import load_digits_arrays
 
-    x, y = load_digits_arrays()
+        x, y = load_digits_arrays()
+    else:  # advtrain.data imports TensorFlow: the same arrays, read here
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        x = (bunch.images.astype(np.float32) / 16.0)[..., None]
+        y = bunch.target.astype(np.int64)
     order = np.random.default_rng(0).permutation(len(y))
     return x[order], y[order]
 
@@ -138,6 +146,8 @@ def _no_leaked_op_determinism():
     """`runtime.deterministic` turns on TF op determinism for the process;
     it also makes Keras silently drop XLA. Keep tests independent."""
     yield
+    if "tensorflow" not in sys.modules:
+        return  # the JAX tier: no TensorFlow to leak from
     from tensorflow.python.framework import config as tf_config
 
     if tf_config.is_op_determinism_enabled():
@@ -155,3 +165,18 @@ def _no_leaked_debug_flag():
         os.environ.pop("ADVTRAIN_DEBUG", None)
     else:
         os.environ["ADVTRAIN_DEBUG"] = before
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Off TensorFlow (the JAX tier) only the test modules that hold
+    backend-neutral tests, and the folders with one, are collected: the
+    others import TensorFlow."""
+    if keras.backend.backend() == "tensorflow":
+        return None
+    if collection_path.is_dir():
+        modules = list(collection_path.rglob("test_*.py"))
+    elif collection_path.name.startswith("test_") and collection_path.suffix == ".py":
+        modules = [collection_path]
+    else:
+        return None
+    return not any("backend_neutral" in m.read_text(encoding="utf-8") for m in modules)

@@ -20,6 +20,8 @@ PACKAGE = ROOT / "advtrain"
 # top-level modules (advtrain/_tfimport.py, ...). "advtrain" is the package
 # itself (advtrain/__init__.py), which re-exports the library.
 LAYERS = [
+    # What differs per Keras backend (advtrain/backend/): below everything.
+    ("backend",),
     ("utils",),
     ("attacks", "backbones", "data"),
     ("models",),

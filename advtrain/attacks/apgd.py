@@ -11,8 +11,8 @@ not fooled by the logit scaling that can hide gradients from
 cross-entropy; the targeted version attacks the most likely wrong
 classes in turn.
 
-Everything runs in-graph (under `tf.function`, and XLA: no data-dependent
-shapes), on the whole batch at once; every example keeps its own step
+Everything runs in-graph (under `tf.function` and XLA, or `jax.jit`: no
+data-dependent shapes), on the whole batch at once; every example keeps its own step
 size. Facts follow the paper and the authors' code (fra31/auto-attack);
 where they differ, the docstrings of `checkpoints` and `_apgd_run` say which is
 taken.
@@ -24,8 +24,9 @@ import math
 from collections.abc import Callable
 from typing import Any, Optional
 
-import tensorflow as tf
+from keras import ops
 
+from advtrain import backend
 from advtrain.attacks.common import (
     LossFn,
     ModelFn,
@@ -34,10 +35,16 @@ from advtrain.attacks.common import (
     check_count,
     checked_norm,
     clip_pixels,
+    fold_seed,
     int_labels,
+    logit_of,
+    per_example,
     per_example_cross_entropy,
+    predicted,
     project,
     random_in_ball,
+    reduce_axes,
+    seed_pair,
     steepest_step,
 )
 
@@ -48,7 +55,7 @@ _DLR_TINY = 1e-12
 # AutoAttack's APGD-T attacks the 9 most likely wrong classes.
 DEFAULT_TARGETS = 9
 
-Objective = Callable[[tf.Tensor], tf.Tensor]
+Objective = Callable[[Any], Any]
 
 
 def apgd_ce(
@@ -67,7 +74,7 @@ def apgd_ce(
     clip_max: Optional[float] = 1.0,
     loss_scale: Optional[Any] = None,
     seed: Any = None,
-) -> tf.Tensor:
+) -> Any:
     """APGD on the cross-entropy loss (AutoAttack's first attack).
 
     Args:
@@ -130,7 +137,7 @@ def apgd_dlr(
     clip_max: Optional[float] = 1.0,
     loss_scale: Optional[Any] = None,
     seed: Any = None,
-) -> tf.Tensor:
+) -> Any:
     """APGD on the (targeted) Difference of Logits Ratio loss.
 
     Targeted (AutoAttack's APGD-T), for each of the `targets` classes the
@@ -171,14 +178,12 @@ def apgd_dlr(
     targets = _usable_targets(targets, clean_logits.shape[-1])
     # Classes by decreasing clean logit; target k is the (k + 2)-th, as in
     # AutoAttack (for a correctly classified input: the k-th wrong class).
-    ranked = tf.argsort(
-        tf.cast(clean_logits, tf.float32), axis=-1, direction="DESCENDING"
-    )
+    ranked = ops.argsort(-ops.cast(clean_logits, "float32"), axis=-1)
 
     def objective(run):
         if not targets:
             return lambda logits: _dlr(logits, labels)
-        target = ranked[:, run // restarts + 1]
+        target = ops.take(ranked, run // restarts + 1, axis=1)
         return lambda logits: _dlr_targeted(logits, labels, target)
 
     runs = restarts * max(targets, 1)
@@ -236,20 +241,19 @@ def _validate(eps, norm, steps, restarts, rho, momentum) -> str:
     return norm
 
 
-def _dlr(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    logits = tf.cast(logits, tf.float32)
-    top = tf.math.top_k(logits, k=3).values
-    true = tf.gather(logits, labels, batch_dims=1)
+def _dlr(logits: Any, labels: Any) -> Any:
+    logits = ops.cast(logits, "float32")
+    top = ops.top_k(logits, k=3)[0]
+    true = logit_of(logits, labels)
     # The largest other logit: the top one, or the second when y is on top.
-    other = tf.where(true >= top[:, 0], top[:, 1], top[:, 0])
+    other = ops.where(true >= top[:, 0], top[:, 1], top[:, 0])
     return -(true - other) / (top[:, 0] - top[:, 2] + _DLR_TINY)
 
 
-def _dlr_targeted(logits: tf.Tensor, labels: tf.Tensor, target: tf.Tensor):
-    logits = tf.cast(logits, tf.float32)
-    top = tf.math.top_k(logits, k=4).values
-    true = tf.gather(logits, labels, batch_dims=1)
-    aim = tf.gather(logits, target, batch_dims=1)
+def _dlr_targeted(logits: Any, labels: Any, target: Any) -> Any:
+    logits = ops.cast(logits, "float32")
+    top = ops.top_k(logits, k=4)[0]
+    true, aim = logit_of(logits, labels), logit_of(logits, ops.cast(target, "int32"))
     scale = top[:, 0] - 0.5 * (top[:, 2] + top[:, 3]) + _DLR_TINY
     return -(true - aim) / scale
 
@@ -258,53 +262,53 @@ def _loss_gradient_wrong(model_fn, x, labels, objective, loss_scale):
     """Per-example loss, its input gradient and whether the model is
     wrong, from one forward pass (common.input_gradient returns only the
     gradient, and APGD needs all three at every step)."""
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        logits = model_fn(x)
-        loss = tf.cast(objective(logits), tf.float32)
-        total = tf.reduce_sum(loss)
+
+    def total(z):
+        logits = model_fn(z)
+        loss = ops.cast(objective(logits), "float32")
+        value = ops.sum(loss)
         if loss_scale is not None:
-            total = total * tf.cast(loss_scale, tf.float32)
-    grad = tape.gradient(total, x)
-    grad = tf.where(tf.math.is_finite(grad), grad, tf.zeros_like(grad))
-    predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
-    return loss, grad, tf.not_equal(predicted, labels)
+            value = value * ops.cast(loss_scale, "float32")
+        return value, (loss, logits)
 
-
-def _per_example(mask: tf.Tensor, rank: int) -> tf.Tensor:
-    return tf.reshape(mask, [-1] + [1] * (rank - 1))
+    (_, (loss, logits)), grad = backend.value_and_grad(total, x)
+    grad = backend.finite_or_zero(grad)
+    return loss, grad, predicted(logits) != labels
 
 
 def _best_over_runs(model_fn, x, labels, objective, runs, options):
     """Runs APGD `runs` times (run r attacks `objective(r)`) and keeps,
     per example, a misclassified point over a correct one and otherwise
     the highest loss. Stops once every example is misclassified."""
-    rank = x.shape.rank
+    rank = ops.ndim(x)
+    # Each run draws its start inside the loop, from its own folded seed.
+    pair = seed_pair(options.pop("seed"))
 
     def body(run, best, fooled, best_loss):
-        point, wrong, loss = _apgd_run(model_fn, x, labels, objective(run), **options)
-        better = (wrong & ~fooled) | (tf.equal(wrong, fooled) & (loss > best_loss))
-        best = tf.where(_per_example(better, rank), point, best)
+        point, wrong, loss = _apgd_run(
+            model_fn, x, labels, objective(run), seed=fold_seed(pair, run), **options
+        )
+        better = (wrong & ~fooled) | ((wrong == fooled) & (loss > best_loss))
         return (
             run + 1,
-            best,
+            ops.where(per_example(better, rank), point, best),
             fooled | wrong,
-            tf.where(better, loss, best_loss),
+            ops.where(better, loss, best_loss),
         )
 
-    batch = tf.shape(x)[0]
-    _, best, _, _ = tf.while_loop(
-        lambda run, _, fooled, __: (run < runs) & ~tf.reduce_all(fooled),
+    batch = ops.shape(x)[0]
+    _, best, _, _ = ops.while_loop(
+        lambda run, _, fooled, __: (run < runs) & ~ops.all(fooled),
         body,
         (
-            tf.constant(0),
+            ops.convert_to_tensor(0, "int32"),
             x,
-            tf.zeros([batch], tf.bool),
-            tf.fill([batch], tf.constant(-math.inf, tf.float32)),
+            ops.zeros((batch,), "bool"),
+            ops.full((batch,), -math.inf, "float32"),
         ),
         maximum_iterations=runs,
     )
-    return tf.stop_gradient(best)
+    return ops.stop_gradient(best)
 
 
 def _apgd_run(
@@ -324,8 +328,8 @@ def _apgd_run(
     resumes at the best point with its gradient, and the momentum term
     keeps the previous point.
     """
-    rank = x.shape.rank
-    eps_t = tf.cast(eps, x.dtype)
+    rank = ops.ndim(x)
+    eps_t = ops.cast(eps, x.dtype)
 
     def to_ball(point):
         delta = project(clip_pixels(point, clip_min, clip_max) - x, eps_t, norm)
@@ -335,7 +339,7 @@ def _apgd_run(
         return _loss_gradient_wrong(model_fn, point, labels, objective, loss_scale)
 
     def where(mask, a, b):
-        return tf.where(_per_example(mask, rank), a, b)
+        return ops.where(per_example(mask, rank), a, b)
 
     start = to_ball(x + _on_sphere(x, eps_t, norm, seed))
     state = _initial_state(start, *gradient_at(start), eps_t)
@@ -343,7 +347,7 @@ def _apgd_run(
 
     def body(i, s):
         # The first step has no momentum (the paper's x^(1)).
-        a = tf.where(i > 0, tf.cast(momentum, x.dtype), tf.cast(1.0, x.dtype))
+        a = ops.where(i > 0, ops.cast(momentum, x.dtype), ops.cast(1.0, x.dtype))
         z = to_ball(s["current"] + steepest_step(s["grad"], 1.0, norm) * s["eta"])
         moved = to_ball(
             s["current"]
@@ -360,35 +364,38 @@ def _apgd_run(
             loss=loss,
             best=where(improved, moved, s["best"]),
             best_grad=where(improved, grad, s["best_grad"]),
-            best_loss=tf.where(improved, loss, s["best_loss"]),
+            best_loss=ops.where(improved, loss, s["best_loss"]),
             adversarial=where(wrong, moved, s["adversarial"]),
             fooled=s["fooled"] | wrong,
-            rises=s["rises"] + tf.cast(loss > s["loss"], tf.float32),
+            rises=s["rises"] + ops.cast(loss > s["loss"], "float32"),
         )
-        length = interval[i]
-        return i + 1, tf.cond(length > 0, lambda: _review(s, length, rho), lambda: s)
+        length = ops.take(interval, i)
+        return i + 1, ops.cond(length > 0, lambda: _review(s, length, rho), lambda: s)
 
-    _, s = tf.while_loop(
-        lambda i, _: i < steps, body, (tf.constant(0), state), maximum_iterations=steps
+    _, s = ops.while_loop(
+        lambda i, _: i < steps,
+        body,
+        (ops.convert_to_tensor(0, "int32"), state),
+        maximum_iterations=steps,
     )
     point = where(s["fooled"], s["adversarial"], s["best"])
     return point, s["fooled"], s["best_loss"]
 
 
-def _intervals(steps: int) -> tf.Tensor:
+def _intervals(steps: int) -> Any:
     """Per iteration i (0-based): w_j - w_{j-1} when it completes the
     w_j-th step, else 0."""
     marks = checkpoints(steps)
     interval = [0.0] * steps
     for before, after in zip(marks[:-1], marks[1:], strict=True):
         interval[after - 1] = float(after - before)
-    return tf.constant(interval, tf.float32)
+    return ops.convert_to_tensor(interval, "float32")
 
 
 def _initial_state(start, loss, grad, wrong, eps) -> dict:
     """The loop state of `_apgd_run` at its random start."""
-    batch = tf.shape(start)[0]
-    step_shape = tf.concat([[batch], tf.ones([start.shape.rank - 1], tf.int32)], 0)
+    batch = ops.shape(start)[0]
+    step_shape = (batch,) + (1,) * (ops.ndim(start) - 1)
     return dict(
         current=start,
         previous=start,
@@ -399,43 +406,43 @@ def _initial_state(start, loss, grad, wrong, eps) -> dict:
         best_loss=loss,
         adversarial=start,
         fooled=wrong,
-        eta=tf.fill(step_shape, 2.0 * eps),
-        rises=tf.zeros([batch], tf.float32),
+        eta=ops.full(step_shape, 2.0 * eps, start.dtype),
+        rises=ops.zeros((batch,), "float32"),
         best_at_check=loss,
-        halved_at_check=tf.zeros([batch], tf.bool),
+        halved_at_check=ops.zeros((batch,), "bool"),
     )
 
 
-def _review(s: dict, length: tf.Tensor, rho: float) -> dict:
+def _review(s: dict, length: Any, rho: float) -> dict:
     """The checkpoint: halve the step where the loss rose too rarely
     (condition 1) or where the step was not halved last time and the best
     loss has not improved since (condition 2); those examples resume at
     their best point."""
-    rank = s["current"].shape.rank
+    rank = ops.ndim(s["current"])
     rarely = s["rises"] <= rho * length
     stalled = ~s["halved_at_check"] & (s["best_at_check"] >= s["best_loss"])
     halve = rarely | stalled
-    mask = _per_example(halve, rank)
+    mask = per_example(halve, rank)
     return dict(
         s,
-        eta=tf.where(mask, s["eta"] / 2, s["eta"]),
-        current=tf.where(mask, s["best"], s["current"]),
-        grad=tf.where(mask, s["best_grad"], s["grad"]),
-        loss=tf.where(halve, s["best_loss"], s["loss"]),
-        rises=tf.zeros_like(s["rises"]),
+        eta=ops.where(mask, s["eta"] / 2, s["eta"]),
+        current=ops.where(mask, s["best"], s["current"]),
+        grad=ops.where(mask, s["best_grad"], s["grad"]),
+        loss=ops.where(halve, s["best_loss"], s["loss"]),
+        rises=ops.zeros_like(s["rises"]),
         best_at_check=s["best_loss"],
         halved_at_check=halve,
     )
 
 
-def _on_sphere(x: tf.Tensor, eps: tf.Tensor, norm: str, seed: Any) -> tf.Tensor:
+def _on_sphere(x: Any, eps: Any, norm: str, seed: Any) -> Any:
     """A random perturbation of norm exactly eps (AutoAttack's start):
     uniform noise scaled to max |.| = eps (L-inf), or a random direction of
     length eps (L2)."""
     noise = random_in_ball(x, 1.0, norm, seed)
-    axes = list(range(1, x.shape.rank))
+    axes = reduce_axes(x)
     if norm == "inf":
-        size = tf.reduce_max(tf.abs(noise), axis=axes, keepdims=True)
+        size = ops.max(ops.abs(noise), axis=axes, keepdims=True)
     else:
-        size = tf.sqrt(tf.reduce_sum(tf.square(noise), axis=axes, keepdims=True))
-    return eps * noise / (size + tf.cast(1e-12, x.dtype))
+        size = ops.sqrt(ops.sum(ops.square(noise), axis=axes, keepdims=True))
+    return eps * noise / (size + ops.cast(1e-12, x.dtype))

@@ -17,8 +17,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-import tensorflow as tf
-
 from advtrain.attacks import apgd, cleverhans_backend, fgsm, pgd, square
 from advtrain.attacks.common import (
     LossFn,
@@ -27,6 +25,7 @@ from advtrain.attacks.common import (
     check_count,
     check_eps,
     check_fraction,
+    is_tensor,
 )
 from advtrain.utils.errors import ArgumentError, did_you_mean
 from advtrain.utils.keywords import keyword_names
@@ -66,7 +65,7 @@ def register_attack(name: str) -> Callable[[Callable], Callable]:
     Example:
 
     ```python
-    import tensorflow as tf
+    from keras import ops
     from advtrain.attacks import Attack, register_attack
     from advtrain.attacks.common import (
         attack_inputs, clip_pixels, input_gradient)
@@ -76,7 +75,7 @@ def register_attack(name: str) -> Callable[[Callable], Callable]:
                     loss_scale=None, clip_min=0.0, clip_max=1.0):
         x, y = attack_inputs(model_fn, x, y)  # float tensor; y or predictions
         grad = input_gradient(model_fn, x, y, loss_fn, loss_scale)
-        return clip_pixels(x + scale * eps * tf.sign(grad), clip_min, clip_max)
+        return clip_pixels(x + scale * eps * ops.sign(grad), clip_min, clip_max)
 
     attack = Attack("fgsm_scaled", eps=0.1, scale=0.25)
     x_adv = attack(lambda z: model(z, training=False), x, y)
@@ -261,7 +260,7 @@ class Attack:
         loss_scale: Optional[Any] = None,
         seed: Any = None,
         **extra: Any,
-    ) -> tf.Tensor:
+    ) -> Any:
         """Runs the attack. `extra` goes to the attack function as it is,
         e.g. `return_gradient=True` for the single-step attacks."""
         fn = attacks.get(_function_name(self.method, self.backend))
@@ -286,7 +285,7 @@ class Attack:
         training step) can take from a gradient computed elsewhere."""
         return self.backend == "advtrain" and self.method in ("fgsm", "fgsm_rs")
 
-    def step_from_gradient(self, x, grad, seed: Any = None) -> tf.Tensor:
+    def step_from_gradient(self, x, grad, seed: Any = None) -> Any:
         """The FGSM(-RS) result for a gradient computed elsewhere.
 
         Used by the gradient-reusing training step, which gets the input
@@ -448,7 +447,7 @@ def _check_numbers(shared: dict[str, Any], own: dict[str, Any]) -> None:
     for name in ("alpha", "step_size", "noise"):
         if own.get(name) is not None:
             check_eps(name, own[name])
-    if "zero_quantile" in own and not tf.is_tensor(own["zero_quantile"]):
+    if "zero_quantile" in own and not is_tensor(own["zero_quantile"]):
         check_fraction("zero_quantile", own["zero_quantile"])
     for name in ("steps", "restarts", "queries"):
         if name in own:

@@ -5,17 +5,23 @@
 those functions'), so `Attack(..., backend="cleverhans")` swaps one for
 the other. What cleverhans cannot do is refused: a returned gradient,
 several restarts, a step larger than eps. Its random start is unseeded.
+
+cleverhans.tf2 runs on TensorFlow only: it is imported on first use, and
+without TensorFlow and cleverhans (or on another Keras backend) a call is
+a one-line error saying what to install.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any, Optional
 
+import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from advtrain.attacks.common import (
     LossFn,
@@ -34,19 +40,38 @@ def _cleverhans_loss(loss_fn: Optional[LossFn], loss_scale: Optional[Any]):
     loss_fn = loss_fn or per_example_cross_entropy
 
     def wrapped(labels, logits):
-        loss = tf.cast(loss_fn(labels, logits), tf.float32)
+        loss = ops.cast(loss_fn(labels, logits), "float32")
         if loss_scale is not None:
-            loss = loss * tf.cast(loss_scale, tf.float32)
+            loss = loss * ops.cast(loss_scale, "float32")
         return loss
 
     return wrapped
 
 
-def _finite_or_clean(x_adv: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
+def _finite_or_clean(x_adv: Any, x: Any) -> Any:
     # An overflowing scaled loss gives a NaN gradient; no step beats a NaN
     # image (advtrain's own attacks zero such gradients the same way).
-    x_adv = tf.cast(x_adv, x.dtype)
-    return tf.where(tf.math.is_finite(x_adv), x_adv, x)
+    x_adv = ops.cast(x_adv, x.dtype)
+    return ops.where(ops.isfinite(x_adv), x_adv, x)
+
+
+def _cleverhans_attack(module: str, name: str) -> Callable:
+    """`cleverhans.tf2.attacks.<module>.<name>`, imported on first use; a
+    one-line error without TensorFlow and cleverhans or off TensorFlow."""
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "The cleverhans backend runs on TensorFlow only; use "
+            "backend='advtrain' or KERAS_BACKEND=tensorflow. Received: "
+            f"KERAS_BACKEND={keras.backend.backend()!r}"
+        )
+    try:
+        found = importlib.import_module(f"cleverhans.tf2.attacks.{module}")
+    except ImportError as error:
+        raise ImportError(
+            "The cleverhans backend needs TensorFlow and cleverhans: pip "
+            f"install tensorflow cleverhans. Received: {error}"
+        ) from None
+    return getattr(found, name)
 
 
 def _same_arguments(ours: Callable) -> Callable:
@@ -56,7 +81,7 @@ def _same_arguments(ours: Callable) -> Callable:
 
     def decorate(wrapper: Callable) -> Callable:
         @functools.wraps(wrapper)
-        def bound(*args: Any, **kwargs: Any) -> tf.Tensor:
+        def bound(*args: Any, **kwargs: Any) -> Any:
             arguments = signature.bind(*args, **kwargs)
             arguments.apply_defaults()
             return wrapper(**arguments.arguments)
@@ -67,7 +92,7 @@ def _same_arguments(ours: Callable) -> Callable:
     return decorate
 
 
-def _run(attack, a: dict, *args: Any, **kwargs: Any) -> tf.Tensor:
+def _run(attack, a: dict, *args: Any, **kwargs: Any) -> Any:
     """Calls the cleverhans `attack(model_fn, x, eps, *args, norm, ...)` on
     our arguments `a`: labels (or predictions), the loss times the loss
     scale, the pixel range; NaN results fall back to the clean pixels."""
@@ -89,27 +114,23 @@ def _run(attack, a: dict, *args: Any, **kwargs: Any) -> tf.Tensor:
 
 
 @_same_arguments(fgsm)
-def cleverhans_fgsm(**a: Any) -> tf.Tensor:
+def cleverhans_fgsm(**a: Any) -> Any:
     """`cleverhans.tf2.attacks.fast_gradient_method` with `fgsm`'s arguments.
 
     cleverhans computes in float32; the result is cast back to `x.dtype`.
     `loss_scale` multiplies the loss before differentiating (mixed
     precision), as in advtrain's own attacks.
     """
-    from cleverhans.tf2.attacks.fast_gradient_method import (
-        fast_gradient_method,
-    )
-
     if a["return_gradient"]:
         raise ValueError(
             "The cleverhans backend does not return the input gradient. "
             "Received: return_gradient=True"
         )
-    return _run(fast_gradient_method, a)
+    return _run(_cleverhans_attack("fast_gradient_method", "fast_gradient_method"), a)
 
 
 @_same_arguments(pgd)
-def cleverhans_pgd(**a: Any) -> tf.Tensor:
+def cleverhans_pgd(**a: Any) -> Any:
     """`cleverhans.tf2.attacks.projected_gradient_descent` with `pgd`'s
     arguments.
 
@@ -117,10 +138,6 @@ def cleverhans_pgd(**a: Any) -> tf.Tensor:
     (cleverhans draws its random start unseeded). `loss_scale` as in
     `cleverhans_fgsm`.
     """
-    from cleverhans.tf2.attacks.projected_gradient_descent import (
-        projected_gradient_descent,
-    )
-
     if not (isinstance(a["restarts"], int) and a["restarts"] == 1):
         raise ValueError(
             "The cleverhans backend runs one start per example. "
@@ -136,7 +153,7 @@ def cleverhans_pgd(**a: Any) -> tf.Tensor:
             f"Received: step_size={step_size}, eps={eps}"
         )
     return _run(
-        projected_gradient_descent,
+        _cleverhans_attack("projected_gradient_descent", "projected_gradient_descent"),
         a,
         step_size,
         steps,

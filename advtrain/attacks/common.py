@@ -1,7 +1,9 @@
 """Pieces every attack shares: norms, input gradients, steps, projections.
 
-All functions run in-graph (under `tf.function` and XLA) and follow the
-dtype of the input images.
+Written once in `keras.ops`: every function runs on TensorFlow (under
+`tf.function` and XLA) and on JAX (under `jax.jit`), and follows the
+dtype of the input images. What differs per backend is in
+`advtrain.backend`.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from collections.abc import Callable
 from typing import Any, Optional, Union
 
 import keras
-import tensorflow as tf
+from keras import ops
 
+from advtrain import backend
 from advtrain.utils.errors import ArgumentError
 
 Norm = Union[str, int, float]
-ModelFn = Callable[[tf.Tensor], tf.Tensor]
-LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+ModelFn = Callable[[Any], Any]
+LossFn = Callable[[Any, Any], Any]
 
 _TINY = 1e-12
 
@@ -34,12 +37,18 @@ def canonical_norm(norm: Norm) -> str:
     )
 
 
+def is_tensor(value: Any) -> bool:
+    """A tensor or variable of the current Keras backend (a value known
+    only when the graph runs), not a Python number."""
+    return ops.is_tensor(value) or isinstance(value, keras.Variable)
+
+
 def check_eps(
     name: str, value: Any, upper: Optional[float] = None, why: str = ""
 ) -> None:
     """Validates a non-negative finite scalar hyperparameter up front; with
     `upper`, at most that (`why` says what the bound is)."""
-    if isinstance(value, (tf.Tensor, tf.Variable)):
+    if is_tensor(value):
         return
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name} must be a number. Received: {name}={value!r}")
@@ -55,9 +64,11 @@ def check_eps(
 
 def check_count(name: str, value: Any, tensor: bool = True) -> None:
     """Validates a count (`steps`, `restarts`, `queries`): an int >= 1, or
-    with `tensor` a scalar integer tensor (known when the graph runs)."""
-    if tensor and tf.is_tensor(value):
-        if value.dtype.is_integer and value.shape.rank == 0:
+    with `tensor` a scalar integer tensor of any backend (known when the
+    graph runs)."""
+    if tensor and is_tensor(value):
+        dtype = keras.backend.standardize_dtype(value.dtype)
+        if "int" in dtype and len(value.shape) == 0:
             return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         what = " or a scalar integer tensor" if tensor else ""
@@ -72,106 +83,149 @@ def check_fraction(name: str, value: Any) -> None:
         raise ArgumentError(name, f"must be in [0, 1). Received: {name}={value!r}")
 
 
-def per_example_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+def per_example_cross_entropy(labels: Any, logits: Any) -> Any:
     """Cross-entropy per example; sparse int labels or probability rows."""
-    logits = tf.cast(logits, tf.float32)
-    if labels.shape.rank == logits.shape.rank:
-        return tf.nn.softmax_cross_entropy_with_logits(
-            labels=tf.cast(labels, tf.float32), logits=logits
+    logits = ops.cast(logits, "float32")
+    if ops.ndim(labels) == ops.ndim(logits):
+        return ops.categorical_crossentropy(
+            ops.cast(labels, "float32"), logits, from_logits=True
         )
-    labels = tf.cast(tf.reshape(labels, [-1]), tf.int32)
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    labels = ops.cast(ops.reshape(labels, (-1,)), "int32")
+    return ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
 def input_gradient(
     model_fn: ModelFn,
-    x: tf.Tensor,
-    y: tf.Tensor,
+    x: Any,
+    y: Any,
     loss_fn: Optional[LossFn] = None,
     loss_scale: Optional[Any] = None,
-) -> tf.Tensor:
-    """Gradient of the summed per-example loss with respect to `x`.
+) -> Any:
+    """Gradient of the summed per-example loss with respect to `x`
+    (cross-entropy unless `loss_fn` is given), non-finite entries zeroed.
 
     `loss_scale` multiplies the loss before differentiating, as mixed
     precision training does for weight gradients: a float16 backward pass
     would otherwise underflow to zero and `sign` would give no perturbation.
     Attack steps only use the gradient's direction, so the scale cancels.
+    The backend's differentiation is `advtrain.backend.input_gradient`.
     """
     loss_fn = loss_fn or per_example_cross_entropy
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        loss = tf.reduce_sum(tf.cast(loss_fn(y, model_fn(x)), tf.float32))
-        if loss_scale is not None:
-            loss = loss * tf.cast(loss_scale, tf.float32)
-    grad = tape.gradient(loss, x)
-    # An overflowing scaled loss yields inf/nan: no step beats a NaN image.
-    return tf.where(tf.math.is_finite(grad), grad, tf.zeros_like(grad))
+    return backend.input_gradient(model_fn, x, y, loss_fn, loss_scale)
 
 
-def _reduce_axes(x: tf.Tensor) -> list[int]:
-    return list(range(1, x.shape.rank))
+def reduce_axes(x: Any) -> tuple[int, ...]:
+    """Every axis but the batch axis."""
+    return tuple(range(1, ops.ndim(x)))
 
 
-def steepest_step(grad: tf.Tensor, size: Any, norm: str) -> tf.Tensor:
+def per_example(mask: Any, rank: int) -> Any:
+    """A per-example vector shaped to broadcast over examples of `rank`."""
+    return ops.reshape(mask, (-1,) + (1,) * (rank - 1))
+
+
+def steepest_step(grad: Any, size: Any, norm: str) -> Any:
     """The step of length `size` (in `norm`) that most increases the loss."""
-    size = tf.cast(size, grad.dtype)
+    size = ops.cast(size, grad.dtype)
     if norm == "inf":
-        return size * tf.stop_gradient(tf.sign(grad))
-    sq = tf.reduce_sum(tf.square(grad), axis=_reduce_axes(grad), keepdims=True)
-    return size * grad / tf.sqrt(tf.maximum(sq, tf.cast(_TINY, grad.dtype)))
+        return size * ops.stop_gradient(ops.sign(grad))
+    sq = ops.sum(ops.square(grad), axis=reduce_axes(grad), keepdims=True)
+    return size * grad / ops.sqrt(ops.maximum(sq, ops.cast(_TINY, grad.dtype)))
 
 
-def project(delta: tf.Tensor, eps: Any, norm: str) -> tf.Tensor:
+def project(delta: Any, eps: Any, norm: str) -> Any:
     """Projects a perturbation onto the eps-ball of `norm`."""
-    eps = tf.cast(eps, delta.dtype)
+    eps = ops.cast(eps, delta.dtype)
     if norm == "inf":
-        return tf.clip_by_value(delta, -eps, eps)
-    sq = tf.reduce_sum(tf.square(delta), axis=_reduce_axes(delta), keepdims=True)
-    length = tf.sqrt(tf.maximum(sq, tf.cast(_TINY, delta.dtype)))
-    return delta * tf.minimum(tf.cast(1.0, delta.dtype), eps / length)
+        return ops.clip(delta, -eps, eps)
+    sq = ops.sum(ops.square(delta), axis=reduce_axes(delta), keepdims=True)
+    length = ops.sqrt(ops.maximum(sq, ops.cast(_TINY, delta.dtype)))
+    return delta * ops.minimum(ops.cast(1.0, delta.dtype), eps / length)
 
 
-def random_in_ball(x: tf.Tensor, eps: Any, norm: str, seed: Any = None) -> tf.Tensor:
+def seed_pair(seed: Any) -> Any:
+    """Two int32 words drawn from `seed` (None, an int or a
+    `keras.random.SeedGenerator`): the seed of the stateless draws an
+    attack makes inside its loops (`fold_seed`), where a `SeedGenerator`
+    cannot advance on every backend."""
+    return keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed)
+
+
+def fold_seed(pair: Any, i: Any, salt: int = 0) -> Any:
+    """A distinct seed pair per loop iteration `i` and use `salt`."""
+    i = ops.cast(i, "int32")
+    return pair + ops.stack([i + 1, ops.cast(salt * 7_919, "int32")])
+
+
+def uniform(shape: Any, seed: Any, minval: float = 0.0, maxval: float = 1.0):
+    """Float32 uniform draws: from `keras.random` for a seed it takes (None,
+    an int, a `SeedGenerator`), statelessly for a seed pair tensor."""
+    if is_tensor(seed):
+        unit = backend.stateless_uniform(shape, seed, "float32")
+        return minval + (maxval - minval) * unit
+    return keras.random.uniform(
+        shape, minval=minval, maxval=maxval, dtype="float32", seed=seed
+    )
+
+
+def normal(shape: Any, seed: Any) -> Any:
+    """Float32 standard normal draws, seeded as `uniform`."""
+    if not is_tensor(seed):
+        return keras.random.normal(shape, dtype="float32", seed=seed)
+    # Box-Muller from two stateless uniform draws.
+    u = backend.stateless_uniform((2, *shape), seed, "float32")
+    radius = ops.sqrt(-2.0 * ops.log(ops.maximum(1.0 - u[0], _TINY)))
+    return radius * ops.cos(2.0 * math.pi * u[1])
+
+
+def random_in_ball(x: Any, eps: Any, norm: str, seed: Any = None) -> Any:
     """A perturbation drawn uniformly from the eps-ball of `norm`.
 
     `seed` is anything `keras.random` accepts: None, an int, or a
-    `keras.random.SeedGenerator` (whose state is checkpointed with a model).
+    `keras.random.SeedGenerator` (whose state is checkpointed with a
+    model); or a seed pair tensor (`seed_pair`, `fold_seed`) inside loops.
     """
-    eps = tf.cast(eps, x.dtype)
-    shape = tf.shape(x)
+    eps = ops.cast(eps, x.dtype)
+    shape = ops.shape(x)
     if norm == "inf":
-        unit = keras.random.uniform(
-            shape, minval=-1.0, maxval=1.0, dtype="float32", seed=seed
-        )
-        return tf.cast(unit, x.dtype) * eps
-    flat_dim = tf.reduce_prod(shape[1:])
-    direction = keras.random.normal(
-        tf.stack([shape[0], flat_dim]), dtype="float32", seed=seed
-    )
-    direction /= tf.norm(direction, axis=1, keepdims=True) + _TINY
+        return ops.cast(uniform(shape, seed, -1.0, 1.0), x.dtype) * eps
+    flat_dim = math.prod(shape[1:])
+    direction = normal((shape[0], flat_dim), seed)
+    direction /= ops.norm(direction, axis=1, keepdims=True) + _TINY
     # Radius r = eps * u^(1/d) gives a uniform density inside the ball.
-    u = keras.random.uniform(tf.stack([shape[0], 1]), dtype="float32", seed=seed)
-    radius = tf.pow(u, 1.0 / tf.cast(flat_dim, tf.float32))
-    return tf.cast(tf.reshape(direction * radius, shape), x.dtype) * eps
+    u = uniform((shape[0], 1), fold_seed(seed, 0, 1) if is_tensor(seed) else seed)
+    radius = ops.power(u, 1.0 / flat_dim)
+    return ops.cast(ops.reshape(direction * radius, shape), x.dtype) * eps
 
 
-def int_labels(y: tf.Tensor) -> tf.Tensor:
+def int_labels(y: Any) -> Any:
     """Integer class labels (int32, one per example) from integer labels or
     probability rows."""
-    if y.shape.rank is not None and y.shape.rank > 1:
-        return tf.argmax(y, axis=-1, output_type=tf.int32)
-    return tf.cast(tf.reshape(y, [-1]), tf.int32)
+    if ops.ndim(y) > 1:
+        return ops.cast(ops.argmax(y, axis=-1), "int32")
+    return ops.cast(ops.reshape(y, (-1,)), "int32")
 
 
-def labels_or_predictions(model_fn: ModelFn, x: tf.Tensor, y: Optional[tf.Tensor]):
+def logit_of(logits: Any, labels: Any) -> Any:
+    """Per example, the float32 logit of its class in `labels` (int32)."""
+    logits = ops.cast(logits, "float32")
+    return ops.take_along_axis(logits, ops.expand_dims(labels, -1), axis=-1)[:, 0]
+
+
+def predicted(logits: Any) -> Any:
+    """The predicted class per example, int32."""
+    return ops.cast(ops.argmax(logits, axis=-1), "int32")
+
+
+def labels_or_predictions(model_fn: ModelFn, x: Any, y: Optional[Any]) -> Any:
     """Uses the model's own predictions when no labels are given, which
     avoids label leaking (Kurakin et al. 2016)."""
     if y is not None:
-        return tf.convert_to_tensor(y)
-    return tf.argmax(model_fn(x), axis=-1)
+        return ops.convert_to_tensor(y)
+    return predicted(model_fn(x))
 
 
-def attack_inputs(model_fn: ModelFn, x: Any, y: Any) -> tuple[tf.Tensor, Any]:
+def attack_inputs(model_fn: ModelFn, x: Any, y: Any) -> tuple[Any, Any]:
     """`x` as a float tensor and the labels to attack (the model's own
     predictions when `y` is None); every attack starts with this, after
     validating its hyperparameters."""
@@ -185,20 +239,22 @@ def checked_norm(norm: Norm, eps: Any) -> str:
     return canonical_norm(norm)
 
 
-def clip_pixels(x: tf.Tensor, clip_min: Optional[float], clip_max: Optional[float]):
+def clip_pixels(x: Any, clip_min: Optional[float], clip_max: Optional[float]):
+    """`x` inside the pixel range; a None end leaves that side open."""
     if clip_min is None and clip_max is None:
         return x
-    low = tf.cast(-math.inf if clip_min is None else clip_min, x.dtype)
-    high = tf.cast(math.inf if clip_max is None else clip_max, x.dtype)
-    return tf.clip_by_value(x, low, high)
+    low = ops.cast(-math.inf if clip_min is None else clip_min, x.dtype)
+    high = ops.cast(math.inf if clip_max is None else clip_max, x.dtype)
+    return ops.clip(x, low, high)
 
 
-def as_float_tensor(x: Any) -> tf.Tensor:
+def as_float_tensor(x: Any) -> Any:
     """Converts input pixels to a float tensor, keeping a float dtype."""
-    x = tf.convert_to_tensor(x)
-    if not x.dtype.is_floating:
+    x = ops.convert_to_tensor(x)
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    if not keras.backend.is_float_dtype(dtype):
         raise TypeError(
-            "Attacks work on float pixels in [0, 1]; convert uint8 images with "
-            f"tf.image.convert_image_dtype first. Received: dtype={x.dtype.name}"
+            "Attacks work on float pixels in [0, 1]; convert uint8 images "
+            f"(divide by 255) first. Received: dtype={dtype}"
         )
     return x

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import tensorflow as tf
+from keras import ops
 
 from advtrain.attacks.common import (
     LossFn,
@@ -17,6 +17,7 @@ from advtrain.attacks.common import (
     checked_norm,
     clip_pixels,
     input_gradient,
+    per_example,
     project,
     random_in_ball,
     steepest_step,
@@ -35,7 +36,7 @@ def fgsm(
     clip_max: Optional[float] = 1.0,
     loss_scale: Optional[Any] = None,
     return_gradient: bool = False,
-) -> tf.Tensor:
+) -> Any:
     """One steepest-ascent step of size `eps` (Goodfellow et al. 2015).
 
     With `norm="inf"` this is FGSM (`eps * sign(grad)`); with `norm=2` the
@@ -85,7 +86,7 @@ def fgsm_random_start(
     seed: Any = None,
     return_gradient: bool = False,
     clip_start: bool = True,
-) -> tf.Tensor:
+) -> Any:
     """FGSM from a uniform random point in the eps-ball, step `alpha`.
 
     The "fast is better than free" variant (Wong, Rice and Kolter 2020): the
@@ -132,7 +133,7 @@ def n_fgsm(
     seed: Any = None,
     return_gradient: bool = False,
     clip_start: bool = True,
-) -> tf.Tensor:
+) -> Any:
     """N-FGSM (de Jorge et al. 2022): FGSM from stronger noise, unprojected.
 
     The start is drawn uniformly from the `noise`-ball (default `2 * eps`)
@@ -175,7 +176,7 @@ def zerograd(
     seed: Any = None,
     return_gradient: bool = False,
     clip_start: bool = True,
-) -> tf.Tensor:
+) -> Any:
     """ZeroGrad (Golgooni et al. 2021): FGSM-RS that ignores small gradients.
 
     As `fgsm_random_start` (step `alpha`, default 1.25 * eps, projected
@@ -226,20 +227,18 @@ def _step_from_noise(
     return (x_adv, grad) if return_gradient else x_adv
 
 
-def _zero_small(grad: tf.Tensor, quantile: float) -> tf.Tensor:
+def _zero_small(grad: Any, quantile: float) -> Any:
     """`grad` with each example's entries below its `quantile` of |grad|
     set to zero (the quantile interpolated linearly between order
     statistics, numpy's default)."""
     if quantile == 0.0:
         return grad
-    shape = tf.shape(grad)
-    size = tf.reduce_prod(shape[1:])
-    ordered = tf.sort(tf.reshape(tf.abs(grad), tf.stack([shape[0], size])), axis=1)
-    position = quantile * tf.cast(size - 1, tf.float32)
-    low = tf.cast(tf.math.floor(position), tf.int32)
-    high = tf.minimum(low + 1, size - 1)
-    share = tf.cast(position - tf.cast(low, tf.float32), grad.dtype)
-    below, above = tf.gather(ordered, low, axis=1), tf.gather(ordered, high, axis=1)
-    threshold = below + share * (above - below)
-    threshold = tf.reshape(threshold, tf.concat([[-1], tf.ones_like(shape[1:])], 0))
-    return tf.where(tf.abs(grad) < threshold, tf.zeros_like(grad), grad)
+    ordered = ops.sort(ops.reshape(ops.abs(grad), (ops.shape(grad)[0], -1)), axis=1)
+    size = ops.shape(ordered)[1]
+    position = quantile * ops.cast(size - 1, "float32")
+    low = ops.cast(ops.floor(position), "int32")
+    high = ops.minimum(low + 1, size - 1)
+    share = ops.cast(position - ops.cast(low, "float32"), grad.dtype)
+    below, above = ops.take(ordered, low, axis=1), ops.take(ordered, high, axis=1)
+    threshold = per_example(below + share * (above - below), ops.ndim(grad))
+    return ops.where(ops.abs(grad) < threshold, ops.zeros_like(grad), grad)

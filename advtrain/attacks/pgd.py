@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import tensorflow as tf
+from keras import ops
 
 from advtrain.attacks.common import (
     LossFn,
@@ -15,10 +15,15 @@ from advtrain.attacks.common import (
     check_eps,
     checked_norm,
     clip_pixels,
+    fold_seed,
     input_gradient,
+    int_labels,
+    per_example,
     per_example_cross_entropy,
+    predicted,
     project,
     random_in_ball,
+    seed_pair,
     steepest_step,
 )
 
@@ -39,7 +44,7 @@ def pgd(
     clip_max: Optional[float] = 1.0,
     loss_scale: Optional[Any] = None,
     seed: Any = None,
-) -> tf.Tensor:
+) -> Any:
     """Iterated steepest-ascent steps, each projected onto the eps-ball.
 
     With `restarts > 1` the attack is run from several random starts and the
@@ -80,8 +85,8 @@ def pgd(
     x, y = attack_inputs(model_fn, x, y)
     loss_fn = loss_fn or per_example_cross_entropy
 
-    def one_run():
-        start = x + random_in_ball(x, eps, norm, seed) if random_start else x
+    def one_run(run_seed):
+        start = x + random_in_ball(x, eps, norm, run_seed) if random_start else x
         return _ascend(
             model_fn, x, y, clip_pixels(start, clip_min, clip_max),
             dict(eps=eps, norm=norm, steps=steps, step_size=step_size,
@@ -89,13 +94,19 @@ def pgd(
                  clip_max=clip_max),
         )  # fmt: skip
 
-    best = one_run()
+    best = one_run(seed)
     if isinstance(restarts, int) and restarts == 1:
         return best
-    return _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts)
+    # Later runs draw inside a loop: from seeds folded out of one pair.
+    pair = seed_pair(seed) if random_start else None
+
+    def later_run(i):
+        return one_run(None if pair is None else fold_seed(pair, i))
+
+    return _worst_over_restarts(model_fn, y, loss_fn, later_run, best, restarts)
 
 
-def _ascend(model_fn, x, y, start, settings: dict) -> tf.Tensor:
+def _ascend(model_fn, x, y, start, settings: dict) -> Any:
     """`steps` projected steepest-ascent steps from `start`."""
     eps, norm, steps = settings["eps"], settings["norm"], settings["steps"]
     clip_min, clip_max = settings["clip_min"], settings["clip_max"]
@@ -111,39 +122,41 @@ def _ascend(model_fn, x, y, start, settings: dict) -> tf.Tensor:
         delta = project(moved - x, eps, norm)
         return i + 1, clip_pixels(x + delta, clip_min, clip_max)
 
-    _, x_adv = tf.while_loop(
+    _, x_adv = ops.while_loop(
         lambda i, _: i < steps,
         body,
-        (tf.constant(0), start),
+        (ops.convert_to_tensor(0, "int32"), start),
         maximum_iterations=steps,
     )
-    return tf.stop_gradient(x_adv)
+    return ops.stop_gradient(x_adv)
 
 
 def _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts):
-    """Runs `one_run` until `restarts` runs are done; keeps per example the
-    worst case: misclassified beats correct, among equals the higher loss."""
-    rank = best.shape.rank
+    """Runs `one_run(i)` for i = 1, ... until `restarts` runs are done;
+    keeps per example the worst case: misclassified beats correct, among
+    equals the higher loss."""
+    rank = ops.ndim(best)
 
     def restart(i, best, best_wrong, best_loss):
-        candidate = one_run()
+        candidate = one_run(i)
         wrong, loss = _outcome(model_fn, candidate, y, loss_fn)
-        better = (wrong & ~best_wrong) | (
-            tf.equal(wrong, best_wrong) & (loss > best_loss)
-        )
-        mask = tf.reshape(better, [-1] + [1] * (rank - 1))
+        better = (wrong & ~best_wrong) | ((wrong == best_wrong) & (loss > best_loss))
         return (
             i + 1,
-            tf.where(mask, candidate, best),
+            ops.where(per_example(better, rank), candidate, best),
             best_wrong | wrong,
-            tf.where(better, loss, best_loss),
+            ops.where(better, loss, best_loss),
         )
 
     # A loop, not unrolled: `restarts` may be a tensor (AttackRunner).
-    _, best, _, _ = tf.while_loop(
+    _, best, _, _ = ops.while_loop(
         lambda i, *_: i < restarts,
         restart,
-        (tf.constant(1), best, *_outcome(model_fn, best, y, loss_fn)),
+        (
+            ops.convert_to_tensor(1, "int32"),
+            best,
+            *_outcome(model_fn, best, y, loss_fn),
+        ),
     )
     return best
 
@@ -151,17 +164,12 @@ def _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts):
 def default_step_size(eps: Any, steps: Any) -> Any:
     """PGD's step when none is given: `2.5 * eps / steps` (Madry et al.)."""
     if not isinstance(steps, int):
-        steps = tf.cast(steps, getattr(eps, "dtype", tf.float32))
+        steps = ops.cast(steps, getattr(eps, "dtype", "float32"))
     return 2.5 * eps / steps
 
 
-def _outcome(model_fn, x_adv, y, loss_fn) -> tuple[tf.Tensor, tf.Tensor]:
+def _outcome(model_fn, x_adv, y, loss_fn) -> tuple[Any, Any]:
     """Per example: is it misclassified, and its loss."""
     logits = model_fn(x_adv)
-    loss = tf.cast(loss_fn(y, logits), tf.float32)
-    if y.shape.rank == logits.shape.rank:
-        labels = tf.argmax(y, axis=-1)
-    else:
-        labels = tf.reshape(y, [-1])
-    wrong = tf.not_equal(tf.argmax(logits, axis=-1), tf.cast(labels, tf.int64))
-    return wrong, loss
+    loss = ops.cast(loss_fn(y, logits), "float32")
+    return predicted(logits) != int_labels(y), loss

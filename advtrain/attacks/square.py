@@ -15,7 +15,9 @@ mass from a second window into the first, keeping the norm at eps.
 
 Everything runs in-graph on the whole batch: every image draws its own
 window position and signs, keeps its own query counter and stops
-querying once fooled (the model only sees the images still standing).
+querying once fooled (on TensorFlow the model only sees the images still
+standing; JAX's compiled loop keeps its shapes, so it queries them all
+and ignores the fooled ones: `advtrain.backend.active_indices`).
 Settings follow the paper and AutoAttack's Square (p_init 0.8, margin
 loss, the unscaled schedule); where they differ from AutoAttack's code,
 `square` says so.
@@ -26,10 +28,10 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from advtrain import backend
 from advtrain.attacks.common import (
     ModelFn,
     Norm,
@@ -37,7 +39,11 @@ from advtrain.attacks.common import (
     check_count,
     checked_norm,
     clip_pixels,
+    fold_seed,
     int_labels,
+    logit_of,
+    per_example,
+    seed_pair,
 )
 
 # The query counts (on a 10,000-query scale) after which the window's
@@ -94,7 +100,7 @@ def square(
     norm = checked_norm(norm, eps)
     _check_settings(queries, restarts, p_init)
     x, y = attack_inputs(model_fn, x, y)
-    if x.shape.rank != 4:
+    if ops.ndim(x) != 4:
         raise ValueError(
             "square attacks images of shape (batch, height, width, channels). "
             f"Received: shape={tuple(x.shape)}"
@@ -105,23 +111,24 @@ def square(
     sides = _window_sides(iterations, p_init, height, width, norm, rescale_schedule)
     # Two int32 words seed every stateless draw below (one per restart and
     # query), so the whole attack follows from `seed`.
-    base = tf.cast(keras.random.randint([2], 0, 2**31 - 1, seed=seed), tf.int32)
+    base = seed_pair(seed)
     run = _linf_run if norm == "inf" else _l2_run
     geometry = (height, width, channels)
     best = x
-    margin = tf.fill([tf.shape(x)[0]], tf.constant(math.inf, tf.float32))
-    used = tf.zeros([tf.shape(x)[0]], tf.int32)
+    batch = ops.shape(x)[0]
+    margin = ops.full((batch,), math.inf, "float32")
+    used = ops.zeros((batch,), "int32")
     for r in range(restarts):
-        seeds = base + tf.constant([0, 1_000_003], tf.int32) * r
+        seeds = base + ops.convert_to_tensor([0, 1_000_003 * r], "int32")
         point, run_margin, run_used = run(
             model_fn, x, labels, margin, sides, iterations, geometry, seeds,
             eps=eps, clip_min=clip_min, clip_max=clip_max,
         )  # fmt: skip
         better = run_margin < margin
-        best = tf.where(better[:, None, None, None], point, best)
-        margin = tf.where(better, run_margin, margin)
+        best = ops.where(per_example(better, 4), point, best)
+        margin = ops.where(better, run_margin, margin)
         used += run_used
-    best = tf.stop_gradient(best)
+    best = ops.stop_gradient(best)
     return (best, used) if return_queries else best
 
 
@@ -153,31 +160,29 @@ def _window_sides(iterations, p_init, height, width, norm, rescale) -> list[int]
     return sides
 
 
-def margin_of(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+def margin_of(logits: Any, labels: Any) -> Any:
     """`z_y - max_{j != y} z_j` per example (negative: misclassified)."""
-    logits = tf.cast(logits, tf.float32)
-    true = tf.gather(logits, labels, batch_dims=1)
-    others = tf.where(
-        tf.one_hot(labels, tf.shape(logits)[-1], on_value=True, off_value=False),
-        tf.constant(-math.inf, tf.float32),
-        logits,
-    )
-    return true - tf.reduce_max(others, axis=-1)
+    logits = ops.cast(logits, "float32")
+    is_true = ops.cast(ops.one_hot(labels, ops.shape(logits)[-1]), "bool")
+    others = ops.where(is_true, ops.full_like(logits, -math.inf), logits)
+    return logit_of(logits, labels) - ops.max(others, axis=-1)
+
+
+def _uniform_int(seeds, count, high):
+    """Per image, an int32 drawn uniformly from [0, high), shape (count, 1)."""
+    unit = backend.stateless_uniform((count, 1), seeds)
+    draw = ops.cast(ops.floor(unit * ops.cast(high, "float32")), "int32")
+    return ops.minimum(draw, high - 1)  # float rounding at the top end
 
 
 def _window(seeds, count, side, height, width):
     """Per image, a random `side` x `side` window inside the image: a mask
     of shape (count, height, width, 1) and the top-left corners."""
-    top = tf.random.stateless_uniform(
-        tf.stack([count, 1]), seed=seeds, minval=0, maxval=height - side + 1,
-        dtype=tf.int32,
-    )  # fmt: skip
-    left = tf.random.stateless_uniform(
-        tf.stack([count, 1]), seed=seeds + tf.constant([0, 1]), minval=0,
-        maxval=width - side + 1, dtype=tf.int32,
-    )  # fmt: skip
-    in_rows = _inside(tf.range(height)[None, :], top, side)
-    in_cols = _inside(tf.range(width)[None, :], left, side)
+    top = _uniform_int(seeds, count, height - side + 1)
+    left = _uniform_int(seeds + ops.convert_to_tensor([0, 1], "int32"), count,
+                        width - side + 1)  # fmt: skip
+    in_rows = _inside(ops.arange(height, dtype="int32")[None, :], top, side)
+    in_cols = _inside(ops.arange(width, dtype="int32")[None, :], left, side)
     mask = in_rows[:, :, None, None] & in_cols[:, None, :, None]
     return mask, top, left
 
@@ -188,13 +193,8 @@ def _inside(position, first, side):
 
 def _signs(seeds, shape, dtype):
     """+-1 with equal odds."""
-    draw = tf.random.stateless_uniform(shape, seed=seeds)
-    return tf.cast(tf.where(draw < 0.5, -1.0, 1.0), dtype)
-
-
-def _step_seeds(seeds, i, salt: int):
-    """A distinct stateless seed per iteration `i` and use `salt`."""
-    return seeds + tf.stack([i + 1, tf.constant(salt * 7_919, tf.int32)])
+    draw = backend.stateless_uniform(shape, seeds)
+    return ops.cast(ops.where(draw < 0.5, -1.0, 1.0), dtype)
 
 
 def _search(model_fn, x, labels, done_margin, start, propose, iterations):
@@ -203,37 +203,37 @@ def _search(model_fn, x, labels, done_margin, start, propose, iterations):
     `propose(i, x_standing, best_standing)` returns new candidates for the
     images still standing; a candidate replaces an image's best point when
     it lowers the margin. Images with a margin <= 0 (including those fooled
-    by an earlier restart: `done_margin`) stop querying.
+    by an earlier restart: `done_margin`) stop querying. Where the backend
+    hands back every image (`advtrain.backend.active_indices`), the fooled
+    ones' candidates are ignored.
     """
-    rank_pad = [-1, 1, 1, 1]
     margin = margin_of(model_fn(start), labels)
     # Images an earlier restart fooled stay out of this run.
-    margin = tf.where(done_margin <= 0, done_margin, margin)
-    used = tf.where(done_margin <= 0, 0, 1)
+    margin = ops.where(done_margin <= 0, done_margin, margin)
+    used = ops.cast(done_margin > 0, "int32")
 
     def body(i, best, margin, used):
-        standing = tf.where(margin > 0)[:, 0]
-        x_now = tf.gather(x, standing)
-        best_now = tf.gather(best, standing)
+        index = backend.active_indices(margin > 0)
+        x_now, best_now = ops.take(x, index, axis=0), ops.take(best, index, axis=0)
+        margin_now = ops.take(margin, index, axis=0)
         candidate = propose(i, x_now, best_now)
-        new_margin = margin_of(model_fn(candidate), tf.gather(labels, standing))
-        improved = new_margin < tf.gather(margin, standing)
-        index = standing[:, None]
-        best = tf.tensor_scatter_nd_update(
-            best,
-            index,
-            tf.where(tf.reshape(improved, rank_pad), candidate, best_now),
+        new_margin = margin_of(model_fn(candidate), ops.take(labels, index, axis=0))
+        live = margin_now > 0
+        improved = live & (new_margin < margin_now)
+        at = ops.expand_dims(index, -1)
+        best = ops.scatter_update(
+            best, at, ops.where(per_example(improved, 4), candidate, best_now)
         )
-        margin = tf.tensor_scatter_nd_update(
-            margin, index, tf.minimum(new_margin, tf.gather(margin, standing))
+        margin = ops.scatter_update(
+            margin, at, ops.where(live, ops.minimum(new_margin, margin_now), margin_now)
         )
-        used = tf.tensor_scatter_nd_add(used, index, tf.ones_like(standing, tf.int32))
-        return i + 1, best, margin, used
+        counted = ops.take(used, index, axis=0) + ops.cast(live, "int32")
+        return i + 1, best, margin, ops.scatter_update(used, at, counted)
 
-    _, best, margin, used = tf.while_loop(
-        lambda i, best, margin, used: (i < iterations) & tf.reduce_any(margin > 0),
+    _, best, margin, used = ops.while_loop(
+        lambda i, best, margin, used: (i < iterations) & ops.any(margin > 0),
         body,
-        (tf.constant(0), start, margin, used),
+        (ops.convert_to_tensor(0, "int32"), start, margin, used),
         maximum_iterations=iterations,
     )
     return best, margin, used
@@ -247,18 +247,16 @@ def _linf_run(
     window to +-eps per channel (AutoAttack adds +-2 eps and projects,
     which lands on the same points)."""
     height, width, channels = geometry
-    eps_t = tf.cast(eps, x.dtype)
-    stripes = _signs(seeds, tf.stack([tf.shape(x)[0], 1, width, channels]), x.dtype)
+    eps_t = ops.cast(eps, x.dtype)
+    stripes = _signs(seeds, (ops.shape(x)[0], 1, width, channels), x.dtype)
     start = clip_pixels(x + eps_t * stripes, clip_min, clip_max)
-    side_at = tf.constant(sides, tf.int32)
+    side_at = ops.convert_to_tensor(sides, "int32")
 
     def propose(i, x_now, best_now):
-        count = tf.shape(x_now)[0]
-        mask, _, _ = _window(_step_seeds(seeds, i, 1), count, side_at[i], height, width)
-        signs = _signs(
-            _step_seeds(seeds, i, 2), tf.stack([count, 1, 1, channels]), x.dtype
-        )
-        candidate = tf.where(mask, x_now + eps_t * signs, best_now)
+        count, side = ops.shape(x_now)[0], ops.take(side_at, i)
+        mask, _, _ = _window(fold_seed(seeds, i, 1), count, side, height, width)
+        signs = _signs(fold_seed(seeds, i, 2), (count, 1, 1, channels), x.dtype)
+        candidate = ops.where(mask, x_now + eps_t * signs, best_now)
         return clip_pixels(candidate, clip_min, clip_max)
 
     return _search(model_fn, x, labels, done_margin, start, propose, iterations)
@@ -318,23 +316,23 @@ def _l2_start(x, seeds, height, width, channels, eps, clip_min, clip_max):
             canvas[0, r : r + side, c : c + side] = eta
             canvas[1, r : r + side, c : c + side] = eta.T
             index += 1
-    count = tf.shape(x)[0]
-    signs = _signs(seeds, tf.stack([count, index + 1, channels]), x.dtype)
-    turned = _signs(_step_seeds(seeds, -1, 3), tf.stack([count, index + 1]), x.dtype)
-    where = tf.constant(np.maximum(block, 0))
-    inside = tf.constant((block >= 0)[None, :, :, None])
-    pattern = tf.where(
-        tf.gather(turned, where, axis=1)[..., None] > 0,
-        tf.constant(canvas[0][None, :, :, None], x.dtype),
-        tf.constant(canvas[1][None, :, :, None], x.dtype),
+    count = ops.shape(x)[0]
+    signs = _signs(seeds, (count, index + 1, channels), x.dtype)
+    turned = _signs(fold_seed(seeds, -1, 3), (count, index + 1), x.dtype)
+    where = ops.convert_to_tensor(np.maximum(block, 0), "int32")
+    inside = ops.convert_to_tensor((block >= 0)[None, :, :, None])
+    pattern = ops.where(
+        ops.take(turned, where, axis=1)[..., None] > 0,
+        ops.convert_to_tensor(canvas[0][None, :, :, None], x.dtype),
+        ops.convert_to_tensor(canvas[1][None, :, :, None], x.dtype),
     )
-    delta = tf.where(inside, pattern * tf.gather(signs, where, axis=1), 0.0)
+    delta = pattern * ops.take(signs, where, axis=1)
+    delta = ops.where(inside, delta, ops.zeros_like(delta))
     return clip_pixels(x + _unit_l2(delta) * eps, clip_min, clip_max)
 
 
 def _unit_l2(delta):
-    size = tf.sqrt(tf.reduce_sum(tf.square(delta), axis=[1, 2, 3], keepdims=True))
-    return delta / (size + _TINY)
+    return delta / (_norm(delta, (1, 2, 3)) + _TINY)
 
 
 def _l2_run(
@@ -345,37 +343,44 @@ def _l2_run(
     perturbation mass into the first (a fresh `_eta` pattern plus the
     first's old content), and renormalises the whole perturbation to eps."""
     height, width, channels = geometry
-    eps_t = tf.cast(eps, x.dtype)
+    eps_t = ops.cast(eps, x.dtype)
     start = _l2_start(x, seeds, height, width, channels, eps_t, clip_min, clip_max)
     patterns, pattern_at = _padded_patterns(sides)
     size = patterns.shape[-1]
-    patterns = tf.constant(patterns.reshape(len(patterns), 2, size * size), x.dtype)
-    pattern_at = tf.constant(pattern_at, tf.int32)
-    side_at = tf.constant(sides, tf.int32)
-    axes = [1, 2]
+    patterns = ops.convert_to_tensor(
+        patterns.reshape(len(patterns), 2, size * size), x.dtype
+    )
+    pattern_at = ops.convert_to_tensor(pattern_at, "int32")
+    side_at = ops.convert_to_tensor(sides, "int32")
+    axes = (1, 2)
 
     def propose(i, x_now, best_now):
-        count, side = tf.shape(x_now)[0], side_at[i]
-        first, top, left = _window(_step_seeds(seeds, i, 1), count, side, height, width)
-        second, _, _ = _window(_step_seeds(seeds, i, 2), count, side, height, width)
-        turned = _signs(_step_seeds(seeds, i, 3), tf.stack([count]), tf.float32)
-        pattern = tf.gather(patterns[pattern_at[i]], tf.cast(turned > 0, tf.int32))
-        rows = tf.clip_by_value(tf.range(height)[None, :] - top, 0, size - 1)
-        cols = tf.clip_by_value(tf.range(width)[None, :] - left, 0, size - 1)
-        flat = rows[:, :, None] * size + cols[:, None, :]
-        fresh = tf.gather(pattern, flat, batch_dims=1)[..., None]
-        first_f = tf.cast(first, x.dtype)
-        both = tf.cast(first | second, x.dtype)
+        count, side = ops.shape(x_now)[0], ops.take(side_at, i)
+        first, top, left = _window(fold_seed(seeds, i, 1), count, side, height, width)
+        second, _, _ = _window(fold_seed(seeds, i, 2), count, side, height, width)
+        turned = _signs(fold_seed(seeds, i, 3), (count,), "float32")
+        pattern = ops.take(
+            ops.take(patterns, ops.take(pattern_at, i), axis=0),
+            ops.cast(turned > 0, "int32"),
+            axis=0,
+        )
+        rows = ops.clip(ops.arange(height, dtype="int32")[None, :] - top, 0, size - 1)
+        cols = ops.clip(ops.arange(width, dtype="int32")[None, :] - left, 0, size - 1)
+        flat = ops.reshape(rows[:, :, None] * size + cols[:, None, :], (count, -1))
+        fresh = ops.reshape(
+            ops.take_along_axis(pattern, flat, axis=1), (count, height, width, 1)
+        )
+        first_f = ops.cast(first, x.dtype)
+        both = ops.cast(first | second, x.dtype)
         delta = best_now - x_now
         window_norm = _norm(delta * first_f, axes)
-        image_norm = _norm(delta, [1, 2, 3])
+        image_norm = _norm(delta, (1, 2, 3))
         moved_norm = _norm(delta * both, axes)
-        signs = _signs(
-            _step_seeds(seeds, i, 4), tf.stack([count, 1, 1, channels]), x.dtype
-        )
+        signs = _signs(fold_seed(seeds, i, 4), (count, 1, 1, channels), x.dtype)
         new = (fresh * signs + delta / (_TINY + window_norm)) * first_f
-        budget = tf.maximum(eps_t**2 - image_norm**2, 0.0) / channels + moved_norm**2
-        new = new / (_TINY + _norm(new, axes)) * tf.sqrt(budget)
+        room = ops.maximum(eps_t**2 - image_norm**2, ops.cast(0.0, x.dtype))
+        budget = room / channels + moved_norm**2
+        new = new / (_TINY + _norm(new, axes)) * ops.sqrt(budget)
         delta = delta * (1.0 - both) + new
         return clip_pixels(x_now + _unit_l2(delta) * eps_t, clip_min, clip_max)
 
@@ -383,4 +388,4 @@ def _l2_run(
 
 
 def _norm(delta, axes):
-    return tf.sqrt(tf.reduce_sum(tf.square(delta), axis=axes, keepdims=True))
+    return ops.sqrt(ops.sum(ops.square(delta), axis=axes, keepdims=True))

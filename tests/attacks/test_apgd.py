@@ -134,18 +134,24 @@ def test_no_weaker_than_art(cnn, test_digits):
         x_adv = attack.generate(x[:count], y=np.eye(10)[y[:count]])
         return _accuracy(cnn, x_adv, y[:count])
 
-    def ours(attack, steps, count, **kwargs):
-        run = _in_graph(cnn, attack, steps=steps, seed=0, **kwargs)
-        return _accuracy(cnn, run(x[:count], y[:count]), y[:count])
+    def ours(attack, steps, count, seeds=(0,), **kwargs):
+        runs = [_in_graph(cnn, attack, steps=steps, seed=s, **kwargs) for s in seeds]
+        return np.mean(
+            [_accuracy(cnn, r(x[:count], y[:count]), y[:count]) for r in runs]
+        )
 
     n = len(y)
     art_ce = art("cross_entropy", 50, n)
     assert 0.1 < art_ce < 0.9, "eps should leave a contest to compare"
     assert ours(apgd_ce, 50, n) <= art_ce + ART_TOLERANCE
     # ART's TF2 DLR loss loops over the batch in Python: fewer examples.
+    # On 100 examples one seeded run of ours spreads 0.47-0.53 over seeds
+    # 0-7 (mean 0.49, before and after the keras.ops rewrite): the mean of
+    # three seeds.
     art_dlr = art("difference_logits_ratio", 20, 100)
-    assert ours(apgd_dlr, 20, 100, targets=0) <= art_dlr + ART_TOLERANCE
-    assert ours(apgd_dlr, 20, 100) <= art_dlr + ART_TOLERANCE
+    seeds = (0, 1, 2)
+    assert ours(apgd_dlr, 20, 100, seeds, targets=0) <= art_dlr + ART_TOLERANCE
+    assert ours(apgd_dlr, 20, 100, seeds) <= art_dlr + ART_TOLERANCE
 
 
 def test_checkpoint_halves_the_step_where_the_paper_says():

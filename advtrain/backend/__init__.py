@@ -1,0 +1,94 @@
+"""What differs between Keras backends for advtrain's core, in one place.
+
+The attacks and the training step are written once in `keras.ops`. What
+Keras does not offer backend-neutrally lives in one small module per
+backend (`advtrain/backend/tensorflow.py`, `advtrain/backend/jax.py`),
+chosen by `keras.backend.backend()` when this package is imported; only
+that module is imported, so the JAX backend never imports TensorFlow.
+
+Each backend module provides:
+    value_and_grad(fn, x)  `fn(x) -> (scalar, aux)`; returns
+                           `((scalar, aux), d scalar / d x)`
+    stateless_uniform(shape, seed, dtype)  uniform [0, 1) draws from an
+                           int32 seed pair, usable inside compiled loops
+    active_indices(mask)   the positions to compute on for a boolean
+                           mask: the True ones where shapes may vary
+                           (TensorFlow), all of them where they may not
+                           (JAX); callers mask the rest out
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import keras
+
+NAME = keras.backend.backend()
+SUPPORTED = ("tensorflow", "jax")
+
+if NAME == "tensorflow":
+    from advtrain.backend import tensorflow as _impl
+elif NAME == "jax":
+    from advtrain.backend import jax as _impl
+else:
+    _impl = None
+
+
+def _module():
+    if _impl is None:
+        raise NotImplementedError(
+            f"advtrain's core runs on the Keras backends {', '.join(SUPPORTED)}; "
+            f"set KERAS_BACKEND to one of them. Received: KERAS_BACKEND={NAME!r}"
+        )
+    return _impl
+
+
+def value_and_grad(fn: Callable[[Any], tuple[Any, Any]], x: Any):
+    """`((value, aux), gradient)` of `fn(x) -> (scalar value, aux)` with
+    respect to the tensor `x`, on the current Keras backend."""
+    return _module().value_and_grad(fn, x)
+
+
+def stateless_uniform(shape: Any, seed: Any, dtype: str = "float32") -> Any:
+    """Uniform draws in [0, 1) from a `(2,)` int32 seed tensor: the same
+    seed gives the same draws, inside compiled loops too."""
+    return _module().stateless_uniform(shape, seed, dtype)
+
+
+def active_indices(mask: Any) -> Any:
+    """Positions (int32) to compute on for the boolean vector `mask`: its
+    True entries on a backend with dynamic shapes, every position on one
+    without; the caller ignores the results of the False ones."""
+    return _module().active_indices(mask)
+
+
+def finite_or_zero(grad: Any) -> Any:
+    """`grad` with its inf and NaN entries set to zero."""
+    return keras.ops.where(keras.ops.isfinite(grad), grad, keras.ops.zeros_like(grad))
+
+
+def input_gradient(
+    model_fn: Callable[[Any], Any],
+    x: Any,
+    y: Any,
+    loss_fn: Callable[[Any, Any], Any],
+    loss_scale: Optional[Any] = None,
+) -> Any:
+    """Gradient of the summed per-example `loss_fn(y, model_fn(x))` with
+    respect to `x`, its non-finite entries set to zero.
+
+    `loss_scale` multiplies the loss before differentiating, as mixed
+    precision training does for weight gradients: a float16 backward pass
+    would otherwise underflow to zero. An overflowing scaled loss yields
+    inf/NaN entries, which become zero: no step beats a NaN image.
+    """
+
+    def total(z):
+        loss = keras.ops.sum(keras.ops.cast(loss_fn(y, model_fn(z)), "float32"))
+        if loss_scale is not None:
+            loss = loss * keras.ops.cast(loss_scale, "float32")
+        return loss, None
+
+    _, grad = value_and_grad(total, x)
+    return finite_or_zero(grad)

@@ -1,0 +1,39 @@
+# Sourced by scripts/*: creates or reuses .venv-jax, an environment with
+# Keras and JAX but no TensorFlow, and installs advtrain into it (the JAX
+# test tier runs there). Usage: . scripts/_venv_jax.sh
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$root/.venv-jax"
+python=${PYTHON:-python3}
+if [ ! -x "$venv/bin/python" ]; then
+  echo "advtrain: creating virtual environment in .venv-jax" >&2
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+fi
+stamp="$venv/.advtrain-installed-jax"
+digest=$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
+  echo "advtrain: installing advtrain[jax] without TensorFlow into .venv-jax" >&2
+  # pyproject's dependencies minus TensorFlow's own, plus the jax extra.
+  mapfile -t requirements < <("$venv/bin/python" - "$root/pyproject.toml" <<'PY'
+import re, sys, tomllib
+TENSORFLOW_ONLY = {"tensorflow", "tensorboard", "cleverhans",
+                   "tensorflow-datasets", "importlib-resources"}
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+for line in project["dependencies"] + project["optional-dependencies"]["jax"]:
+    name = re.match(r"[A-Za-z0-9_.-]+", line).group(0).lower().replace("_", "-")
+    if name not in TENSORFLOW_ONLY:
+        print(line)
+PY
+  )
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${requirements[@]}"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root"
+  if "$venv/bin/python" -c "import tensorflow" 2>/dev/null; then
+    echo "advtrain: .venv-jax must not hold TensorFlow; remove .venv-jax" >&2
+    exit 1
+  fi
+  echo "$digest" > "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+export KERAS_BACKEND=jax
+cd "$root"

@@ -1,0 +1,138 @@
+"""The attacks' property tests on every Keras backend: eps bound, pixel
+range, eps=0 is a no-op, dtype-following, success rate on the digits CNN.
+The normal suite runs them on TensorFlow; the JAX tier (scripts/test_jax,
+in .venv-jax without TensorFlow) selects them with `-m backend_neutral`.
+Every attack runs compiled, as training and evaluation run it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from advtrain.attacks import Attack
+
+pytestmark = pytest.mark.backend_neutral
+
+# Few steps and queries: the JAX tier keeps to a few minutes on 2 cores.
+METHODS = {
+    "fgsm": {},
+    "fgsm_rs": {},
+    "n_fgsm": {"noise": 0.05},
+    "zerograd": {},
+    "pgd": {"steps": 5, "restarts": 2},
+    "apgd_ce": {"steps": 10},
+    "apgd_dlr": {"steps": 10, "targets": 3},
+    "square": {"queries": 100},
+}
+EPS = {"inf": 0.1, "2": 0.8}
+
+
+def compiled(fn):
+    """`fn` traced once, as the backend's training step would run it."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn
+
+
+def _run(model, attack, x, y, dtype="float32"):
+    def run(x, y):
+        return attack(lambda z: model(z, training=False), x, y, seed=1)
+
+    x_adv = compiled(run)(ops.convert_to_tensor(x, dtype), ops.convert_to_tensor(y))
+    return keras.ops.convert_to_numpy(ops.cast(x_adv, "float32"))
+
+
+def _accuracy(model, x, y) -> float:
+    logits = keras.ops.convert_to_numpy(model(x, training=False))
+    return float(np.mean(np.argmax(logits, axis=-1) == y))
+
+
+def _sizes(delta, norm):
+    flat = delta.reshape(len(delta), -1)
+    return np.abs(flat).max(1) if norm == "inf" else np.linalg.norm(flat, axis=1)
+
+
+@pytest.mark.parametrize("norm", ["inf", "2"])
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_within_eps_and_pixel_range(digits_cnn, test_digits, method, norm):
+    x, y = test_digits[0][:32], test_digits[1][:32]
+    eps = EPS[norm]
+    attack = Attack(method, eps=eps, norm=norm, **METHODS[method])
+    x_adv = _run(digits_cnn, attack, x, y)
+    sizes = _sizes(x_adv - x, norm)
+    # N-FGSM is unprojected by design: noise + step.
+    bound = eps + METHODS[method].get("noise", 0.0) if method == "n_fgsm" else eps
+    assert sizes.max() <= bound + 1e-5
+    assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
+    assert np.median(sizes) > 0.5 * eps  # it moved: not a silent no-op
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_eps_zero_leaves_inputs_unchanged(digits_cnn, test_digits, method):
+    x, y = test_digits[0][:16], test_digits[1][:16]
+    settings = dict(METHODS[method])
+    if method == "n_fgsm":
+        settings["noise"] = 0.0
+    x_adv = _run(digits_cnn, Attack(method, eps=0.0, **settings), x, y)
+    np.testing.assert_allclose(x_adv, x, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("method", ["fgsm", "pgd", "apgd_ce", "square"])
+def test_follows_the_input_dtype(digits_cnn, test_digits, method, dtype):
+    x, y = test_digits[0][:16], test_digits[1][:16]
+    attack = Attack(method, eps=0.1, **METHODS[method])
+
+    def run(x, y):
+        return attack(lambda z: digits_cnn(z, training=False), x, y, seed=1)
+
+    x_adv = compiled(run)(ops.convert_to_tensor(x, dtype), ops.convert_to_tensor(y))
+    assert keras.backend.standardize_dtype(x_adv.dtype) == dtype
+    assert tuple(x_adv.shape) == x.shape
+
+
+@pytest.mark.parametrize(
+    "method,settings,drop",
+    [
+        ("fgsm", {}, 0.3),
+        ("pgd", {"steps": 10}, 0.5),
+        ("apgd_ce", {"steps": 20}, 0.5),
+        ("apgd_dlr", {"steps": 20, "targets": 3}, 0.5),
+        ("square", {"queries": 300}, 0.3),
+    ],
+)
+def test_breaks_the_digits_cnn(digits_cnn, test_digits, method, settings, drop):
+    x, y = test_digits[0][:128], test_digits[1][:128]
+    clean = _accuracy(digits_cnn, x, y)
+    x_adv = _run(digits_cnn, Attack(method, eps=0.1, **settings), x, y)
+    assert clean > 0.9
+    assert _accuracy(digits_cnn, x_adv, y) < clean - drop
+
+
+def test_importing_the_attacks_on_jax_leaves_tensorflow_unloaded():
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    script = (
+        "import json, sys, advtrain.attacks, advtrain.backend; "
+        "print(json.dumps([advtrain.backend.NAME, "
+        "sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow')]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == ["jax", []]
