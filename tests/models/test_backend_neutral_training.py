@@ -92,3 +92,24 @@ def test_trades_trains(digits):
         np.argmax(classifier.predict(x[1500:], verbose=0), -1) == y[1500:]
     )
     assert accuracy > 0.7
+
+
+def test_gradient_reusing_step_and_eps_ramp_train(digits):
+    x, y = digits[0][:512], digits[1][:512]
+    reusing = AdversarialModel(_cnn(seed=4), Attack("fgsm", eps=0.1), 0.5)
+    ramped = AdversarialModel(
+        _cnn(seed=4), Attack("fgsm_rs", eps=0.1), 0.5, eps_ramp_steps=8
+    )
+    assert reusing.reuse_gradient_step and not ramped.reuse_gradient_step
+    for model in (reusing, ramped):
+        history = _compiled(model).fit(x, y, batch_size=64, epochs=3, verbose=0)
+        assert history.history["loss"][-1] < history.history["loss"][0]
+        assert history.history["zero_grad_fraction"][-1] < 0.5
+
+
+def test_pixels_out_of_range_are_one_line_errors(digits):
+    from advtrain.models.input_checks import PixelRangeError
+
+    model = _compiled(AdversarialModel(_cnn(), Attack("fgsm_rs", eps=0.1), 0.5))
+    with pytest.raises(PixelRangeError, match=r"Received: pixel range \[0, 255\]"):
+        model.fit(digits[0][:64] * 255, digits[1][:64], batch_size=64, verbose=0)
