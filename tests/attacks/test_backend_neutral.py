@@ -5,18 +5,19 @@ in .venv-jax without TensorFlow) selects them with `-m backend_neutral`.
 Every attack runs compiled, as training and evaluation run it."""
 
 import json
-import os
-import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
+from helpers import run_fresh
 from keras import ops
 
 from advtrain.attacks import Attack
 
 pytestmark = pytest.mark.backend_neutral
+ROOT = Path(__file__).resolve().parents[2]
 
 # Few steps and queries: the JAX tier keeps to a few minutes on 2 cores.
 METHODS = {
@@ -120,19 +121,27 @@ def test_breaks_the_digits_cnn(digits_cnn, test_digits, method, settings, drop):
     assert _accuracy(digits_cnn, x_adv, y) < clean - drop
 
 
+_ON_JAX = """
+import json, sys
+import numpy as np
+import advtrain.attacks, advtrain.backend
+try:
+    advtrain.attacks.cleverhans_fgsm(
+        lambda z: z, np.zeros((1, 2), "float32"), np.zeros(1, "int32"), eps=0.1
+    )
+    refused = None
+except ValueError as error:
+    refused = str(error)
+loaded = sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow")
+print(json.dumps([advtrain.backend.NAME, loaded, refused]))
+"""
+
+
 def test_importing_the_attacks_on_jax_leaves_tensorflow_unloaded():
-    env = {**os.environ, "KERAS_BACKEND": "jax"}
-    script = (
-        "import json, sys, advtrain.attacks, advtrain.backend; "
-        "print(json.dumps([advtrain.backend.NAME, "
-        "sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow')]))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.splitlines()[-1]) == ["jax", []]
+    # The cleverhans backend (TensorFlow-only) refuses in one line, and
+    # asking does not import TensorFlow either.
+    result = run_fresh([sys.executable, "-c", _ON_JAX], ROOT, KERAS_BACKEND="jax")
+    name, loaded, refused = json.loads(result.stdout.splitlines()[-1])
+    assert (name, loaded) == ("jax", [])
+    assert refused.startswith("The cleverhans backend runs on TensorFlow only")
+    assert "\n" not in refused
