@@ -12,11 +12,15 @@ Public API:
     register_objective             extension points a recipe can name
                                    (its `plugins` key imports the module)
 
-Importing the package imports TensorFlow (once, without its C++ start-up
-lines; see `advtrain._tfimport`) and the library, which registers
-everything a saved run needs in a fresh process: advtrain's Keras layers,
-models and schedules, so `keras.saving.load_model("model.keras")` works,
-and the `gtsrb` TFDS builder, so `tfds.builder("gtsrb")` finds it. The
+Importing the package imports the core on any Keras backend (TensorFlow or
+JAX; the attacks, `AdversarialModel` and the objectives, `Attack`) and
+registers advtrain's Keras objects, so `keras.saving.load_model("model.keras")`
+works in a fresh process. On the TensorFlow backend it imports TensorFlow
+first (once, without its C++ start-up lines; see `advtrain._tfimport`) and
+the TensorFlow parts (`fit`, `evaluate`, the data sources with the `gtsrb`
+TFDS builder, the runtime); elsewhere those load on first use, and without
+TensorFlow installed their use is a one-line ImportError saying what to
+install. The
 recipe application (`load_recipe`, `Recipe`, `RecipeError`, `run`) is
 imported on first use of one of its names: the library never loads it.
 """
@@ -36,31 +40,42 @@ if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow" and (
 
 import keras  # noqa: E402
 
-# Until the rest of the library runs without TensorFlow (issue 36), only
-# the TensorFlow backend loads it; on another backend `advtrain.attacks`
-# and `advtrain.backend` import alone, without TensorFlow.
+# The core, on every backend (TensorFlow or JAX): each import also
+# registers its Keras objects (register_keras_serializable), so
+# `keras.saving.load_model("model.keras")` works in a fresh process.
+from advtrain.attacks import (  # noqa: E402
+    Attack,
+    attack_settings,
+    fgsm,
+    fgsm_random_start,
+    make_attack,
+    pgd,
+    register_attack,
+)
+from advtrain.backbones import register_backbone  # noqa: E402
+from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
+from advtrain.models.objectives import register_objective  # noqa: E402
+
+# The parts that need TensorFlow (tf.data and TFDS, the tf.distribute
+# runtime, `fit`, `evaluate` until it is written in keras.ops): imported
+# now on the TensorFlow backend, on first use elsewhere (`__getattr__`).
+_TENSORFLOW_PARTS = {
+    "data": "advtrain.data",
+    "register_source": "advtrain.data",
+    "evaluate": "advtrain.evaluation.robustness",
+    "runtime": "advtrain.train.runtime",
+    # `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule
+    # named `fit` would replace this function on the package with the module.
+    "fit": "advtrain.train.fitting",
+}
+
 if keras.backend.backend() == "tensorflow":
-    # Below TensorFlow's quiet import. Each import also registers its Keras
-    # objects (register_keras_serializable) or its TFDS builder.
-    from advtrain import data  # noqa: E402, F401  (the gtsrb TFDS builder)
-    from advtrain.attacks import (  # noqa: E402
-        Attack,
-        attack_settings,
-        fgsm,
-        fgsm_random_start,
-        make_attack,
-        pgd,
-        register_attack,
-    )
-    from advtrain.backbones import register_backbone  # noqa: E402
+    # Below TensorFlow's quiet import; `data` registers the gtsrb TFDS
+    # builder, `runtime` OneCycle.
+    from advtrain import data  # noqa: E402, F401
     from advtrain.data import register_source  # noqa: E402
     from advtrain.evaluation.robustness import evaluate  # noqa: E402
-    from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
-    from advtrain.models.objectives import register_objective  # noqa: E402
-    from advtrain.train import runtime  # noqa: E402, F401  (OneCycle)
-
-    # `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule named
-    # `fit` would replace this function on the package with the module.
+    from advtrain.train import runtime  # noqa: E402, F401
     from advtrain.train.fitting import fit  # noqa: E402
 
 __version__ = "0.3.0"
@@ -82,16 +97,26 @@ if TYPE_CHECKING:  # the same names, for type checkers and the API reference
 
 
 def __getattr__(name: str):
-    module = _APPLICATION.get(name)
+    module = _APPLICATION.get(name) or _TENSORFLOW_PARTS.get(name)
     if module is None:
         raise AttributeError(f"module 'advtrain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("tensorflow"):
+            raise
+        raise ImportError(
+            f"advtrain.{name} needs TensorFlow, which is not installed: "
+            "pip install tensorflow (or advtrain[tensorflow]). "
+            f"Received: KERAS_BACKEND={keras.backend.backend()}"
+        ) from None
+    value = imported if name in ("data", "runtime") else getattr(imported, name)
     globals()[name] = value  # once: later lookups do not come here
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_APPLICATION})
+    return sorted({*globals(), *_APPLICATION, *_TENSORFLOW_PARTS})
 
 
 __all__ = [

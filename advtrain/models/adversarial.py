@@ -4,8 +4,11 @@ The model reads as Keras's own trainer: `train_step` picks one of two
 steps, each one screen long. Its parts live beside it:
 `adversarial_arguments` (the rules on the arguments),
 `adversarial_metrics` (the metrics it adds and when each is logged),
-`reuse_gradient` (the gradient-reusing step and when it runs) and
-`input_checks` (the in-graph checks on every training batch).
+`reuse_gradient` (the gradient-reusing step and when it runs),
+`input_checks` (the in-graph checks on every training batch) and
+`trainers` (what differs per Keras backend: the gradients, the state
+handling, TensorFlow's fused BatchNorm kernel). The steps are written in
+`keras.ops` and train on TensorFlow and JAX.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from advtrain.attacks import Attack
 from advtrain.models import adversarial_metrics as am
@@ -30,24 +33,20 @@ from advtrain.models.adversarial_metrics import (
     replicas_in_sync,
 )
 from advtrain.models.attack_then_train import train_step_after_attack
-from advtrain.models.input_checks import (
-    InputChecks,
-    compiled_by_xla,
-    model_input_checks,
-    warn_if_probability_output,
-)
+from advtrain.models.input_checks import InputChecks, warn_if_probability_output
 from advtrain.models.reuse_gradient import (
     REUSE_GRADIENT_BYPASSES,
     choose_step,
     train_step_reusing_gradient,
 )
 from advtrain.models.step_attack import step_attack, training_attack
+from advtrain.models.trainers import AdversarialTrainer
 
 __all__ = ["AdversarialModel", "replicas_in_sync"]
 
 
 @keras.saving.register_keras_serializable(package="advtrain")
-class AdversarialModel(keras.Model):
+class AdversarialModel(AdversarialTrainer, keras.Model):
     """Wraps a classifier; `fit` minimises a clean/adversarial loss mix.
 
     loss = (1 - adv_weight) * clean_loss + adv_weight * adversarial_loss,
@@ -83,9 +82,11 @@ class AdversarialModel(keras.Model):
             for plain FGSM, 0 < adv_weight < 1 and no bypassed hook
             overridden; True forces it (FGSM or FGSM-RS); False never.
             Called `fused` before 0.3.
-        fused_batchnorm: switch the classifier's BatchNormalization layers
-            to TensorFlow's fused kernel in place
-            (`advtrain.models.batchnorm.fused`); False leaves them.
+        fused_batchnorm: on TensorFlow, compute the classifier's plain
+            BatchNormalization layers with TensorFlow's fused kernel while
+            a train or test step runs (`advtrain.models.batchnorm.fused`:
+            the same results, faster); the layers stay Keras's own, so a
+            saved classifier loads without advtrain. False: Keras's ops.
         batchnorm_momentum: "auto" (default): on the first `fit`, BN layers
             still at Keras's 0.99 get the run length's momentum; a number
             sets every BN layer; None keeps them
@@ -145,13 +146,9 @@ class AdversarialModel(keras.Model):
         self.reuse_gradient = reuse_gradient
         self.eps_ramp_steps = eps_ramp_steps
         self.check_inputs = bool(check_inputs)
-        # BatchNorm: the fused kernel now, in place (the layers keep their
-        # variables); the momentum on the first `fit`, which knows its length.
+        # BatchNorm: the fused kernel while a step runs (TensorFlow's
+        # trainer); the momentum on the first `fit`, which knows its length.
         self.fused_batchnorm = bool(fused_batchnorm)
-        if self.fused_batchnorm:
-            from advtrain.models.batchnorm.fused import fuse_batchnorm
-
-            fuse_batchnorm(classifier)
         self.batchnorm_momentum = batchnorm_momentum
         self._batchnorm_momentum_set = batchnorm_momentum is None
         # State the steps use: the attack's random stream, the input checks
@@ -253,7 +250,7 @@ class AdversarialModel(keras.Model):
         """Loss scale for the attack's input gradient (mixed precision)."""
         optimizer = getattr(self, "optimizer", None)
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            return optimizer.scale_loss(tf.constant(1.0))
+            return optimizer.scale_loss(ops.convert_to_tensor(1.0))
         return None
 
     def generate_adversarial(self, x, y):
@@ -267,8 +264,8 @@ class AdversarialModel(keras.Model):
         ```python
         class NoisyModel(AdversarialModel):
             def generate_adversarial(self, x, y):
-                noise = keras.random.uniform(tf.shape(x), -0.1, 0.1)
-                return tf.clip_by_value(x + noise, 0.0, 1.0)
+                noise = keras.random.uniform(ops.shape(x), -0.1, 0.1)
+                return ops.clip(x + noise, 0.0, 1.0)
         ```
         """
         kwargs = {"return_gradient": True} if self.attack.single_step else {}
@@ -283,7 +280,7 @@ class AdversarialModel(keras.Model):
         if kwargs:
             x_adv, grad = x_adv
             am.track_zero_gradients(self.zero_grad_tracker, grad)
-        return tf.stop_gradient(x_adv)
+        return ops.stop_gradient(x_adv)
 
     def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
         """The training loss; default `(1 - w) * clean + w * adversarial`.
@@ -296,8 +293,9 @@ class AdversarialModel(keras.Model):
         from shares: `compute_loss(...)` (the compiled loss plus
         regularisation losses) and `reduce_per_example(values,
         sample_weight)` for a per-example term of your own. A plain
-        `tf.reduce_mean` is the mean over one replica's examples and counts
-        N times under N replicas. Log parts with `track_losses`.
+        `ops.mean` is the mean over one replica's examples and counts
+        N times under N replicas. Log parts with `track_losses`. Written
+        in `keras.ops`, it trains on TensorFlow and JAX.
 
         Example:
 
@@ -307,7 +305,7 @@ class AdversarialModel(keras.Model):
                                  sample_weight):
                 loss = super().adversarial_loss(
                     x, y, y_pred, x_adv, y_pred_adv, sample_weight)
-                gap = tf.reduce_sum(tf.square(y_pred - y_pred_adv), axis=-1)
+                gap = ops.sum(ops.square(y_pred - y_pred_adv), axis=-1)
                 return loss + 0.5 * self.reduce_per_example(gap, sample_weight)
         ```
         """
@@ -326,7 +324,7 @@ class AdversarialModel(keras.Model):
             )
             parts.append(w * adv if y_pred is not None else adv)
         self.track_losses(clean=clean, adv=adv)
-        return tf.add_n(parts)
+        return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
     def reduce_per_example(self, values, sample_weight=None):
         """This replica's share of the batch mean of a per-example term:
@@ -340,7 +338,7 @@ class AdversarialModel(keras.Model):
         Example:
 
         ```python
-        gap = tf.reduce_sum(tf.square(y_pred - y_pred_adv), axis=-1)
+        gap = ops.sum(ops.square(y_pred - y_pred_adv), axis=-1)
         term = self.reduce_per_example(gap, sample_weight)
         ```
         """
@@ -361,10 +359,13 @@ class AdversarialModel(keras.Model):
 
     # ------------------------------------------------------------ steps
 
-    def train_step(self, data):
+    # `train_step` and `test_step` are the backend trainer's
+    # (`advtrain.models.trainers`), in the backend's signature, around these.
+
+    def _train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         warn_if_probability_output(self.classifier, getattr(self, "loss", None))
-        x, y, stats = self._input_checks.attach(x, y, xla=compiled_by_xla(self))
+        x, y, stats = self._attach_input_checks(x, y)
         am.begin_step(self.metrics)
         attack = self.training_attack()
         if self.reuse_gradient_step and self.adv_weight > 0:
@@ -373,7 +374,7 @@ class AdversarialModel(keras.Model):
             logs = train_step_after_attack(self, attack, x, y, sample_weight)
         return {**logs, **stats}
 
-    def test_step(self, data):
+    def _test_step(self, data):
         """Clean loss and metrics as Keras computes them, plus the attack's
         `adv_loss` / `adv_accuracy` on the same batch (full eps), so
         validation reports robust accuracy (`val_adv_accuracy`)."""
@@ -384,7 +385,7 @@ class AdversarialModel(keras.Model):
         am.track_loss(self.loss_tracker, loss, x)
         self.track_losses(clean=loss)
         if self.attack is not None:
-            x_adv = self.generate_adversarial(x, y)
+            x_adv = self._attack_step(lambda: self.generate_adversarial(x, y))
             y_pred_adv = self(x_adv, training=False)
             adv = self._inference_loss(x_adv, y, y_pred_adv, sample_weight)
             self.track_losses(adv=adv)
@@ -409,20 +410,7 @@ class AdversarialModel(keras.Model):
         """Keras's metric results, without the metrics that no step of the
         current phase feeds (`advtrain.models.adversarial_metrics`).
         """
-        return am.logged(self.metrics, super().get_metrics_result())
-
-    # ------------------------------------------------------------ input checks
-
-    def make_train_function(self, force=False):
-        """Keras's train function, whose failed input checks raise their
-        one-line error (`advtrain.models.input_checks`)."""
-        if self.train_function is not None and not force:
-            return self.train_function
-        super().make_train_function(force=force)
-        # Read by train_step when the function traces.
-        self._input_checks = model_input_checks(self)
-        self.train_function = self._input_checks.around(self.train_function)
-        return self.train_function
+        return am.logged(self.metrics, super().get_metrics_result(), self._in_step())
 
     # ------------------------------------------------------------ config
 

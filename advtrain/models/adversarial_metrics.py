@@ -27,12 +27,22 @@ from collections.abc import Iterable
 from typing import Any
 
 import keras
-import tensorflow as tf
+from keras import ops
 
+from advtrain.models.trainers import metric_count, replicas_in_sync
 
-def replicas_in_sync() -> int:
-    """Replicas that each compute a share of the step (1 without tf.distribute)."""
-    return tf.distribute.get_strategy().num_replicas_in_sync
+__all__ = [
+    "OptionalAccuracy",
+    "OptionalMean",
+    "OptionalMetric",
+    "batch_mean_share",
+    "begin_step",
+    "logged",
+    "replicas_in_sync",
+    "track_loss",
+    "track_share",
+    "track_zero_gradients",
+]
 
 
 class OptionalMetric:
@@ -70,57 +80,53 @@ def begin_step(metrics: Iterable[Any]) -> None:
             metric.fed = False
 
 
-def logged(metrics: Iterable[Any], results: dict) -> dict:
+def logged(metrics: Iterable[Any], results: dict, in_step: bool) -> dict:
     """`results` (metric name -> value) without the optional metrics that
-    were not fed: by this step when traced, since the reset when eager."""
-    eager = tf.executing_eagerly()
+    were not fed: by this step when `in_step` (traced), since the reset
+    when eager."""
     skip = {
         m.name
         for m in metrics
-        if isinstance(m, OptionalMetric) and not (_count(m) > 0 if eager else m.fed)
+        if isinstance(m, OptionalMetric)
+        and not (m.fed if in_step else metric_count(m) > 0)
     }
     return {k: v for k, v in results.items() if k not in skip}
 
 
-def _count(metric) -> float:
-    # Under a strategy the count is a sync-on-read variable, which `float`
-    # refuses; read as a tensor (cross-replica) it is the replicas' sum.
-    return float(tf.convert_to_tensor(metric.count.value))
-
-
-def batch_mean_share(values, sample_weight=None) -> tf.Tensor:
+def batch_mean_share(values, sample_weight=None):
     """This replica's share of the batch mean of a per-example term
     (`AdversarialModel.reduce_per_example`)."""
-    values = tf.cast(values, tf.float32)
-    if values.shape.rank is None or values.shape.rank == 0:
+    values = ops.cast(values, "float32")
+    rank = len(values.shape)
+    if rank == 0:
         raise ValueError(
             "reduce_per_example needs one value per example, shape "
-            f"[batch]. Received: shape={values.shape}"
+            f"[batch]. Received: shape={tuple(values.shape)}"
         )
-    if values.shape.rank > 1:
-        values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+    if rank > 1:
+        values = ops.mean(values, axis=list(range(1, rank)))
     if sample_weight is not None:
-        values = values * tf.reshape(tf.cast(sample_weight, tf.float32), [-1])
-    count = tf.cast(tf.shape(values)[0] * replicas_in_sync(), tf.float32)
-    return tf.math.divide_no_nan(tf.reduce_sum(values), count)
+        values = values * ops.reshape(ops.cast(sample_weight, "float32"), [-1])
+    count = ops.cast(ops.shape(values)[0] * replicas_in_sync(), "float32")
+    return ops.divide_no_nan(ops.sum(values), count)
 
 
 def track_loss(tracker: keras.metrics.Mean, loss, batch) -> None:
     """Feeds Keras-style `loss`: the per-example mean over the global batch,
     from this replica's share `loss` of the batch `batch`."""
     tracker.update_state(
-        tf.cast(loss, tf.float32) * replicas_in_sync(),
-        sample_weight=tf.shape(batch)[0],
+        ops.cast(loss, "float32") * replicas_in_sync(),
+        sample_weight=ops.shape(batch)[0],
     )
 
 
 def track_share(tracker: keras.metrics.Mean, share) -> None:
     """Feeds a loss share (`compute_loss`, `reduce_per_example`) as the
     per-example mean it stands for, the same on 1 or N replicas."""
-    tracker.update_state(tf.cast(share, tf.float32) * replicas_in_sync())
+    tracker.update_state(ops.cast(share, "float32") * replicas_in_sync())
 
 
 def track_zero_gradients(tracker: keras.metrics.Mean, grad) -> None:
     """Feeds the share of input-gradient entries that are exactly zero:
     under float16 an unscaled loss underflows and FGSM silently stops."""
-    tracker.update_state(tf.reduce_mean(tf.cast(tf.equal(grad, 0), tf.float32)))
+    tracker.update_state(ops.mean(ops.cast(ops.equal(grad, 0), "float32")))

@@ -5,12 +5,14 @@ The attack runs through the model's hooks (`generate_adversarial`, with
 the classifier in `attack_mode`, inference by default: no BatchNorm
 update, no dropout) and its result is a constant of the step
 (`stop_gradient`); the loss comes from the `adversarial_loss` hook. For
-FGSM a step costs 3 forward + 3 backward passes.
+FGSM a step costs 3 forward + 3 backward passes. Written in `keras.ops`;
+the gradients, the optimizer and the attack's state updates go through
+the model's backend trainer (`advtrain.models.trainers`).
 """
 
 from __future__ import annotations
 
-import tensorflow as tf
+from keras import ops
 
 from advtrain.models import adversarial_metrics as am
 from advtrain.models.step_attack import attacking_with
@@ -22,15 +24,16 @@ def train_step_after_attack(model, attack, x, y, sample_weight) -> dict:
     x_adv = None
     if model.adv_weight > 0 or model.needs_clean_logits:
         with attacking_with(model, attack):
-            x_adv = model.generate_adversarial(x, y)
-    with tf.GradientTape() as tape:
+            x_adv = model._attack_step(lambda: model.generate_adversarial(x, y))
+
+    def loss_fn():
         y_pred, y_pred_adv = _forward(model, x, x_adv)
         loss = model.adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)
-        scaled = model.optimizer.scale_loss(loss)
+        return loss, (y_pred, y_pred_adv)
+
+    loss, (y_pred, y_pred_adv), _, gradients = model._value_and_gradients(loss_fn)
     am.track_loss(model.loss_tracker, loss, x)
-    variables = model.trainable_variables
-    gradients = tape.gradient(scaled, variables)
-    model.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905 (traced: autograph)
+    model._apply_gradients(gradients)
     if y_pred_adv is not None:
         model.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
     if y_pred is None:
@@ -55,6 +58,6 @@ def _forward(model, x, x_adv):
         return model(x, training=True), None
     if model.adv_weight == 1.0 and not model.needs_clean_logits:
         return None, model(x_adv, training=True)
-    both = model(tf.concat([x, x_adv], axis=0), training=True)
-    y_pred, y_pred_adv = tf.split(both, 2, axis=0)
+    both = model(ops.concatenate([x, x_adv], axis=0), training=True)
+    y_pred, y_pred_adv = ops.split(both, 2, axis=0)
     return y_pred, y_pred_adv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import tensorflow as tf
+from keras import ops
 
 from advtrain.attacks import Attack
 
@@ -42,10 +42,10 @@ class EpsRamp:
             )
         self.steps = steps
 
-    def scale(self, iteration: Any) -> tf.Tensor:
+    def scale(self, iteration: Any) -> Any:
         """The float32 scale in (0, 1] at 0-based optimizer step `iteration`."""
-        t = tf.cast(iteration, tf.float32) + 1.0
-        return tf.minimum(1.0, t / float(self.steps))
+        t = ops.cast(iteration, "float32") + 1.0
+        return ops.minimum(1.0, t / float(self.steps))
 
     @staticmethod
     def scaled(attack: Attack, scale: Any) -> Attack:

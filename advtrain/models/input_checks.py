@@ -9,23 +9,26 @@ categorical one takes one-hot rows as wide as the logits.
 The checks run inside the training graph, on every batch, for the cost of a
 min and a max per checked tensor: a failed check stops `fit` at that batch
 with one line (`PixelRangeError` or `LabelError`, both `ValueError`s)
-instead of TensorFlow's multi-line "Graph execution error". In the graph
-they are assertions whose message carries a marker that
+instead of TensorFlow's multi-line "Graph execution error". In a
+TensorFlow graph they are assertions whose message carries a marker that
 `InputChecks.clean_error` turns into the clean error; eagerly they raise at
-once; under XLA, which drops assertions, the reductions leave the step with
-its logs and `InputChecks.check_logs` reads them on the host.
+once; under XLA (and on JAX, which always compiles with it), which drops
+assertions, the reductions leave the step with its logs and
+`InputChecks.check_logs` reads them on the host. The reductions are
+`keras.ops`; TensorFlow is imported only for its assertions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 # Float rounding (and a resize or a colour conversion) may overshoot the
 # range by a little; a wrong scale overshoots by far more.
@@ -132,7 +135,7 @@ def fit_label_shape(arguments: Optional[dict]) -> Optional[tuple]:
     if arguments is None:
         return None
     x, y = arguments.get("x"), arguments.get("y")
-    if y is None and isinstance(x, tf.data.Dataset):
+    if y is None and _is_tf_dataset(x):
         spec = x.element_spec
         if isinstance(spec, tuple) and len(spec) in (2, 3):
             y = spec[1]
@@ -191,30 +194,35 @@ class InputChecks:
     def attach(self, x, y, xla: bool = False):
         """`(x, y, stats)`: the batch, made to wait for the checks.
 
-        Label shapes are checked now (at trace time). Eagerly the values
-        are checked now too; in a graph they become assertions (`x` and `y`
-        depend on them, so no loss sees a bad batch); with `xla`, `stats`
-        holds the reductions for the step's logs (`check_logs`), else it is
-        empty.
+        Label shapes are checked now (at trace time). With `xla` (XLA or
+        JAX: no assertions), `stats` holds the reductions for the step's
+        logs (`check_logs`), else it is empty; eagerly on TensorFlow the
+        values are checked now; in a TensorFlow graph they become
+        assertions (`x` and `y` depend on them, so no loss sees a bad
+        batch).
         """
         if y is not None:
             self.check_label_shape(y.shape)
         reductions = self._reductions(x, y)
         if not reductions:
             return x, y, {}
-        if tf.executing_eagerly():
-            for kind, (low, high, _) in reductions.items():
-                self._raise_if_bad(kind, float(low), float(high))
-            return x, y, {}
         if xla:
             stats = {}
-            for kind, (low, high, _) in reductions.items():
+            for kind, (low, high) in reductions.items():
                 stats[_LOG_KEY.format(kind, "low")] = low
                 stats[_LOG_KEY.format(kind, "high")] = high
             return x, y, stats
+        import tensorflow as tf
+
+        if tf.executing_eagerly():
+            for kind, (low, high) in reductions.items():
+                self._raise_if_bad(kind, float(low), float(high))
+            return x, y, {}
         asserts = [
-            tf.debugging.Assert(ok, [_marked(kind, low, high)])
-            for kind, (low, high, ok) in reductions.items()
+            tf.debugging.Assert(
+                self._in_range(kind, low, high), [_marked(kind, low, high)]
+            )
+            for kind, (low, high) in reductions.items()
         ]
         with tf.control_dependencies(asserts):
             x = tf.identity(x)
@@ -222,40 +230,44 @@ class InputChecks:
         return x, y, {}
 
     def _reductions(self, x, y) -> dict[str, tuple]:
-        """{kind: (low, high, in range)} as float32 scalars."""
+        """{kind: (low, high)} as float32 scalars."""
         found = {}
-        if self.pixel_range is not None and tf.is_tensor(x):
-            low, high = _min_max(x)
-            ok = tf.constant(True)
+        if self.pixel_range is not None and ops.is_tensor(x):
+            found["pixels"] = _min_max(x)
+        if self.labels == SPARSE and y is not None and ops.is_tensor(y):
+            found["labels"] = _min_max(y)
+        return found
+
+    def _in_range(self, kind: str, low, high):
+        """Whether an observed range passes, as a boolean scalar tensor."""
+        ok = ops.convert_to_tensor(True)
+        if kind == "pixels":
             clip_min, clip_max = self.pixel_range
             if clip_min is not None:
-                ok = tf.logical_and(ok, low >= clip_min - PIXEL_TOLERANCE)
+                ok = ops.logical_and(ok, low >= clip_min - PIXEL_TOLERANCE)
             if clip_max is not None:
-                ok = tf.logical_and(ok, high <= clip_max + PIXEL_TOLERANCE)
-            found["pixels"] = (low, high, ok)
-        if self.labels == SPARSE and y is not None and tf.is_tensor(y):
-            low, high = _min_max(y)
-            ok = low >= 0
+                ok = ops.logical_and(ok, high <= clip_max + PIXEL_TOLERANCE)
+        else:
+            ok = ops.logical_and(ok, low >= 0)
             if self.num_classes is not None:
-                ok = tf.logical_and(ok, high <= self.num_classes - 1)
-            found["labels"] = (low, high, ok)
-        return found
+                ok = ops.logical_and(ok, high <= self.num_classes - 1)
+        return ok
 
     def check_label_shape(self, shape) -> None:
         """Raises `LabelError` when labels of `shape` do not suit the loss:
         one-hot rows for a sparse loss, class indices for a categorical
         one."""
-        shape = tf.TensorShape(shape)
-        if self.labels is None or shape.rank is None:
+        shape = _dims(shape)
+        if self.labels is None or shape is None:
             return
-        width = shape[-1] if shape.rank else None
-        classes, full_rank = self.num_classes, shape.rank == self.logits_rank
+        width = shape[-1] if shape else None
+        classes, full_rank = self.num_classes, len(shape) == self.logits_rank
         if self.labels == SPARSE and full_rank and (width or 0) > 1:
             raise LabelError(
                 f"{self.loss_name} takes integer class labels, one per "
                 f"example, but these look one-hot: pass y.argmax(-1), or "
                 "use keras.losses.CategoricalCrossentropy. Received: labels "
-                f"shape={_shape(shape)}"
+                f"shape={shape}"
             )
         one_hot = full_rank and (width is None or classes is None or width == classes)
         if self.labels == CATEGORICAL and not one_hot:
@@ -265,7 +277,7 @@ class InputChecks:
                 "integer class labels use "
                 "keras.losses.SparseCategoricalCrossentropy, or one-hot encode "
                 f"them (keras.utils.to_categorical). Received: labels "
-                f"shape={_shape(shape)}"
+                f"shape={shape}"
             )
 
     # ------------------------------------------------------------ host
@@ -320,23 +332,12 @@ class InputChecks:
                 self._raise_if_bad(kind, float(low), float(high))
         return logs
 
-    def around(self, train_function: Callable) -> Callable:
-        """`train_function` (Keras's), raising a failed check's one-line
-        error and dropping the reductions `attach(xla=True)` added."""
-
-        def checked(iterator):
-            with self.clean_errors():
-                logs = train_function(iterator)
-            return self.check_logs(logs)
-
-        return checked
-
     @contextlib.contextmanager
     def clean_errors(self) -> Iterator[None]:
         """Inside, a failed in-graph check raises its one-line error."""
         try:
             yield
-        except tf.errors.InvalidArgumentError as exc:
+        except Exception as exc:  # TensorFlow's InvalidArgumentError
             error = self.clean_error(exc)
             if error is None:
                 raise
@@ -353,12 +354,27 @@ class InputChecks:
         return self.error(kind, float(low), float(high))
 
 
-def _min_max(t) -> tuple[tf.Tensor, tf.Tensor]:
-    t = tf.cast(t, tf.float32)
-    return tf.reduce_min(t), tf.reduce_max(t)
+def _min_max(t) -> tuple:
+    t = ops.cast(t, "float32")
+    return ops.min(t), ops.max(t)
 
 
-def _marked(kind: str, low, high) -> tf.Tensor:
+def _is_tf_dataset(x: Any) -> bool:
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(x, tf.data.Dataset)
+
+
+def _dims(shape) -> Optional[tuple]:
+    """A shape (tuple, TensorShape) as a tuple of ints and None; None for
+    an unknown rank."""
+    if getattr(shape, "rank", 0) is None:
+        return None
+    return tuple(None if d is None else int(d) for d in shape)
+
+
+def _marked(kind: str, low, high):
+    import tensorflow as tf
+
     return tf.strings.join(
         [
             f"<{_MARK} {kind} ",
@@ -376,10 +392,6 @@ def _number(value: Optional[float], none: str = "None") -> str:
     return f"{value:g}"
 
 
-def _shape(shape: tf.TensorShape) -> tuple:
-    return tuple(shape.as_list())
-
-
 def model_input_checks(model) -> InputChecks:
     """The checks for a compiled `AdversarialModel`: the attack's pixel
     range (when it runs in training), the compiled loss's labels, the
@@ -395,9 +407,3 @@ def model_input_checks(model) -> InputChecks:
         labels=label_kind(loss),
         loss_name=loss_name(loss),
     )
-
-
-def compiled_by_xla(model) -> bool:
-    """Whether `model`'s step is being traced for XLA, which drops
-    assertions: the checks' reductions then leave with the logs."""
-    return bool(getattr(model, "jit_compile", False)) and not tf.executing_eagerly()

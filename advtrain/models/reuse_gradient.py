@@ -8,7 +8,9 @@ formulation, and NSL's). The attack then sees training-mode BatchNorm
 (batch statistics), and the step calls none of the model's attack hooks
 (`REUSE_GRADIENT_BYPASSES`).
 
-("fused" in advtrain means TensorFlow's fused BatchNorm kernel only.)
+Written in `keras.ops`; the gradients and the optimizer go through the
+model's backend trainer (`advtrain.models.trainers`). ("fused" in advtrain
+means TensorFlow's fused BatchNorm kernel only.)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Optional, Union
 
-import tensorflow as tf
+from keras import ops
 
 from advtrain.attacks import Attack
 from advtrain.attacks.common import as_float_tensor
@@ -112,27 +114,31 @@ def train_step_reusing_gradient(model, attack: Attack, x, y, sample_weight) -> d
     weight gradients are mixed as the loss is: (1 - w) clean + w adv.
     """
     w = model.adv_weight
-    variables = model.trainable_variables
     x = as_float_tensor(x)  # the attack's own check: float pixels
-    with tf.GradientTape() as tape:
-        tape.watch(x)
+
+    def clean_loss(x):
         y_pred = model(x, training=True)
-        clean = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
-        scaled_clean = model.optimizer.scale_loss(clean)
-    input_grad, *clean_grads = tape.gradient(scaled_clean, [x, *variables])
+        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+        return loss, y_pred
+
+    clean, y_pred, (input_grad,), clean_grads = model._value_and_gradients(
+        clean_loss, [x]
+    )
     am.track_zero_gradients(model.zero_grad_tracker, input_grad)
-    x_adv = tf.stop_gradient(
+    x_adv = ops.stop_gradient(
         attack.step_from_gradient(x, input_grad, model.seed_generator)
     )
-    with tf.GradientTape() as tape:
+
+    def adv_loss():
         y_pred_adv = model(x_adv, training=True)
-        adv = model.compute_loss(
+        loss = model.compute_loss(
             x=x_adv, y=y, y_pred=y_pred_adv, sample_weight=sample_weight
         )
-        scaled_adv = model.optimizer.scale_loss(adv)
-    adv_grads = tape.gradient(scaled_adv, variables)
+        return loss, y_pred_adv
+
+    adv, y_pred_adv, _, adv_grads = model._value_and_gradients(adv_loss)
     gradients = [_mixed(gc, ga, w) for gc, ga in zip(clean_grads, adv_grads)]  # noqa: B905 (traced: autograph)
-    model.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905
+    model._apply_gradients(gradients)
     am.track_loss(model.loss_tracker, (1.0 - w) * clean + w * adv, x)
     model.track_losses(clean=clean, adv=adv)
     model.adv_accuracy.update_state(y, y_pred_adv, sample_weight)

@@ -9,7 +9,6 @@ import pytest
 
 from advtrain.attacks import Attack
 from advtrain.models.adversarial import AdversarialModel
-from advtrain.models.batchnorm.fused import FusedBatchNormalization
 from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.models.batchnorm.policy import (
     apply_batchnorm_policy,
@@ -277,8 +276,11 @@ def test_adversarial_model_on_a_user_cnn_ends_without_a_gap(digits, tmp_path):
     classifier = user_cnn(second_momentum=0.95)
     weights = [w.copy() for w in classifier.get_weights()]
     model = _compile(AdversarialModel(classifier, Attack("fgsm", eps=0.1), 0.5, seed=0))
-    # The fast kernel by default, in place, weights kept.
-    assert all(type(bn) is FusedBatchNormalization for bn in batchnorm_layers(model))
+    # The user's layers keep their class (the fused kernel runs only
+    # inside the steps) and their weights.
+    assert all(
+        type(bn) is keras.layers.BatchNormalization for bn in batchnorm_layers(model)
+    )
     for old, new in zip(weights, classifier.get_weights(), strict=True):
         np.testing.assert_array_equal(old, new)
 
@@ -292,7 +294,10 @@ def test_adversarial_model_on_a_user_cnn_ends_without_a_gap(digits, tmp_path):
         warnings.simplefilter("error")  # said once, on the first fit only
         model.fit(x[:128], y[:128], batch_size=64, epochs=1, verbose=0)
 
-    # .keras files of the fused model load (the wrapper too) and agree.
+    assert all(
+        type(bn) is keras.layers.BatchNormalization for bn in batchnorm_layers(model)
+    )
+    # .keras files of the trained model load (the wrapper too) and agree.
     classifier.save(tmp_path / "classifier.keras")
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "classifier.keras")

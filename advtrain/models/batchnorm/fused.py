@@ -17,16 +17,23 @@ same variables, so weights and checkpoints move freely between the two.
 Float16/bfloat16 inputs go into the kernel as they are (it accumulates in
 float32) instead of being upcast first.
 
-`fuse_batchnorm(model)` switches the plain Keras BatchNormalization layers
-of an existing model (nested ones included, pretrained backbones too) to
-this class in place; the BatchNorm policy does it before every run
-(`policy.apply_batchnorm_policy(fused_kernel=True)`, the default).
+`fused_kernel(layers)` computes the plain Keras BatchNormalization layers
+among `layers` with this class while its block runs and gives them their
+class back after: `AdversarialModel`'s TensorFlow trainer runs every
+train and test step inside it (`fused_batchnorm=True`, the default), so
+the user's model trains fast and still saves as plain Keras layers that
+load without advtrain. `fuse_batchnorm(model)` switches the layers for
+good (the recipe policy, `policy.apply_batchnorm_policy(fused_kernel=True)`).
+TensorFlow is imported only where the kernel runs: on another backend the
+class computes as Keras's own layer.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
+
 import keras
-import tensorflow as tf
 from keras import ops
 
 from advtrain.models.batchnorm.walk import batchnorm_layers
@@ -64,6 +71,8 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
     def call(self, inputs, training=None, mask=None):
         if not self._fusable(inputs, mask):
             return super().call(inputs, training=training, mask=mask)
+        import tensorflow as tf
+
         channels = inputs.shape[-1]
         scale = (
             ops.cast(self.gamma, "float32")
@@ -140,3 +149,28 @@ def fuse_batchnorm(model: keras.layers.Layer) -> int:
             layer.__class__ = FusedBatchNormalization
             switched += 1
     return switched
+
+
+@contextlib.contextmanager
+def fused_kernel(layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
+    """Inside, the plain Keras BatchNormalization layers among `layers`
+    compute with the fused kernel; on exit they are plain Keras layers
+    again (what a traced step computes stays as it was traced).
+
+    Example:
+
+    ```python
+    with fused_kernel(batchnorm_layers(model)):
+        logs = train_function(iterator)
+    ```
+    """
+    switched = [
+        layer for layer in layers if type(layer) is keras.layers.BatchNormalization
+    ]
+    for layer in switched:
+        layer.__class__ = FusedBatchNormalization
+    try:
+        yield
+    finally:
+        for layer in switched:
+            layer.__class__ = keras.layers.BatchNormalization

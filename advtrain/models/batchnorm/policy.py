@@ -34,6 +34,7 @@ inference mode even when the model is called with `training=True`.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
@@ -224,11 +225,10 @@ def fit_total_steps(
     """The training steps a `keras.Model.fit` call with these arguments
     runs, or None when its data has no known length (a generator, a
     repeated dataset without `steps_per_epoch`)."""
-    import tensorflow as tf
-
+    tf = sys.modules.get("tensorflow")  # a tf.data.Dataset needs it loaded
     steps = steps_per_epoch
     if steps is None:
-        if isinstance(x, tf.data.Dataset):
+        if tf is not None and isinstance(x, tf.data.Dataset):
             cardinality = int(x.cardinality())
             steps = cardinality if cardinality >= 0 else None
         elif isinstance(x, keras.utils.PyDataset) or hasattr(x, "__getitem__"):

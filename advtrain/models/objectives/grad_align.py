@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from advtrain.attacks.common import input_gradient, random_in_ball
 from advtrain.models.adversarial import AdversarialModel
@@ -83,13 +83,13 @@ class GradAlign(AdversarialModel):
         loss = super().adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)
         if self.grad_align == 0:
             return loss
-        x, y = tf.cast(x, tf.float32), tf.convert_to_tensor(y)
+        x, y = ops.cast(x, "float32"), ops.convert_to_tensor(y)
         noisy = x + random_in_ball(
             x, self.attack.eps, self.attack.norm, self.seed_generator
         )
         low, high = self.attack.clip_min, self.attack.clip_max
         if self.clip_noise and low is not None and high is not None:
-            noisy = tf.clip_by_value(noisy, low, high)
+            noisy = ops.clip(noisy, low, high)
         clean_grad = self._input_gradient(x, y)
         noisy_grad = self._input_gradient(noisy, y)
         penalty = self.reduce_per_example(
@@ -114,10 +114,10 @@ class GradAlign(AdversarialModel):
         }
 
 
-def _cosine(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+def _cosine(a, b):
     """Per-example cosine similarity of two batches of gradients."""
-    a = tf.reshape(a, tf.stack([tf.shape(a)[0], -1]))
-    b = tf.reshape(b, tf.stack([tf.shape(b)[0], -1]))
-    dot = tf.reduce_sum(a * b, axis=1)
-    norms = tf.norm(a, axis=1) * tf.norm(b, axis=1)
+    a = ops.reshape(a, (ops.shape(a)[0], -1))
+    b = ops.reshape(b, (ops.shape(b)[0], -1))
+    dot = ops.sum(a * b, axis=1)
+    norms = ops.norm(a, axis=1) * ops.norm(b, axis=1)
     return dot / (norms + _TINY)

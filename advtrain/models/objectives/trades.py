@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from advtrain.models.adversarial import AdversarialModel
 from advtrain.models.objectives.registry import register_objective
@@ -13,10 +13,10 @@ from advtrain.models.objectives.registry import register_objective
 
 def per_example_kl(p_clean, logits_adv):
     """KL(p_clean || softmax(logits_adv)) per example, in float32."""
-    p = tf.cast(p_clean, tf.float32)
-    log_q = tf.nn.log_softmax(tf.cast(logits_adv, tf.float32))
-    log_p = tf.math.log(tf.clip_by_value(p, 1e-12, 1.0))
-    return tf.reduce_sum(p * (log_p - log_q), axis=-1)
+    p = ops.cast(p_clean, "float32")
+    log_q = ops.log_softmax(ops.cast(logits_adv, "float32"), axis=-1)
+    log_p = ops.log(ops.clip(p, 1e-12, 1.0))
+    return ops.sum(p * (log_p - log_q), axis=-1)
 
 
 @register_objective("trades")
@@ -61,8 +61,8 @@ class TRADES(AdversarialModel):
         self.beta = float(beta)
 
     def generate_adversarial(self, x, y):
-        p_clean = tf.stop_gradient(
-            tf.nn.softmax(tf.cast(self.attack_model_fn(x), tf.float32))
+        p_clean = ops.stop_gradient(
+            ops.softmax(ops.cast(self.attack_model_fn(x), "float32"), axis=-1)
         )
         # The KL's maximiser is PGD on the advtrain backend, one start.
         attack = self.attack.replace(
@@ -76,13 +76,13 @@ class TRADES(AdversarialModel):
             loss_scale=self.attack_loss_scale(),
             seed=self.seed_generator,
         )
-        return tf.stop_gradient(x_adv)
+        return ops.stop_gradient(x_adv)
 
     def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
         natural = self.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight
         )
-        p_clean = tf.nn.softmax(tf.cast(y_pred, tf.float32))
+        p_clean = ops.softmax(ops.cast(y_pred, "float32"), axis=-1)
         robust = self.reduce_per_example(
             per_example_kl(p_clean, y_pred_adv), sample_weight
         )

@@ -1,0 +1,156 @@
+"""`AdversarialModel`'s step on JAX: stateless, as Keras's own JAX trainer.
+
+`train_step(state, data)` binds every variable of the model (trainable,
+non-trainable, optimizer, metrics) to the values in `state` with a
+`keras.StatelessScope`, runs the backend-neutral step inside it and
+returns the updated values. Inside: `_value_and_gradients` differentiates
+a loss with `jax.value_and_grad(..., has_aux=True)` in a scope of its own
+and threads its non-trainable and metric updates back out (the BatchNorm
+statistics of the training pass); the optimizer applies the gradients in
+the step's scope, which records its updates; the attack's passes run in a
+scope whose updates are dropped except the attack's random stream (no
+BatchNorm statistics, whatever `attack_mode`). Input checks travel with
+the logs and are read on the host (`advtrain.models.input_checks`).
+(`advtrain.models.trainers` says what a backend module supplies.)
+"""
+
+from __future__ import annotations
+
+import jax
+import keras
+
+from advtrain.models.input_checks import model_input_checks
+
+
+def replicas_in_sync() -> int:
+    """1: a JAX step sees the global batch (`keras.distribution` shards it)."""
+    return 1
+
+
+def metric_count(metric) -> float:
+    return float(keras.ops.convert_to_numpy(metric.count))
+
+
+def _values(variables) -> list:
+    """The variables' current values (the enclosing scope's)."""
+    return [variable.value for variable in variables]
+
+
+class AdversarialTrainer:
+    """The JAX half of `AdversarialModel` (placed before `keras.Model`)."""
+
+    _stepping = False
+
+    def train_step(self, state, data):
+        groups = (
+            self.trainable_variables,
+            self.non_trainable_variables,
+            self.optimizer.variables,
+            self.metrics_variables,
+        )
+        return self._bound(groups, state, lambda: self._train_step(data))
+
+    def test_step(self, state, data):
+        groups = (
+            self.trainable_variables,
+            self.non_trainable_variables,
+            self.metrics_variables,
+        )
+        return self._bound(groups, state, lambda: self._test_step(data))
+
+    def _bound(self, groups, state, step):
+        """`(step(), new state)` with `groups` of variables bound to `state`."""
+        mapping = [
+            pair
+            for variables, values in zip(groups, state, strict=True)
+            for pair in zip(variables, values, strict=True)
+        ]
+        object.__setattr__(self, "_stepping", True)
+        try:
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                logs = step()
+        finally:
+            object.__setattr__(self, "_stepping", False)
+        return logs, tuple([scope.get_current_value(v) for v in vs] for vs in groups)
+
+    def _in_step(self) -> bool:
+        return self._stepping
+
+    def _value_and_gradients(self, loss_fn, inputs=()):
+        """`(loss, aux, input_grads, weight_grads)` for `loss_fn(*inputs) ->
+        (loss, aux)`: the gradients of the optimizer-scaled loss with
+        respect to `inputs` and the trainable variables; the variable
+        updates `loss_fn` makes are kept."""
+        trainable = self.trainable_variables
+        others = [
+            *self.non_trainable_variables,
+            *self.optimizer.variables,
+            *self.metrics_variables,
+        ]
+        other_values = _values(others)
+
+        def scaled_loss(weights, inputs):
+            mapping = [
+                *zip(trainable, weights, strict=True),
+                *zip(others, other_values, strict=True),
+            ]
+            with keras.StatelessScope(
+                state_mapping=mapping, collect_losses=True
+            ) as scope:
+                loss, aux = loss_fn(*inputs)
+                scaled = self.optimizer.scale_loss(loss)
+            updates = [scope.get_current_value(v) for v in others]
+            return scaled, (loss, aux, updates)
+
+        grad_fn = jax.value_and_grad(scaled_loss, argnums=(0, 1), has_aux=True)
+        (_, (loss, aux, updates)), (weight_grads, input_grads) = grad_fn(
+            _values(trainable), list(inputs)
+        )
+        for variable, value in zip(others, updates, strict=True):
+            variable.assign(value)
+        return loss, aux, list(input_grads), list(weight_grads)
+
+    def _apply_gradients(self, gradients) -> None:
+        self.optimizer.apply(gradients, self.trainable_variables)
+
+    def _attack_step(self, generate):
+        """Runs `generate()` (the attack) in a scope of its own and keeps
+        its metric updates and its random stream's advance only: the
+        attack's passes update no BatchNorm statistics."""
+        optimizer = getattr(self, "optimizer", None)
+        kept = [*self.metrics_variables, self.seed_generator.state]
+        variables = [
+            *self.trainable_variables,
+            *self.non_trainable_variables,
+            *(optimizer.variables if optimizer is not None else []),
+            *self.metrics_variables,
+        ]
+        with keras.StatelessScope(
+            state_mapping=list(zip(variables, _values(variables), strict=True))
+        ) as scope:
+            result = generate()
+        for variable in kept:
+            variable.assign(scope.get_current_value(variable))
+        return result
+
+    def _attach_input_checks(self, x, y):
+        # JAX compiles the step with XLA, which has no assertions: the
+        # checks' reductions leave with the logs.
+        return self._input_checks.attach(x, y, xla=True)
+
+    def make_train_function(self, force=False):
+        """Keras's train function, whose failed input checks raise their
+        one-line error on the host after the step."""
+        if self.train_function is not None and not force:
+            return self.train_function
+        super().make_train_function(force=force)
+        # Read by the step when the function traces.
+        checks = self._input_checks = model_input_checks(self)
+        step = self.train_function
+
+        def train_function(state, iterator):
+            logs, state = step(state, iterator)
+            return checks.check_logs(logs), state
+
+        self.train_function = train_function
+        return train_function

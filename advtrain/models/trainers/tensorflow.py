@@ -1,0 +1,100 @@
+"""`AdversarialModel`'s step on TensorFlow: `tf.GradientTape`, the
+optimizer's `apply_gradients`, `tf.distribute`'s replicas, the input
+checks' in-graph assertions and the fused BatchNorm kernel while a step
+runs (`advtrain.models.trainers` says what a backend module supplies)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from advtrain.models.batchnorm.fused import fused_kernel
+from advtrain.models.batchnorm.walk import batchnorm_layers
+from advtrain.models.input_checks import model_input_checks
+
+
+def replicas_in_sync() -> int:
+    """Replicas that each compute a share of the step (1 without tf.distribute)."""
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def metric_count(metric) -> float:
+    """A metric's update count, eagerly. Under a strategy the count is a
+    sync-on-read variable, which `float` refuses; read as a tensor
+    (cross-replica) it is the replicas' sum."""
+    return float(tf.convert_to_tensor(metric.count.value))
+
+
+class AdversarialTrainer:
+    """The TensorFlow half of `AdversarialModel` (placed before `keras.Model`)."""
+
+    def train_step(self, data):
+        return self._train_step(data)
+
+    def test_step(self, data):
+        return self._test_step(data)
+
+    def _in_step(self) -> bool:
+        return not tf.executing_eagerly()
+
+    def _value_and_gradients(self, loss_fn, inputs=()):
+        """`(loss, aux, input_grads, weight_grads)` for `loss_fn(*inputs) ->
+        (loss, aux)`: the gradients of the optimizer-scaled loss with
+        respect to `inputs` and the trainable variables."""
+        variables = self.trainable_variables
+        with tf.GradientTape() as tape:
+            for tensor in inputs:
+                tape.watch(tensor)
+            loss, aux = loss_fn(*inputs)
+            scaled = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, [*inputs, *variables])
+        n = len(inputs)
+        return loss, aux, gradients[:n], gradients[n:]
+
+    def _apply_gradients(self, gradients) -> None:
+        variables = self.trainable_variables
+        self.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905 (traced: autograph)
+
+    def _attack_step(self, generate):
+        """Runs `generate()` (the attack); its updates stand."""
+        return generate()
+
+    def _attach_input_checks(self, x, y):
+        # XLA drops assertions: the checks' reductions leave with the logs.
+        xla = bool(getattr(self, "jit_compile", False)) and not tf.executing_eagerly()
+        return self._input_checks.attach(x, y, xla=xla)
+
+    def _fused_layers(self) -> list:
+        return batchnorm_layers(self.classifier) if self.fused_batchnorm else []
+
+    def make_train_function(self, force=False):
+        """Keras's train function, run with the fused BatchNorm kernel,
+        whose failed input checks raise their one-line error
+        (`advtrain.models.input_checks`)."""
+        if self.train_function is not None and not force:
+            return self.train_function
+        super().make_train_function(force=force)
+        # Read by the step when the function traces.
+        checks = self._input_checks = model_input_checks(self)
+        step, layers = self.train_function, self._fused_layers()
+
+        def train_function(iterator):
+            with checks.clean_errors(), fused_kernel(layers):
+                logs = step(iterator)
+            return checks.check_logs(logs)
+
+        self.train_function = train_function
+        return train_function
+
+    def make_test_function(self, force=False):
+        """Keras's test function, run with the fused BatchNorm kernel."""
+        if self.test_function is not None and not force:
+            return self.test_function
+        super().make_test_function(force=force)
+        step, layers = self.test_function, self._fused_layers()
+
+        def test_function(iterator):
+            with fused_kernel(layers):
+                return step(iterator)
+
+        self.test_function = test_function
+        return test_function
