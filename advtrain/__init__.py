@@ -107,7 +107,7 @@ def __getattr__(name: str):
             raise
         raise ImportError(
             f"advtrain.{name} needs TensorFlow, which is not installed: "
-            "pip install tensorflow (or advtrain[tensorflow]). "
+            "pip install tensorflow. "
             f"Received: KERAS_BACKEND={keras.backend.backend()}"
         ) from None
     value = imported if name in ("data", "runtime") else getattr(imported, name)

@@ -31,7 +31,7 @@ def test_import_on_jax_loads_no_tensorflow(tmp_path):
     if importlib.util.find_spec("tensorflow") is None:
         assert done.stdout.strip() == (
             "error: advtrain.fit needs TensorFlow, which is not installed: "
-            "pip install tensorflow (or advtrain[tensorflow]). "
+            "pip install tensorflow. "
             "Received: KERAS_BACKEND=jax"
         )
     else:
