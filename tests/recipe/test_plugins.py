@@ -113,9 +113,10 @@ def test_a_recipe_uses_a_registered_attack_and_data_source(tmp_path):
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["robust_accuracy"] <= metrics["pgd_accuracy"]
     assert metrics["pgd_accuracy"] <= metrics["clean_accuracy"]
-    # Two classes: AutoAttack runs without APGD-T (its loss needs 4 logits).
+    # Two classes: AutoAttack runs without APGD-T (its loss needs 4 logits);
+    # FAB-T runs with the one other class as its target.
     steps = [s["attack"] for s in metrics["autoattack"]["steps"]]
-    assert steps == ["apgd_ce", "square"]
+    assert steps == ["apgd_ce", "fab_t", "square"]
     # The run folder's recipe names the plugin, so a resume imports it too.
     saved = yaml.safe_load((tmp_path / "out" / "recipe.yaml").read_text())
     assert saved["plugins"] == ["my_plugin"]
