@@ -27,13 +27,13 @@ from typing import Any, Optional
 import keras
 from keras import ops
 
+from advtrain import backend
 from advtrain.attacks.common import (
     ModelFn,
     Norm,
     attack_inputs,
     check_count,
     checked_norm,
-    input_gradient,
     int_labels,
 )
 from advtrain.utils.errors import ArgumentError
@@ -206,10 +206,15 @@ def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta
     flat = (batch, -1)
     pair = ops.stack([labels, target], axis=1)
 
+    def margins(z):
+        per_example = _margin(pair, model_fn(z))
+        return ops.sum(per_example), per_example
+
     def body(_, state):
         x1, best, distance = state
-        margin = _margin(pair, model_fn(x1))
-        w = ops.reshape(input_gradient(model_fn, x1, pair, loss_fn=_margin), flat)
+        # One forward pass gives the margin and its gradient.
+        (_, margin), grad = backend.value_and_grad(margins, x1)
+        w = ops.reshape(backend.finite_or_zero(grad), flat)
         # The linearised boundary between true and target class: w.z = b.
         b = ops.sum(w * ops.reshape(x1, flat), axis=1) - margin
         moves = project_linf(
