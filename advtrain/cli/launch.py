@@ -49,6 +49,7 @@ from advtrain.recipe.run_folder import (
     output_dir,
 )
 from advtrain.recipe.schema import RecipeError
+from advtrain.train.guards import COLLAPSED_EXIT_CODE
 from advtrain.train.preemption import LAUNCHER_PID_ENV, PREEMPTED_EXIT_CODE
 from advtrain.utils.progress import Echo
 
@@ -59,6 +60,10 @@ _LOST_WORKER_GRACE = 5.0
 # checkpoint and exit. Below the 30 s that SLURM (KillWait) and Kubernetes
 # (terminationGracePeriodSeconds) give by default before their SIGKILL.
 _SHUTDOWN_GRACE = 25.0
+# How a worker may end without having failed: finished, finished on a
+# collapsed run (the run says so; a restart would not change it), or
+# checkpointed on a signal.
+_ENDED = (0, COLLAPSED_EXIT_CODE, PREEMPTED_EXIT_CODE)
 
 
 @dataclasses.dataclass
@@ -83,6 +88,11 @@ class WorkerResult:
                 return f"killed by signal {-self.exit_code}"
         if self.exit_code == PREEMPTED_EXIT_CODE:
             return f"exit code {self.exit_code} (checkpointed on a signal)"
+        if self.exit_code == COLLAPSED_EXIT_CODE:
+            return (
+                f"exit code {self.exit_code} (finished, but no epoch was sound: "
+                "catastrophic overfitting)"
+            )
         return f"exit code {self.exit_code}"
 
     @property
@@ -130,16 +140,17 @@ def tf_configs(addresses: list[str]) -> list[str]:
 
 
 def exit_code(results: list[WorkerResult]) -> int:
-    """The launcher's exit code: 0 when every worker finished, 75 when they
-    stopped on a signal after checkpointing, else the first failure's code
-    (1 for a worker killed by a signal)."""
+    """The launcher's exit code: 0 when every worker finished, 3 when they
+    finished on a collapsed run (no sound epoch), 75 when they stopped on a
+    signal after checkpointing, else the first failure's code (1 for a worker
+    killed by a signal)."""
     codes = [r.exit_code for r in results]
     if all(c == 0 for c in codes):
         return 0
-    if all(c in (0, PREEMPTED_EXIT_CODE) for c in codes):
-        return PREEMPTED_EXIT_CODE
-    failed = [c for c in codes if c not in (0, PREEMPTED_EXIT_CODE)]
-    return failed[0] if failed[0] > 0 else 1
+    failed = [c for c in codes if c not in _ENDED]
+    if failed:
+        return failed[0] if failed[0] > 0 else 1
+    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in codes else COLLAPSED_EXIT_CODE
 
 
 def launch(
@@ -229,7 +240,7 @@ def _summarize(results, out: Path, logs, resume: str, attempt: int, echo) -> Non
         role = "chief" if result.index == 0 else "worker"
         echo(f"worker {result.index} ({role}): {result.ending}")
         line = result.error_line
-        if result.exit_code not in (0, PREEMPTED_EXIT_CODE) and line:
+        if result.exit_code not in _ENDED and line:
             echo(f"  [worker {result.index}] {line}")
     if logs is not None:
         echo(f"launch: full worker logs in {logs}")
@@ -412,7 +423,7 @@ def _first_dead(procs, results) -> Optional[WorkerResult]:
     dead = [
         (p.returncode, r)
         for p, r in zip(procs, results, strict=True)
-        if p.returncode not in (None, 0, PREEMPTED_EXIT_CODE)
+        if p.returncode is not None and p.returncode not in _ENDED
     ]
     if not dead:
         return None

@@ -179,6 +179,11 @@ def test_exit_code_of_a_launch():
     assert exit_code(results(75, 75)) == 75
     assert exit_code(results(75, -9)) == 1
     assert exit_code(results(1, -9)) == 1
+    # A collapsed run finished: named, passed through, not a failure.
+    assert exit_code(results(3, 3)) == 3
+    assert exit_code(results(3, 1)) == 1
+    assert exit_code(results(3, 75)) == 75
+    assert "catastrophic overfitting" in WorkerResult(0, 3).ending
     assert WorkerResult(1, -9).ending == "killed by SIGKILL"
 
 
