@@ -214,7 +214,7 @@ def test_bench_table_has_mean_worst_and_time_ratio():
         {"train_seconds": 10.0, "clean_accuracy": 0.9, "pgd_accuracy": 0.8,
          "co_guard": {"triggers": []}},
         {"train_seconds": 14.0, "clean_accuracy": 0.7, "pgd_accuracy": 0.2,
-         "co_guard": {"triggers": [{}, {}]}},
+         "co_guard": {"triggers": [{}, {}]}, "catastrophic_overfitting": "no epoch"},
     ]  # fmt: skip
     fast = [bench.row_of("fgsm_rs", s, m) for s, m in enumerate(metrics)]
     slow = [dict(r, method="pgd", train_seconds=3 * r["train_seconds"]) for r in fast]
@@ -229,6 +229,7 @@ def test_bench_table_has_mean_worst_and_time_ratio():
     text = bench.format_table(table)
     assert text.splitlines()[0].split()[:4] == ["method", "seed", "train", "s"]
     assert "  worst  " in text and "n/a" in text  # no FGSM/APGD numbers here
+    assert text.count("2, collapsed") == 2  # seed 1's verdict, fgsm_rs and pgd
     assert bench.parse_method("pgd") == ("pgd", ["attack.method=pgd"], None)
     spec = "pgd_at:attack.method=pgd; attack.steps=10"
     assert bench.parse_method(spec) == (
