@@ -105,7 +105,9 @@ def fit(
 
     Args:
         model: a Keras model, or a function of no arguments building one.
-        data: `(x, y)` arrays or memory maps, or a `tf.data.Dataset`.
+        data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, or a
+            function building a dataset of global batches (called anew for
+            each phase, after the global seed is reset to `seed`).
         runtime: a `RuntimeOptions`, its dict or a `Runtime`; default auto.
         attack: an `Attack`, its config dict, a method name, or None.
         adv_weight: the adversarial loss weight.
@@ -146,7 +148,7 @@ def fit(
     _refuse_unknown(renamed, evaluation)
     say = echo or (lambda line: None)
     rt, bn = _as_runtime(runtime), _batchnorm_options(batchnorm)
-    train_ds, size, batch = _training_data(data, batch_size, shuffle, seed)
+    stream, size, batch = _training_data(data, batch_size, shuffle, seed)
     schedule = dict(
         optimizer=optimizer, learning_rate=learning_rate, epochs=epochs,
         steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
@@ -154,26 +156,29 @@ def fit(
         lr_schedule=lr_schedule, momentum=momentum, weight_decay=weight_decay,
     )  # fmt: skip
     plan, train = _plan(rt, size, batch, schedule, say)
-    phases = _checked_phases(phases, plan.epochs)
+    # Phases freeze the backbone of an advtrain classifier; without, the
+    # model trains whole.
+    freeze, phases = phases is not None, _checked_phases(phases, plan.epochs)
     net, classifier = _built_model(
         model, rt, plan, bn, say, attack=_as_attack(attack), adv_weight=adv_weight,
         seed=seed, reuse_gradient=reuse_gradient,
     )  # fmt: skip
     loss = _default_loss(net, classifier, loss)
-    train_ds, checks = _label_checked(train_ds, net, classifier, loss)
+    stream, checks = _label_checked(stream, net, classifier, loss)
     with checks.clean_errors():  # a bad batch's error in one line
         history, _ = fit_phases(
-            net, train_ds.skip, runtime=rt, plan=plan, phases=phases, loss=loss,
+            net, stream, runtime=rt, plan=plan, phases=phases, loss=loss,
             metrics=metrics,
             optimizer=optimizer if not isinstance(optimizer, str) else train.optimizer,
             optimizer_options=train.model_dump(include=set(OPTIMIZER_KEYS[1:])),
             seed=seed, callbacks=callbacks or [],
-            freeze=classifier if len(phases) > 1 else None,
+            freeze=classifier if freeze else None,
             validation_data=validation_data, verbose=verbose, echo=say,
         )  # fmt: skip
     held_out = validation_data if validation_data is not None else data
+    held_out = None if callable(held_out) else held_out
     gap = settle_trained_batchnorm(
-        classifier, held_out, train_ds, per_replica_batch=plan.per_replica_batch,
+        classifier, held_out, stream(0), per_replica_batch=plan.per_replica_batch,
         batchnorm=bn, echo=say,
     )  # fmt: skip
     evaluated = _evaluate(classifier, test_data, evaluation, attack, say)
@@ -311,11 +316,11 @@ def _checked_phases(phases: Optional[list[Phase]], epochs: int) -> list[Phase]:
     return list(phases)
 
 
-def _label_checked(train_ds, net, classifier, loss):
-    """(the training stream, its `InputChecks`): an `AdversarialModel`
-    checks its batches itself; a plain model's labels are checked in the
-    stream, against the loss and the model's output (shapes now, values per
-    batch; `advtrain.models.input_checks`)."""
+def _label_checked(stream, net, classifier, loss):
+    """(`stream(skip)` of the training batches, their `InputChecks`): an
+    `AdversarialModel` checks its batches itself; a plain model's labels
+    are checked in the stream, against the loss and the model's output
+    (shapes now, values per batch; `advtrain.models.input_checks`)."""
     from advtrain.models.input_checks import (
         InputChecks,
         label_kind,
@@ -328,18 +333,18 @@ def _label_checked(train_ds, net, classifier, loss):
         labels=label_kind(loss),
         loss_name=loss_name(loss),
     )
-    spec = train_ds.element_spec
+    spec = stream(0).element_spec
     if not checks.active or not isinstance(spec, tuple) or len(spec) not in (2, 3):
-        return train_ds, checks
+        return stream, checks
     checks.check_label_shape(spec[1].shape)
     if net is not classifier:  # AdversarialModel: its step checks the batch
-        return train_ds, checks
+        return stream, checks
 
     def checked(x, y, *weights):
         x, y, _ = checks.attach(x, y)
         return (x, y, *weights)
 
-    return train_ds.map(checked), checks
+    return lambda skip: stream(skip).map(checked), checks
 
 
 # ---------------------------------------------------------------- batchnorm
@@ -513,19 +518,24 @@ def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
 
 def _training_data(
     data: Any, batch_size: Optional[int], shuffle: bool, seed: int
-) -> tuple[tf.data.Dataset, Optional[int], int]:
-    """(endless dataset of global batches, number of examples or None,
-    global batch).
+) -> tuple[Callable[[int], tf.data.Dataset], Optional[int], int]:
+    """(`stream(skip)`: the endless stream of global batches without its
+    first `skip`, number of examples or None, global batch).
 
-    Every new iterator of the stream replays it from the start: epoch e is
+    A function building a batched dataset is called anew for each stream,
+    after the global seed is reset to `seed`, as a recipe's run builds its
+    own. Every new iterator of the other streams replays it from the start: epoch e is
     shuffled with a seed drawn from (seed, e), not by a dataset that
     reshuffles per iterator. Keras under a distribution strategy opens an
     extra iterator to build the model before training; with per-iterator
     reshuffling that one drew the first order and training the second,
     so N replicas trained on a different order than one device.
     """
+    if callable(data) and not isinstance(data, tf.data.Dataset):
+        return _dataset_function(data, batch_size, seed)
     if isinstance(data, tf.data.Dataset):
-        return _dataset_data(data, batch_size, shuffle, seed)
+        ds, size, batch = _dataset_data(data, batch_size, shuffle, seed)
+        return ds.skip, size, batch
     if isinstance(data, (tuple, list)) and len(data) == 2:
         if batch_size is None:
             raise ValueError(
@@ -538,11 +548,34 @@ def _training_data(
                 f"Received: len(x)={len(x)}, len(y)={len(y)}"
             )
         ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed, repeat=True)
-        return ds, len(x), batch_size
+        return ds.skip, len(x), batch_size
     raise TypeError(
-        "data must be (x, y) arrays or a tf.data.Dataset. "
+        "data must be (x, y) arrays, a tf.data.Dataset or a function "
+        "building one. "
         f"Received: {type(data).__name__}"
     )
+
+
+def _dataset_function(build: Callable[[], Any], batch_size, seed):
+    """`_training_data` for a function building batched datasets."""
+
+    def built() -> tf.data.Dataset:
+        keras.utils.set_random_seed(seed)  # the order depends on seed alone
+        ds = build()
+        if not isinstance(ds, tf.data.Dataset):
+            raise TypeError(
+                "The data function must return a tf.data.Dataset. "
+                f"Received: {type(ds).__name__}"
+            )
+        return ds
+
+    if batch_size is not None:
+        raise ValueError(
+            "A data function builds batched datasets: leave batch_size out. "
+            f"Received: batch_size={batch_size}"
+        )
+    _, size, batch = _dataset_data(built(), None, False, seed)
+    return lambda skip: built().repeat().skip(skip), size, batch
 
 
 def _dataset_data(ds, batch_size, shuffle, seed):

@@ -352,7 +352,8 @@ def fit_phases(
     Args:
         model: the training model (built in `runtime`'s strategy scope).
         stream: `stream(skip)` is the training stream of global batches
-            from its start, with the first `skip` dropped.
+            from the run's start, with the first `skip` dropped (each fit
+            continues where the last one stopped, a resumed one too).
         runtime: `advtrain.train.runtime.Runtime`.
         plan: `advtrain.train.runtime.BatchPlan`.
         phases: `advtrain.models.freezing.Phase`s, in order.
@@ -416,7 +417,7 @@ def fit_phases(
             if state:
                 state.begin_fit(phase.name, step)
             result = model.fit(
-                stream((epoch - phase.start_epoch) * spe + step),
+                stream(epoch * spe + step),
                 initial_epoch=epoch,
                 epochs=end,
                 steps_per_epoch=spe - step,

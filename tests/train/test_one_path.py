@@ -9,6 +9,7 @@ import pytest
 import advtrain
 from advtrain.data import load_splits, make_input
 from advtrain.models.classifier import build_classifier
+from advtrain.models.freezing import phases
 from advtrain.recipe.loader import recipe_from_dict
 from advtrain.recipe.run import run
 from advtrain.recipe.saved import load_classifier
@@ -26,26 +27,28 @@ RECIPE = {
 }
 
 
-@pytest.fixture(scope="module")
-def by_recipe(tmp_path_factory):
+def by_recipe(tmp_path, **model):
     """The recipe's run, in this process: its saved classifier's weights."""
-    out = tmp_path_factory.mktemp("one-path") / "run"
-    run(recipe_from_dict(RECIPE), out, echo=lambda line: None)
-    return load_classifier(out / "model.keras").get_weights()
+    recipe = {**RECIPE, "model": {**RECIPE["model"], **model}}
+    run(recipe_from_dict(recipe), tmp_path / "run", echo=lambda line: None)
+    return load_classifier(tmp_path / "run" / "model.keras").get_weights()
 
 
 def fit_like_the_recipe(**changed):
     """`advtrain.fit` with the arguments the recipe stands for."""
     keras.utils.set_random_seed(SEED)
     splits = load_splits("digits", limit_train=128, limit_test=32)
-    data = make_input(
-        splits.fresh_train(),
-        batch_size=32,
-        training=True,
-        seed=0,
-        deterministic=True,
-        source="digits",
-    )
+
+    def data():  # built anew for each phase, as a recipe's run does
+        return make_input(
+            splits.fresh_train(),
+            batch_size=32,
+            training=True,
+            seed=0,
+            deterministic=True,
+            source="digits",
+        )
+
     arguments = dict(
         attack={"method": "fgsm_rs", "eps": 0.1},
         adv_weight=0.5,
@@ -65,11 +68,35 @@ def fit_like_the_recipe(**changed):
     return result.model.classifier.get_weights()
 
 
-def test_a_recipe_and_fit_train_the_same_weights(by_recipe):
+def same(a: list, b: list) -> bool:
+    assert len(a) == len(b)
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_recipe_and_fit_train_the_same_weights(tmp_path):
     weights = fit_like_the_recipe()
-    assert len(weights) == len(by_recipe)
-    assert all(np.array_equal(a, b) for a, b in zip(weights, by_recipe, strict=True))
+    assert same(weights, by_recipe(tmp_path))
     # Trained, not two copies of the initial weights.
     keras.utils.set_random_seed(SEED)
     initial = build_classifier((8, 8, 1), 10, backbone="small_cnn", width=4)
     assert not np.array_equal(initial.get_weights()[0], weights[0])
+
+
+def test_phases_are_the_same_both_ways(tmp_path):
+    """A head-only warm-up epoch, then fine-tuning at a tenth of the rate."""
+    lines = []
+    weights = fit_like_the_recipe(
+        phases=phases(2, head_only_epochs=1, finetune_lr_factor=0.1),
+        echo=lines.append,
+    )
+    assert any(line.startswith("phase finetune: epochs 2-2") for line in lines)
+    assert same(weights, by_recipe(tmp_path, head_only_epochs=1))
+    assert not same(weights, fit_like_the_recipe())
+
+
+def test_an_optimizer_object_cannot_serve_several_phases():
+    with pytest.raises(ValueError, match="optimizer by name") as info:
+        fit_like_the_recipe(
+            phases=phases(2, head_only_epochs=1), optimizer=keras.optimizers.SGD()
+        )
+    assert "\n" not in str(info.value)
