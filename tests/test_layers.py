@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "advtrain"
-LIBRARY = ("attacks", "backbones", "models", "data", "train", "evaluation", "utils")
+LIBRARY = (
+    "attacks",
+    "backbones",
+    "backend",
+    "models",
+    "data",
+    "train",
+    "evaluation",
+    "utils",
+)
 APPLICATION = ("advtrain.recipe", "advtrain.cli")
 # The run folder's files, the commands and their flags.
 APPLICATION_NAMES = re.compile(
@@ -23,6 +32,12 @@ APPLICATION_NAMES = re.compile(
     r"|(?<![\w-])--(output|set|recipe|workers|debug|quiet|unsafe-load"
     r"|save-examples|max-restarts)\b"
 )
+
+
+# The run folder's recipe file and the flags that choose a run folder or
+# override a recipe: no library module holds them anywhere, docstrings and
+# comments included (the imports are checked above).
+APPLICATION_TEXT = ("recipe.yaml", "--output", "--set")
 
 
 def library_files() -> list[Path]:
@@ -91,6 +106,19 @@ def test_library_does_not_import_the_application(path):
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
         for line, module in imported_modules(tree)
         if module.startswith(APPLICATION)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_library_text_never_names_the_application():
+    """No library module, docstrings and comments included, names the run
+    folder's recipe file or the flags of a run folder or an override."""
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{number} names {name!r}"
+        for path in library_files()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for name in APPLICATION_TEXT
+        if name in line
     ]
     assert not bad, "\n".join(bad)
 

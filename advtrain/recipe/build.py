@@ -168,7 +168,10 @@ def build_training_model(
                 attack,
                 seed=recipe.train.seed,
                 **_model_arguments(cfg, attack, ramp),
-                **_RECIPE_OWNS_BATCHNORM,
+                fused_batchnorm=recipe.model.batchnorm.fused_kernel,
+                # `build_run_model` sets the momentum for the whole run; a
+                # fit-time policy would see one phase, not the run.
+                batchnorm_momentum=None,
                 **cfg.objective_options,
             )
     except RecipeError:
@@ -178,11 +181,6 @@ def build_training_model(
         raise RecipeError(
             f"attack.objective: {cfg.objective}: {one_line(exc)}"
         ) from None
-
-
-# `model.batchnorm` (fused kernel, momentum for the whole run) is applied by
-# `build_run_model`; a fit-time policy would see one phase, not the run.
-_RECIPE_OWNS_BATCHNORM = {"fused_batchnorm": False, "batchnorm_momentum": None}
 
 
 def build_run_model(
@@ -197,7 +195,7 @@ def build_run_model(
     `total_steps` (epochs x steps per epoch) sets `momentum: auto`;
     `steps_per_epoch` sets the length of `attack.eps_ramp_epochs`.
     """
-    from advtrain.models.batchnorm.policy import POLICY_KEYS, apply_batchnorm_policy
+    from advtrain.models.batchnorm.policy import apply_batchnorm_policy
     from advtrain.models.classifier import build_classifier
 
     if recipe.model.builder:
@@ -225,7 +223,8 @@ def build_run_model(
         apply_batchnorm_policy(
             classifier,
             total_steps=total_steps,
-            **_keys(recipe.model.batchnorm, *POLICY_KEYS),
+            momentum=recipe.model.batchnorm.momentum,
+            fused_kernel=False,  # the training step's (build_training_model)
         )
     return classifier, build_training_model(recipe, classifier, steps_per_epoch)
 

@@ -39,7 +39,6 @@ from advtrain.recipe.build import (
     build_run_model,
     evaluation_keys,
     input_options,
-    recipe_optimizer,
     recipe_phases,
     recipe_plan,
     recipe_runtime,
@@ -56,10 +55,34 @@ from advtrain.recipe.run_folder import (
 )
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.recipe.summary import describe, describe_momentum
-from advtrain.train.loop import RunSetup, TrainingState, fit_phases
+from advtrain.train.loop import TrainingState, fit_phases, train_stream
 from advtrain.train.preemption import restores_signal_handlers, watch_launcher
+from advtrain.train.runtime import OPTIMIZER_KEYS
 from advtrain.utils.io import atomic_path, atomic_write_json
 from advtrain.utils.progress import Echo
+
+
+@dataclasses.dataclass
+class RunSetup:
+    """What the prepare stage built: the parts a run trains and evaluates.
+
+    Attributes:
+        runtime: `advtrain.train.runtime.Runtime` (strategy, workers, chief).
+        splits: `advtrain.data.DataSplits`.
+        plan: `advtrain.train.runtime.BatchPlan` (global batch, steps, epochs).
+        classifier: the model that is saved: [0, 1] pixels in, logits out.
+        model: the training model around it (AdversarialModel, TRADES).
+        data: the data keys `make_input` takes, for the training stream.
+        state: the run's `TrainingState`.
+    """
+
+    runtime: Any
+    splits: Any
+    plan: Any
+    classifier: keras.Model
+    model: keras.Model
+    data: dict[str, Any]
+    state: TrainingState
 
 
 @dataclasses.dataclass
@@ -216,7 +239,7 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
         # First: its live bar is cleared before any epoch-end line prints.
         EpochProgress(plan.epochs),
         *([co_guard] if co_guard else []),  # before the logs see the epoch
-        state.epoch_start(setup.model, seed=seed, image_shape=splits.image_shape),
+        state.epoch_start(setup.model, image_shape=splits.image_shape),
         progress,
     ]
     after = []
@@ -224,16 +247,28 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
         logs = str(state.out / "logs")
         after.append(keras.callbacks.TensorBoard(logs, write_graph=False))
 
+    def stream(skip: int):
+        return train_stream(
+            splits, setup.data, plan, seed, skip, setup.runtime.strategy
+        )
+
     history, seconds = fit_phases(
-        setup,
+        setup.model,
+        stream,
+        runtime=setup.runtime,
+        plan=plan,
         phases=recipe_phases(recipe, plan.epochs),
-        optimizer=lambda lr_factor: recipe_optimizer(recipe, plan, lr_factor),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        **_keys(recipe.train, *OPTIMIZER_KEYS[:1]),
+        optimizer_options=_keys(recipe.train, *OPTIMIZER_KEYS[1:]),
         seed=seed,
         callbacks=state.callbacks(before, after),
-        validation_data=val_ds,
+        state=state,
         # A model.builder model has no backbone to freeze; it trains whole
         # (build_from_builder refuses freezing settings).
-        freeze_backbone=not recipe.model.builder,
+        freeze=None if recipe.model.builder else setup.classifier,
+        validation_data=val_ds,
         verbose=verbose,
         echo=echo,
     )
@@ -388,33 +423,23 @@ def _assert_finite(model: keras.Model, what: str) -> None:
         )
 
 
-def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo) -> dict:
-    """`model.batchnorm`'s after-training step
-    (`advtrain.models.batchnorm.policy.settle_batchnorm`) on the recipe's
+def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo):
+    """`advtrain.train.fitting.settle_trained_batchnorm` on the recipe's
     held-out split (val, else test) and clean training batches."""
     from advtrain.data import make_input
-    from advtrain.models.batchnorm.policy import SETTLE_KEYS, settle_batchnorm
+    from advtrain.train.fitting import settle_trained_batchnorm
 
     data = input_options(recipe)
     held_out = splits.val if splits.val is not None else splits.test
-    gap_x, gap_y = next(
-        iter(make_input(held_out, batch_size=512, training=False, **data))
-    )
-    clean_train = make_input(
-        splits.train, batch_size=plan.global_batch, training=False, **data
-    )
-    gap = settle_batchnorm(
+    return settle_trained_batchnorm(
         classifier,
-        gap_x.numpy(),
-        gap_y.numpy(),
-        batch_size=min(plan.per_replica_batch, len(gap_y)),
-        train_batches=clean_train,
-        **_keys(recipe.model.batchnorm, *SETTLE_KEYS),
-        names=recipe_keys("model.batchnorm", batch_size="train.batch_size"),
+        make_input(held_out, batch_size=512, training=False, **data),
+        make_input(splits.train, batch_size=plan.global_batch, training=False, **data),
+        per_replica_batch=plan.per_replica_batch,
+        batchnorm=recipe.model.batchnorm.model_dump(),
         echo=echo,
+        names=recipe_keys("model.batchnorm", batch_size="train.batch_size"),
     )
-    gap.pop("warning")  # echoed; metrics.json keeps the numbers
-    return gap
 
 
 def _log_examples(out: Path, recipe: Recipe, examples, splits, step: int) -> None:

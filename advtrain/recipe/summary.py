@@ -115,7 +115,7 @@ def summary_table(metrics: dict[str, Any]) -> str:
             if a["method"] == "pgd":
                 detail += f" steps={a['steps']} restarts={a['restarts']}"
             rows.append((key.replace("_", " "), detail))
-    if "bn_gap" in metrics:
+    if metrics.get("bn_gap"):
         g = metrics["bn_gap"]
         text = f"{100 * g['gap']:+.2f} points"
         if g.get("recalibrated"):

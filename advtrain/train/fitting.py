@@ -23,18 +23,19 @@ import tensorflow as tf
 from advtrain.data.streaming import array_batches
 from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.models.batchnorm.policy import (
-    POLICY_KEYS,
     SETTLE_KEYS,
     apply_batchnorm_policy,
     batchnorm_layers,
     settle_batchnorm,
 )
+from advtrain.models.freezing import Phase
+from advtrain.train.loop import fit_phases
 from advtrain.train.options import PlanOptions, RuntimeOptions
 from advtrain.train.runtime import (
+    OPTIMIZER_KEYS,
     PLAN_KEYS,
     BatchPlan,
     Runtime,
-    make_optimizer,
     make_runtime,
     plan_batches,
 )
@@ -83,10 +84,12 @@ def fit(
     reuse_gradient: Union[bool, str] = "auto",
     loss: Any = None, metrics: Optional[list] = None,
     optimizer: Any = "adam", learning_rate: float = 1e-3,
+    lr_schedule: str = "constant", momentum: float = 0.9,
+    weight_decay: float = 0.0,
     batch_size: Optional[int] = None, epochs: int = 1,
     steps_per_epoch: Optional[int] = None, scale_lr: bool = False,
     reference_batch: int = 256, warmup_epochs: float = 0.0,
-    shuffle: bool = True, seed: int = 0,
+    phases: Optional[list[Phase]] = None, shuffle: bool = True, seed: int = 0,
     batchnorm: Union[BatchNormOptions, dict, None] = None,
     validation_data: Any = None, callbacks: Optional[list] = None,
     verbose: Union[int, str] = 0, echo: Optional[Echo] = print,
@@ -102,7 +105,9 @@ def fit(
 
     Args:
         model: a Keras model, or a function of no arguments building one.
-        data: `(x, y)` arrays or memory maps, or a `tf.data.Dataset`.
+        data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, or a
+            function building a dataset of global batches (called anew for
+            each phase, after the global seed is reset to `seed`).
         runtime: a `RuntimeOptions`, its dict or a `Runtime`; default auto.
         attack: an `Attack`, its config dict, a method name, or None.
         adv_weight: the adversarial loss weight.
@@ -111,12 +116,18 @@ def fit(
         metrics: Keras metrics.
         optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
         learning_rate: as `PlanOptions` (advtrain.train.options).
+        lr_schedule: as `PlanOptions`.
+        momentum: as `PlanOptions` (SGD's momentum).
+        weight_decay: as `PlanOptions`.
         batch_size: the global batch; required for arrays.
         epochs: as `PlanOptions`.
         steps_per_epoch: as `PlanOptions`.
         scale_lr: as `PlanOptions`.
         reference_batch: as `PlanOptions`.
         warmup_epochs: as `PlanOptions`.
+        phases: `advtrain.models.freezing.phases(epochs, ...)`: a head-only
+            warm-up, then fine-tuning (each phase a fresh optimizer, so
+            `optimizer` by name); None: one phase, the model whole.
         shuffle: shuffle arrays and examples anew each epoch.
         seed: as `PlanOptions`.
         batchnorm: `BatchNormOptions` or its dict (the BatchNorm policy).
@@ -137,37 +148,41 @@ def fit(
     _refuse_unknown(renamed, evaluation)
     say = echo or (lambda line: None)
     rt, bn = _as_runtime(runtime), _batchnorm_options(batchnorm)
-    train_ds, size, batch = _training_data(data, batch_size, shuffle, seed)
+    stream, size, batch = _training_data(data, batch_size, shuffle, seed)
     schedule = dict(
         optimizer=optimizer, learning_rate=learning_rate, epochs=epochs,
         steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
         reference_batch=reference_batch, warmup_epochs=warmup_epochs, seed=seed,
+        lr_schedule=lr_schedule, momentum=momentum, weight_decay=weight_decay,
     )  # fmt: skip
     plan, train = _plan(rt, size, batch, schedule, say)
-    training = dict(
-        model=model, attack=attack, adv_weight=adv_weight, seed=seed,
-        reuse_gradient=reuse_gradient, loss=loss, metrics=metrics,
-        optimizer=optimizer,
+    # Phases freeze the backbone of an advtrain classifier; without, the
+    # model trains whole.
+    freeze, phases = phases is not None, _checked_phases(phases, plan.epochs)
+    net, classifier = _built_model(
+        model, rt, plan, bn, say, attack=_as_attack(attack), adv_weight=adv_weight,
+        seed=seed, reuse_gradient=reuse_gradient,
     )  # fmt: skip
-    net, classifier = _compiled_model(rt, plan, train, bn, training, say)
-    train_ds, checks = _label_checked(train_ds, net, classifier, net.loss)
-    history = _keras_fit(net, train_ds, checks, plan, validation_data=validation_data,
-                         callbacks=callbacks, verbose=verbose)  # fmt: skip
-    gap = _settle_batchnorm(classifier, bn, data, validation_data, train_ds, plan, say)
+    loss = _default_loss(net, classifier, loss)
+    stream, checks = _label_checked(stream, net, classifier, loss)
+    with checks.clean_errors():  # a bad batch's error in one line
+        history, _ = fit_phases(
+            net, stream, runtime=rt, plan=plan, phases=phases, loss=loss,
+            metrics=metrics,
+            optimizer=optimizer if not isinstance(optimizer, str) else train.optimizer,
+            optimizer_options=train.model_dump(include=set(OPTIMIZER_KEYS[1:])),
+            seed=seed, callbacks=callbacks or [],
+            freeze=classifier if freeze else None,
+            validation_data=validation_data, verbose=verbose, echo=say,
+        )  # fmt: skip
+    held_out = validation_data if validation_data is not None else data
+    held_out = None if callable(held_out) else held_out
+    gap = settle_trained_batchnorm(
+        classifier, held_out, stream(0), per_replica_batch=plan.per_replica_batch,
+        batchnorm=bn, echo=say,
+    )  # fmt: skip
     evaluated = _evaluate(classifier, test_data, evaluation, attack, say)
-    return FitResult(net, history.history, plan, rt, gap, evaluated)
-
-
-def _keras_fit(net, train_ds, checks, plan, **keras_fit_arguments):
-    """`Model.fit` over the checked stream, a bad batch's error in one line."""
-    with checks.clean_errors():
-        return net.fit(
-            train_ds,
-            epochs=plan.epochs,
-            steps_per_epoch=plan.steps_per_epoch,
-            shuffle=False,  # shuffled in tf.data
-            **keras_fit_arguments,
-        )
+    return FitResult(net, history, plan, rt, gap, evaluated)
 
 
 def _refuse_unknown(given: dict[str, Any], evaluation: Any) -> None:
@@ -212,7 +227,11 @@ def _evaluate(classifier, test_data, evaluation, attack, say: Echo):
 
 # The recipe's `train` keys `fit` takes as they are (it works out
 # batch_size, and optimizer may be an object).
-_TRAIN_KEYS = (*(k for k in PLAN_KEYS if k != "batch_size"), "seed")
+_TRAIN_KEYS = (
+    *(k for k in PLAN_KEYS if k != "batch_size"),
+    *OPTIMIZER_KEYS[1:],
+    "seed",
+)
 
 
 def _plan(rt: Runtime, size: Optional[int], batch: int, options: dict, say: Echo):
@@ -242,58 +261,66 @@ def _plan(rt: Runtime, size: Optional[int], batch: int, options: dict, say: Echo
     return plan, train
 
 
-def _compiled_model(rt, plan, train, bn, options, say):
-    """(compiled model, the user's model in it): built in the strategy's
-    scope, BatchNorm policy applied, wrapped for the attack if any."""
-    attack, loss, optimizer = (options[k] for k in ("attack", "loss", "optimizer"))
+def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
+    """(training model, the user's model in it): built in the strategy's
+    scope, BatchNorm momentum set for the run, wrapped for the attack if
+    any (whose steps compute BatchNorm with the fused kernel; the layers
+    keep their class)."""
     with rt.strategy.scope():
-        net = classifier = _model_in_scope(options["model"], rt)
+        net = classifier = _model_in_scope(model, rt)
         note = apply_batchnorm_policy(
             net,
             total_steps=plan.epochs * plan.steps_per_epoch,
-            **{key: bn[key] for key in POLICY_KEYS},
+            momentum=bn["momentum"],
+            fused_kernel=False,  # the training step's, below
         )
         if note:
             say(note)
-        attack = _as_attack(attack)
         if attack is not None:
             from advtrain.models.adversarial import AdversarialModel
 
             net = AdversarialModel(
                 net,
                 attack,
-                adv_weight=options["adv_weight"],
-                seed=options["seed"],
-                reuse_gradient=options["reuse_gradient"],
-                fused_batchnorm=False,  # applied above with the policy
-                batchnorm_momentum=None,
+                **adversarial,
+                fused_batchnorm=bn["fused_kernel"],
+                batchnorm_momentum=None,  # set above for the whole run
             )
             say(f"step: {net.step_note}")
-            if loss is None:
-                loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        if loss is None:
-            raise ValueError(
-                "fit needs a loss for clean training (e.g. loss='mse'). "
-                "Received: loss=None"
-            )
-        if isinstance(optimizer, str):
-            optimizer = make_optimizer(plan, optimizer=train.optimizer)
-        net.compile(
-            optimizer=optimizer,
-            loss=loss,
-            metrics=options["metrics"],
-            steps_per_execution=plan.steps_per_execution,
-            jit_compile=rt.jit_compile,
-        )
-        rt.prepare_model(net)
     return net, classifier
 
 
-def _label_checked(train_ds, net, classifier, loss):
-    """(the training stream, its `InputChecks`): an `AdversarialModel`
-    checks its batches itself; a plain model's labels are checked in the
-    stream, against the loss and the model's output (shapes now, values per
-    batch; `advtrain.models.input_checks`)."""
+def _default_loss(net, classifier, loss):
+    """`loss`, or for an adversarial model cross-entropy from logits."""
+    if loss is not None:
+        return loss
+    if net is not classifier:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    raise ValueError(
+        "fit needs a loss for clean training (e.g. loss='mse'). Received: loss=None"
+    )
+
+
+def _checked_phases(phases: Optional[list[Phase]], epochs: int) -> list[Phase]:
+    """`phases`, which must cover the plan's epochs; None: one phase."""
+    from advtrain.models.freezing import phases as one_phase
+
+    if phases is None:
+        return one_phase(epochs)
+    ends = [phase.end_epoch for phase in phases]
+    if not ends or ends[-1] != epochs:
+        raise ValueError(
+            f"phases must end at epoch {epochs} (epochs). Received: phases "
+            f"ending at {ends[-1] if ends else None}"
+        )
+    return list(phases)
+
+
+def _label_checked(stream, net, classifier, loss):
+    """(`stream(skip)` of the training batches, their `InputChecks`): an
+    `AdversarialModel` checks its batches itself; a plain model's labels
+    are checked in the stream, against the loss and the model's output
+    (shapes now, values per batch; `advtrain.models.input_checks`)."""
     from advtrain.models.input_checks import (
         InputChecks,
         label_kind,
@@ -306,18 +333,18 @@ def _label_checked(train_ds, net, classifier, loss):
         labels=label_kind(loss),
         loss_name=loss_name(loss),
     )
-    spec = train_ds.element_spec
+    spec = stream(0).element_spec
     if not checks.active or not isinstance(spec, tuple) or len(spec) not in (2, 3):
-        return train_ds, checks
+        return stream, checks
     checks.check_label_shape(spec[1].shape)
     if net is not classifier:  # AdversarialModel: its step checks the batch
-        return train_ds, checks
+        return stream, checks
 
     def checked(x, y, *weights):
         x, y, _ = checks.attach(x, y)
         return (x, y, *weights)
 
-    return train_ds.map(checked), checks
+    return lambda skip: stream(skip).map(checked), checks
 
 
 # ---------------------------------------------------------------- batchnorm
@@ -337,17 +364,27 @@ def _batchnorm_options(batchnorm: Any) -> dict[str, Any]:
     return batchnorm.model_dump()
 
 
-def _settle_batchnorm(model, bn, data, validation_data, train_ds, plan, say):
-    """`batchnorm`'s after-training step
-    (`advtrain.models.batchnorm.policy.settle_batchnorm`) on up to 512
-    held-out examples (`validation_data`, else the training data); None
-    when the model has no BatchNorm or is not a classifier with integer
-    labels."""
+def settle_trained_batchnorm(
+    model: keras.Model,
+    held_out: Any,
+    train_batches: Any,
+    *,
+    per_replica_batch: int,
+    batchnorm: dict[str, Any],
+    echo: Optional[Echo] = print,
+    names: Optional[dict[str, str]] = None,
+) -> Optional[dict[str, Any]]:
+    """The one after-training BatchNorm step of `fit` and a recipe's run
+    (`advtrain.models.batchnorm.policy.settle_batchnorm`): the gap on up to
+    512 `held_out` examples (arrays or batches; else the training
+    batches'), recalibrated on `train_batches` as `batchnorm`'s settle keys
+    say. None when the model has no BatchNorm or is no classifier with
+    integer labels."""
     if not batchnorm_layers(model):
         return None
-    examples = _gap_examples(validation_data if validation_data is not None else data)
+    examples = _gap_examples(held_out)
     if examples is None:
-        examples = _gap_examples(train_ds)
+        examples = _gap_examples(train_batches)
     if examples is None or not _is_classification(model, *examples):
         return None
     x, y = examples
@@ -355,10 +392,11 @@ def _settle_batchnorm(model, bn, data, validation_data, train_ds, plan, say):
         model,
         x,
         y,
-        batch_size=min(plan.per_replica_batch, len(y)),
-        train_batches=train_ds,
-        **{key: bn[key] for key in SETTLE_KEYS},
-        echo=say,
+        batch_size=min(per_replica_batch, len(y)),
+        train_batches=train_batches,
+        **{key: batchnorm[key] for key in SETTLE_KEYS},
+        echo=echo,
+        names=names,
     )
     report.pop("warning")  # echoed; the result keeps the numbers
     return report
@@ -480,19 +518,24 @@ def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
 
 def _training_data(
     data: Any, batch_size: Optional[int], shuffle: bool, seed: int
-) -> tuple[tf.data.Dataset, Optional[int], int]:
-    """(endless dataset of global batches, number of examples or None,
-    global batch).
+) -> tuple[Callable[[int], tf.data.Dataset], Optional[int], int]:
+    """(`stream(skip)`: the endless stream of global batches without its
+    first `skip`, number of examples or None, global batch).
 
-    Every new iterator of the stream replays it from the start: epoch e is
+    A function building a batched dataset is called anew for each stream,
+    after the global seed is reset to `seed`, as a recipe's run builds its
+    own. Every new iterator of the other streams replays it from the start: epoch e is
     shuffled with a seed drawn from (seed, e), not by a dataset that
     reshuffles per iterator. Keras under a distribution strategy opens an
     extra iterator to build the model before training; with per-iterator
     reshuffling that one drew the first order and training the second,
     so N replicas trained on a different order than one device.
     """
+    if callable(data) and not isinstance(data, tf.data.Dataset):
+        return _dataset_function(data, batch_size, seed)
     if isinstance(data, tf.data.Dataset):
-        return _dataset_data(data, batch_size, shuffle, seed)
+        ds, size, batch = _dataset_data(data, batch_size, shuffle, seed)
+        return ds.skip, size, batch
     if isinstance(data, (tuple, list)) and len(data) == 2:
         if batch_size is None:
             raise ValueError(
@@ -505,11 +548,34 @@ def _training_data(
                 f"Received: len(x)={len(x)}, len(y)={len(y)}"
             )
         ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed, repeat=True)
-        return ds, len(x), batch_size
+        return ds.skip, len(x), batch_size
     raise TypeError(
-        "data must be (x, y) arrays or a tf.data.Dataset. "
+        "data must be (x, y) arrays, a tf.data.Dataset or a function "
+        "building one. "
         f"Received: {type(data).__name__}"
     )
+
+
+def _dataset_function(build: Callable[[], Any], batch_size, seed):
+    """`_training_data` for a function building batched datasets."""
+
+    def built() -> tf.data.Dataset:
+        keras.utils.set_random_seed(seed)  # the order depends on seed alone
+        ds = build()
+        if not isinstance(ds, tf.data.Dataset):
+            raise TypeError(
+                "The data function must return a tf.data.Dataset. "
+                f"Received: {type(ds).__name__}"
+            )
+        return ds
+
+    if batch_size is not None:
+        raise ValueError(
+            "A data function builds batched datasets: leave batch_size out. "
+            f"Received: batch_size={batch_size}"
+        )
+    _, size, batch = _dataset_data(built(), None, False, seed)
+    return lambda skip: built().repeat().skip(skip), size, batch
 
 
 def _dataset_data(ds, batch_size, shuffle, seed):

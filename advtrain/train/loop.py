@@ -1,20 +1,21 @@
-"""The training stage of a run: its phases, resumed where a checkpoint left off.
+"""The training stage: its phases, resumed where a checkpoint left off.
 
-`TrainingState` is the one object that owns resuming and checkpointing: it
-finds the checkpoint to resume from, restores the model, optimizer and
-running metrics from it, trims the history file, and provides the callbacks
-that write checkpoints (`AtomicCheckpoint`), stop on NaN (`NaNGuard`) and
-turn SIGTERM/SIGINT into a checkpoint (`Preemption`). `fit_phases` fits
-the phases (head-only warm-up, then fine-tuning) with it.
+`fit_phases` is the one phase loop (head-only warm-up, then fine-tuning)
+of `advtrain.fit` and of a recipe's run. `TrainingState` owns resuming and
+checkpointing a folder: it finds the checkpoint to resume from, restores
+the model, optimizer and running metrics from it, trims the history file,
+and provides the callbacks that write checkpoints (`AtomicCheckpoint`),
+stop on NaN (`NaNGuard`) and turn SIGTERM/SIGINT into a checkpoint
+(`Preemption`).
 
-Example (what `advtrain.recipe.run.run` does):
+Example:
 
 ```python
 state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
 state.restore(model, steps_per_epoch=plan.steps_per_epoch)
-out = state.open(is_chief=runtime.is_chief, files={name: text}, epochs=plan.epochs)
-setup = RunSetup(runtime, splits, plan, classifier, model, data_options, state)
-history, seconds = fit_phases(setup, phases=phases, optimizer=make, seed=0,
+state.open(is_chief=runtime.is_chief, epochs=plan.epochs)
+history, seconds = fit_phases(model, stream, runtime=runtime, plan=plan,
+                              phases=phases, loss=loss, state=state,
                               callbacks=state.callbacks())
 ```
 """
@@ -43,29 +44,6 @@ from advtrain.train.checkpoint import (
 from advtrain.utils.errors import one_line
 from advtrain.utils.io import atomic_write_text
 from advtrain.utils.progress import Echo
-
-
-@dataclasses.dataclass
-class RunSetup:
-    """What the prepare stage built: the parts a run trains and evaluates.
-
-    Attributes:
-        runtime: `advtrain.train.runtime.Runtime` (strategy, workers, chief).
-        splits: `advtrain.data.DataSplits`.
-        plan: `advtrain.train.runtime.BatchPlan` (global batch, steps, epochs).
-        classifier: the model that is saved: [0, 1] pixels in, logits out.
-        model: the training model around it (AdversarialModel, TRADES).
-        data: the data keys `make_input` takes, for the training stream.
-        state: the run's `TrainingState`.
-    """
-
-    runtime: Any
-    splits: Any
-    plan: Any
-    classifier: keras.Model
-    model: keras.Model
-    data: dict[str, Any]
-    state: TrainingState
 
 
 class TrainingState:
@@ -224,15 +202,11 @@ class TrainingState:
             self.preemption,
         ]
 
-    def epoch_start(
-        self, model: keras.Model, *, seed: int, image_shape
-    ) -> keras.callbacks.Callback:
-        """A callback that starts each epoch: the global seed becomes
-        seed + epoch (host-side randomness of an epoch depends on those
-        alone), and an interrupted epoch's running metrics are restored."""
+    def epoch_start(self, model: keras.Model, *, image_shape):
+        """A callback that continues an interrupted epoch's running
+        metrics at its start."""
 
         def on_epoch_begin(epoch, logs=None):
-            keras.utils.set_random_seed(seed + epoch)
             self.restore_epoch_metrics(model, image_shape)
 
         return keras.callbacks.LambdaCallback(on_epoch_begin=on_epoch_begin)
@@ -326,58 +300,94 @@ def train_stream(splits, data: dict[str, Any], plan, seed: int, skip: int, strat
     )
 
 
-def compile_model(model: keras.Model, optimizer, plan, runtime) -> None:
-    """Compiles the training model for one phase (call it in the strategy's
-    scope)."""
+def compile_model(
+    model: keras.Model, *, optimizer, loss, metrics, plan, runtime
+) -> None:
+    """Compiles the training model for one phase, as `advtrain.fit` and a
+    recipe's run both do (call it in the strategy's scope)."""
     model.compile(
         optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        loss=loss,
+        metrics=metrics,
         steps_per_execution=plan.steps_per_execution,
         jit_compile=runtime.jit_compile,
     )
     runtime.prepare_model(model)
 
 
+def phase_optimizer(optimizer, plan, phase, options: dict[str, Any]):
+    """A fresh optimizer for `phase` (its learning-rate factor applied) when
+    `optimizer` is a name; an optimizer object is used as it is, which one
+    phase at the plan's rate allows."""
+    from advtrain.train.runtime import make_optimizer
+
+    if isinstance(optimizer, str):
+        rate = plan.learning_rate * phase.lr_factor
+        phase_plan = dataclasses.replace(plan, learning_rate=rate)
+        return make_optimizer(phase_plan, optimizer=optimizer, **options)
+    if phase.lr_factor != 1.0 or phase.name != "train":
+        raise ValueError(
+            "Phases with their own learning rates need the optimizer by name "
+            "(each phase starts a fresh one). Received: "
+            f"optimizer={type(optimizer).__name__}, phase={phase.name}"
+        )
+    return optimizer
+
+
+# fmt: off
 def fit_phases(
-    setup: RunSetup,
-    *,
-    phases: Sequence,
-    optimizer: Callable[[float], Any],
-    seed: int,
-    callbacks: list[keras.callbacks.Callback],
-    validation_data=None,
-    freeze_backbone: bool = True,
-    verbose: int = 0,
-    echo: Echo = print,
+    model: keras.Model, stream: Callable[[int], Any], *,
+    runtime, plan, phases: Sequence, loss, metrics=None,
+    optimizer: Any = "adam", optimizer_options: Optional[dict] = None,
+    seed: int = 0, callbacks: Sequence[keras.callbacks.Callback] = (),
+    state: Optional[TrainingState] = None,
+    freeze: Optional[keras.Model] = None, validation_data=None,
+    verbose: Any = 0, echo: Echo = print,
 ) -> tuple[dict[str, list[float]], float]:
-    """Fits the phases from where `setup.state` resumes; returns this
-    process's history and its training seconds.
+    # fmt: on
+    """The one phase loop of `advtrain.fit` and a recipe's run: fits the
+    phases (from where `state` resumes, when given); returns this process's
+    history and its training seconds.
 
     Args:
-        setup: the prepared run (its `state` opened).
+        model: the training model (built in `runtime`'s strategy scope).
+        stream: `stream(skip)` is the training stream of global batches
+            from the run's start, with the first `skip` dropped (each fit
+            continues where the last one stopped, a resumed one too).
+        runtime: `advtrain.train.runtime.Runtime`.
+        plan: `advtrain.train.runtime.BatchPlan`.
         phases: `advtrain.models.freezing.Phase`s, in order.
-        optimizer: a fresh optimizer for a learning-rate factor.
-        seed: the run's seed; epoch e's host-side randomness is seed + e.
-        callbacks: every callback, as `TrainingState.callbacks` orders them.
-        validation_data: batches validated after each epoch, or None.
-        freeze_backbone: apply each phase's freezing (False: a user-built
+        loss: the compiled loss.
+        metrics: the compiled metrics.
+        optimizer: a name ("adam", "sgd", "adamw": each phase a fresh one,
+            its rate x the phase's factor) or an optimizer (one phase).
+        optimizer_options: `make_optimizer`'s other keywords.
+        seed: epoch e's host-side randomness is seed + e.
+        callbacks: passed to `Model.fit`.
+        state: the run folder's `TrainingState` (opened), or None.
+        freeze: the model whose backbone the phases freeze (None: the
             model trains whole).
+        validation_data: batches validated after each epoch, or None.
         verbose: Keras progress bar level.
         echo: receives a line per phase (when there are several).
     """
     from advtrain.models.freezing import apply_phase
 
-    model, state, plan = setup.model, setup.state, setup.plan
-    spe = plan.steps_per_epoch
-    start = time.perf_counter()
+    spe, start = plan.steps_per_epoch, time.perf_counter()
+    start_epoch = state.start_epoch if state else 0
+    seeding = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs=None: keras.utils.set_random_seed(
+            seed + epoch
+        )
+    )
     history: dict[str, list[float]] = {}
-    state.preemption.arm(state.checkpoint, setup.runtime.strategy)
+    if state:
+        state.preemption.arm(state.checkpoint, runtime.strategy)
     for phase in phases:
         if phase.epochs <= 0:
             continue
-        trainable = apply_phase(setup.classifier, phase) if freeze_backbone else []
-        if phase.end_epoch <= state.start_epoch:
+        trainable = apply_phase(freeze, phase) if freeze is not None else []
+        if phase.end_epoch <= start_epoch:
             continue  # done before the interruption
         if phase.name != "train":
             echo(
@@ -386,30 +396,39 @@ def fit_phases(
                 f"{len(trainable)} backbone layer(s) trainable, "
                 f"lr x{phase.lr_factor:g}"
             )
-        with setup.runtime.strategy.scope():
-            compile_model(model, optimizer(phase.lr_factor), plan, setup.runtime)
-            state.restore_optimizer(model, phase)
-        epoch = max(phase.start_epoch, state.start_epoch)
-        step = state.start_step if epoch == state.start_epoch else 0
+        with runtime.strategy.scope():
+            compile_model(
+                model,
+                optimizer=phase_optimizer(
+                    optimizer, plan, phase, optimizer_options or {}
+                ),
+                loss=loss,
+                metrics=metrics,
+                plan=plan,
+                runtime=runtime,
+            )
+            if state:
+                state.restore_optimizer(model, phase)
+        epoch = max(phase.start_epoch, start_epoch)
+        step = state.start_step if state and epoch == start_epoch else 0
         while epoch < phase.end_epoch:
             # An interrupted epoch is fitted alone, for its remaining steps.
             end = epoch + 1 if step else phase.end_epoch
-            state.begin_fit(phase.name, step)
-            skip = (epoch - phase.start_epoch) * spe + step
+            if state:
+                state.begin_fit(phase.name, step)
             result = model.fit(
-                train_stream(
-                    setup.splits, setup.data, plan, seed, skip, setup.runtime.strategy
-                ),
+                stream(epoch * spe + step),
                 initial_epoch=epoch,
                 epochs=end,
                 steps_per_epoch=spe - step,
                 validation_data=validation_data,
-                callbacks=callbacks,
+                callbacks=[seeding, *callbacks],
                 verbose=verbose,
                 shuffle=False,  # the tf.data pipeline shuffles
             )
             for key, values in result.history.items():
                 history.setdefault(key, []).extend(values)
             epoch, step = end, 0
-    state.preemption.disarm()
+    if state:
+        state.preemption.disarm()
     return history, time.perf_counter() - start

@@ -62,7 +62,7 @@ def check_writable_dir(path: PathLike, what: str) -> None:
 
     Args:
         path: the folder (it may not exist yet).
-        what: the argument or option it came from, e.g. "--output".
+        what: the argument it came from, e.g. "output_dir".
 
     Raises:
         ValueError: naming `what`, the path and the problem.

@@ -112,7 +112,7 @@ def format_validation_error(
 ) -> str:
     """One line for a pydantic error: `SOURCE: invalid value for 'KEY': WHY.
     Received: KEY=VALUE`, or `SOURCE: unknown key 'KEY'. Did you mean ...`.
-    The one formatter for recipes, `--set` overrides and `advtrain.fit`'s
+    The one formatter for recipes, their overrides and `advtrain.fit`'s
     keyword arguments: `source` names where the values came from, `schema`
     is the model validated (its keys are the ones an unknown key is
     compared with), `renamed` maps old keys to a note on their new name."""

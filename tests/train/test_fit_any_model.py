@@ -1,6 +1,7 @@
 """`advtrain.fit` and `model.builder`: any Keras model through the runtime."""
 
 import json
+import sys
 import textwrap
 import threading
 import time
@@ -9,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import yaml
-from helpers import on_replicas
+from helpers import on_replicas, run_fresh
 from typer.testing import CliRunner
 
 import advtrain
@@ -314,6 +315,17 @@ def _bn_cnn():
     return keras.Model(inputs, keras.layers.Dense(10)(h))
 
 
+# Loads the saved model where advtrain cannot be imported; same logits.
+KERAS_ALONE = textwrap.dedent("""
+    import sys
+    sys.modules["advtrain"] = None  # any import of advtrain fails
+    import keras, numpy as np
+    model = keras.models.load_model("m.keras")
+    out = model.predict(np.load("x.npy"), verbose=0)
+    np.testing.assert_allclose(out, np.load("logits.npy"), rtol=1e-5, atol=1e-5)
+""")
+
+
 def test_fit_rejects_a_bad_batchnorm_policy_in_one_line(tiny_data):
     for bad, message in (
         ({"momentum": 2.0}, "batchnorm: .*momentum: must be 'auto', a number in"),
@@ -343,7 +355,7 @@ def test_fit_rejects_a_bad_argument_value_in_one_line(tiny_data, bad, message):
     assert not isinstance(info.value, advtrain.RecipeError)
 
 
-def test_fit_applies_the_batchnorm_policy_and_reports_the_gap(digits):
+def test_fit_applies_the_batchnorm_policy_and_reports_the_gap(digits, tmp_path):
     x, y = digits
     common = dict(
         attack=advtrain.Attack("fgsm", eps=0.1),
@@ -358,7 +370,14 @@ def test_fit_applies_the_batchnorm_policy_and_reports_the_gap(digits):
     gap = result.bn_gap
     print(f"\nadvtrain.fit bn_gap: {gap}")
     assert any("0.99 (Keras's default) -> 0.9 on 2 layer(s)" in line for line in lines)
-    assert type(result.model.classifier.layers[2]).__name__ == "FusedBatchNormalization"
+    # The fused kernel runs inside the training step; the layers keep
+    # their class, so the model saves and loads with Keras alone.
+    classifier = result.model.classifier
+    assert type(classifier.layers[2]) is keras.layers.BatchNormalization
+    classifier.save(tmp_path / "m.keras")
+    np.save(tmp_path / "x.npy", x[:32])
+    np.save(tmp_path / "logits.npy", classifier.predict(x[:32], verbose=0))
+    run_fresh([sys.executable, "-c", KERAS_ALONE], tmp_path)
     assert gap["recalibrated"] == 0 and abs(gap["gap"]) <= 0.02
     assert gap["inference_mode_accuracy"] > 0.6
     assert lines[-1] == f"bn_gap: {100 * gap['gap']:+.2f} points"
