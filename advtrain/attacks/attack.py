@@ -1,5 +1,5 @@
 """`Attack`: an attack method and its own settings, callable; the attack
-registry, and `make_attack` (an `Attack` from a recipe's keys).
+registry.
 
 Each registered attack declares the settings it takes in one place: the
 keyword arguments of its function (after `model_fn, x, y`), with their
@@ -146,14 +146,6 @@ def _defaults(fn: Callable) -> Optional[dict[str, Any]]:
 
 
 _SHARED_DEFAULT = object()  # a shared setting the caller did not give
-
-# The fields of 0.2's `Attack` (one dataclass for every method): a saved
-# 0.2 config lists them all, most filled in with defaults the method never
-# took. `Attack.from_config` drops those; everywhere else they are errors.
-FIELDS_0_2 = (
-    "alpha", "steps", "step_size", "random_start", "restarts", "clip_start",
-    "noise", "zero_quantile", "queries", "options",
-)  # fmt: skip
 
 
 class Attack:
@@ -345,19 +337,23 @@ class Attack:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Attack:
-        """The `Attack` of a `get_config` dict. A config saved by 0.2 lists
-        every method's fields (`FIELDS_0_2`); those the method does not
-        take were never used, and are dropped."""
+        """The `Attack` of a `get_config` dict: `method` (default
+        "fgsm_rs") and `Attack`'s keyword arguments. The one way from a
+        config to an `Attack` (recipes, `advtrain.fit`, `AdversarialModel`).
+
+        Example:
+
+        ```python
+        Attack.from_config({"method": "pgd", "eps": 0.3, "steps": 7})
+        ```
+        """
+        if not isinstance(config, Mapping):
+            raise TypeError(
+                "An attack config must be a mapping of Attack's arguments. "
+                f"Received: config={config!r}"
+            )
         config = dict(config)
-        method = config.pop("method", "fgsm_rs")
-        backend = config.pop("backend", "advtrain")
-        config.update(config.pop("options", None) or {})
-        parameters = _parameters(method, backend)
-        if parameters is not None:
-            for name in FIELDS_0_2:
-                if name in config and name not in parameters:
-                    del config[name]
-        return cls(method, backend=backend, **config)
+        return cls(config.pop("method", "fgsm_rs"), **config)
 
 
 def _check_backend(method: str, backend: str) -> None:
@@ -478,26 +474,6 @@ def _is_number(value: Any) -> bool:
 def _function_name(method: str, backend: str) -> str:
     """The registry name of `method` on `backend`."""
     return method if backend == "advtrain" else f"cleverhans_{method}"
-
-
-def make_attack(method: str = "fgsm_rs", /, **settings: Any) -> Optional[Attack]:
-    """The `Attack` a recipe's attack keys describe; None for "none".
-
-    `method` is a registered attack or "none" (no training attack);
-    `settings` are `Attack`'s keyword arguments (the shared settings,
-    `backend`, `options` and the method's own).
-
-    Example:
-
-    ```python
-    make_attack("pgd", eps=0.3, steps=7)  # Attack("pgd", eps=0.3, steps=7)
-    make_attack("apgd_ce", eps=0.3, options={"rho": 0.5})
-    make_attack("none")  # None
-    ```
-    """
-    if method == "none":
-        return None
-    return Attack(method, **settings)
 
 
 # The built-in methods; "cleverhans_" + method for that backend.

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import keras
 
-from advtrain.attacks import Attack
+from advtrain.attacks import Attack, attack_settings
 from advtrain.utils.errors import ArgumentError
 from advtrain.utils.keywords import check_keywords
 
@@ -21,6 +21,13 @@ KERAS_KEYWORDS = ("name", "dtype", "trainable", "autocast", "activity_regularize
 # Keywords of 0.2 and their 0.3 names: refused from Python, mapped in the
 # config of a model saved by 0.2.
 RENAMED = {"fused": "reuse_gradient"}
+# The fields of 0.2's `Attack` (one dataclass for every method): the attack
+# of a model saved by 0.2 lists them all, most filled in with defaults the
+# method never took; its config drops those.
+ATTACK_FIELDS_0_2 = (
+    "alpha", "steps", "step_size", "random_start", "restarts", "clip_start",
+    "noise", "zero_quantile", "queries", "options",
+)  # fmt: skip
 
 
 def check_keywords_known(owner: str, given: dict, accepted: Iterable[str]) -> None:
@@ -47,7 +54,22 @@ def renamed_config(config: dict) -> dict:
     momentum = config.get("batchnorm_momentum")
     if isinstance(momentum, str) and momentum in RENAMED_MOMENTUM:
         config["batchnorm_momentum"] = RENAMED_MOMENTUM[momentum]
+    if isinstance(config.get("attack"), dict):
+        config["attack"] = _attack_without_0_2_fields(config["attack"])
     return config
+
+
+def _attack_without_0_2_fields(attack: dict) -> dict:
+    """A saved attack config without the 0.2 fields its method does not
+    take (`options` merged in first)."""
+    attack = {**attack, **(attack.get("options") or {})}
+    attack.pop("options", None)
+    takes = attack_settings(
+        attack.get("method", "fgsm_rs"), attack.get("backend", "advtrain")
+    )
+    if takes is None:
+        return attack
+    return {k: v for k, v in attack.items() if k not in ATTACK_FIELDS_0_2 or k in takes}
 
 
 def checked_arguments(
