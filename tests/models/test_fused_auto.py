@@ -49,9 +49,9 @@ def test_auto_uses_the_fused_step_exactly_for_plain_fgsm_with_a_clean_term(
 
 
 class GenerateHook(AdversarialModel):
-    def generate_adversarial(self, x, y):
+    def generate_adversarial(self, x, y, attack=None):
         self.called = True
-        return super().generate_adversarial(x, y)
+        return super().generate_adversarial(x, y, attack)
 
 
 class LossHook(AdversarialModel):
