@@ -48,7 +48,6 @@ from advtrain.attacks import (  # noqa: E402
     attack_settings,
     fgsm,
     fgsm_random_start,
-    make_attack,
     pgd,
     register_attack,
 )
@@ -132,7 +131,6 @@ __all__ = [
     "fit",
     "fgsm_random_start",
     "load_recipe",
-    "make_attack",
     "pgd",
     "register_attack",
     "register_backbone",

@@ -5,7 +5,6 @@ from advtrain.attacks.attack import (
     Attack,
     attack_settings,
     attacks,
-    make_attack,
     register_attack,
 )
 from advtrain.attacks.cleverhans_backend import cleverhans_fgsm, cleverhans_pgd
@@ -27,7 +26,6 @@ __all__ = [
     "fab_t",
     "fgsm",
     "fgsm_random_start",
-    "make_attack",
     "per_example_cross_entropy",
     "pgd",
     "register_attack",

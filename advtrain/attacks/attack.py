@@ -1,5 +1,5 @@
 """`Attack`: an attack method and its own settings, callable; the attack
-registry, and `make_attack` (an `Attack` from a recipe's keys).
+registry.
 
 Each registered attack declares the settings it takes in one place: the
 keyword arguments of its function (after `model_fn, x, y`), with their
@@ -32,6 +32,9 @@ from advtrain.utils.keywords import keyword_names
 from advtrain.utils.registry import Registry
 
 attacks: Registry[Callable] = Registry("attack")
+# Method name -> its step from a gradient computed elsewhere
+# (`register_attack(..., from_gradient=...)`).
+gradient_steps: dict[str, Callable] = {}
 
 BACKENDS = ("advtrain", "cleverhans")
 
@@ -47,7 +50,9 @@ CALL_KEYS = ("loss_fn", "loss_scale", "seed", "return_gradient", "return_queries
 SINGLE_STEP = ("fgsm", "fgsm_rs", "n_fgsm", "zerograd")
 
 
-def register_attack(name: str) -> Callable[[Callable], Callable]:
+def register_attack(
+    name: str, *, from_gradient: Optional[Callable] = None
+) -> Callable[[Callable], Callable]:
     """Decorator registering an attack function under a method name.
 
     The function has the shape of the built-in attacks:
@@ -61,6 +66,12 @@ def register_attack(name: str) -> Callable[[Callable], Callable]:
     seed) where the function takes them. A recipe names it as
     `attack.method: <name>`, settings without a recipe key of their own
     under `attack.options`. A duplicate name is a ValueError.
+
+    A single-step method may give `from_gradient`,
+    `fn(x, grad, *, eps, ...) -> x_adv`: its result for an input gradient
+    computed elsewhere (the same settings, and `seed`). The
+    gradient-reusing training step (`reuse_gradient=True`) calls it with
+    the clean loss's own gradient.
 
     Example:
 
@@ -81,7 +92,15 @@ def register_attack(name: str) -> Callable[[Callable], Callable]:
     x_adv = attack(lambda z: model(z, training=False), x, y)
     ```
     """
-    return attacks.register(name)
+    register = attacks.register(name)
+
+    def decorator(fn: Callable) -> Callable:
+        register(fn)
+        if from_gradient is not None:
+            gradient_steps[name] = from_gradient
+        return fn
+
+    return decorator
 
 
 def attack_settings(method: str, backend: str = "advtrain") -> Optional[dict]:
@@ -127,14 +146,6 @@ def _defaults(fn: Callable) -> Optional[dict[str, Any]]:
 
 
 _SHARED_DEFAULT = object()  # a shared setting the caller did not give
-
-# The fields of 0.2's `Attack` (one dataclass for every method): a saved
-# 0.2 config lists them all, most filled in with defaults the method never
-# took. `Attack.from_config` drops those; everywhere else they are errors.
-FIELDS_0_2 = (
-    "alpha", "steps", "step_size", "random_start", "restarts", "clip_start",
-    "noise", "zero_quantile", "queries", "options",
-)  # fmt: skip
 
 
 class Attack:
@@ -265,14 +276,18 @@ class Attack:
         """Runs the attack. `extra` goes to the attack function as it is,
         e.g. `return_gradient=True` for the single-step attacks."""
         fn = attacks.get(_function_name(self.method, self.backend))
-        takes = keyword_names(fn)  # None: **kwargs, any name
         per_call = {"loss_fn": loss_fn, "loss_scale": loss_scale, "seed": seed}
-        arguments = {
+        return fn(model_fn, x, y, **self._arguments(fn, per_call), **extra)
+
+    def _arguments(self, fn: Callable, per_call: dict[str, Any]) -> dict[str, Any]:
+        """The shared settings and per-call values `fn` takes, and the
+        method's own settings."""
+        takes = keyword_names(fn)  # None: **kwargs, any name
+        return {
             **{k: v for k, v in self._shared.items() if takes is None or k in takes},
             **self._own,
             **{k: v for k, v in per_call.items() if takes is None or k in takes},
         }
-        return fn(model_fn, x, y, **arguments, **extra)
 
     @property
     def single_step(self) -> bool:
@@ -282,43 +297,23 @@ class Attack:
 
     @property
     def fusable(self) -> bool:
-        """FGSM or FGSM-RS, which `step_from_gradient` (the gradient-reusing
-        training step) can take from a gradient computed elsewhere."""
-        return self.backend == "advtrain" and self.method in ("fgsm", "fgsm_rs")
+        """Whether the method has a step from a gradient computed elsewhere
+        (`register_attack(..., from_gradient=...)`: FGSM and FGSM-RS), which
+        the gradient-reusing training step takes."""
+        return self.backend == "advtrain" and self.method in gradient_steps
 
     def step_from_gradient(self, x, grad, seed: Any = None) -> Any:
-        """The FGSM(-RS) result for a gradient computed elsewhere.
-
-        Used by the gradient-reusing training step, which gets the input
-        gradient at the clean point from the clean loss's own backward
-        pass. With a random start the step is taken from the random point
-        using that clean-point gradient (an approximation of FGSM-RS, which
-        would differentiate at the random point).
-        """
-        from advtrain.attacks.common import (
-            clip_pixels,
-            project,
-            random_in_ball,
-            steepest_step,
-        )
-
+        """The method's result for the input gradient `grad` computed
+        elsewhere (the gradient-reusing training step passes the clean
+        loss's own), by the method's own `from_gradient` function."""
         if not self.fusable:
             raise ValueError(
-                "step_from_gradient needs method fgsm or fgsm_rs on the "
-                f"advtrain backend. Received: method={self.method!r}, "
-                f"backend={self.backend!r}"
+                "step_from_gradient needs a method with a step from a gradient "
+                f"({', '.join(sorted(gradient_steps))}) on the advtrain backend. "
+                f"Received: method={self.method!r}, backend={self.backend!r}"
             )
-        if self.method == "fgsm":
-            x_adv = x + steepest_step(grad, self.eps, self.norm)
-        else:
-            alpha = self._own.get("alpha")
-            alpha = 1.25 * self.eps if alpha is None else alpha
-            delta = random_in_ball(x, self.eps, self.norm, seed)
-            delta = project(
-                delta + steepest_step(grad, alpha, self.norm), self.eps, self.norm
-            )
-            x_adv = x + delta
-        return clip_pixels(x_adv, self.clip_min, self.clip_max)
+        step = gradient_steps[self.method]
+        return step(x, grad, **self._arguments(step, {"seed": seed}))
 
     def replace(self, **changes: Any) -> Attack:
         """A copy with `changes` (settings, `method` or `backend`) applied;
@@ -342,19 +337,23 @@ class Attack:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Attack:
-        """The `Attack` of a `get_config` dict. A config saved by 0.2 lists
-        every method's fields (`FIELDS_0_2`); those the method does not
-        take were never used, and are dropped."""
+        """The `Attack` of a `get_config` dict: `method` (default
+        "fgsm_rs") and `Attack`'s keyword arguments. The one way from a
+        config to an `Attack` (recipes, `advtrain.fit`, `AdversarialModel`).
+
+        Example:
+
+        ```python
+        Attack.from_config({"method": "pgd", "eps": 0.3, "steps": 7})
+        ```
+        """
+        if not isinstance(config, Mapping):
+            raise TypeError(
+                "An attack config must be a mapping of Attack's arguments. "
+                f"Received: config={config!r}"
+            )
         config = dict(config)
-        method = config.pop("method", "fgsm_rs")
-        backend = config.pop("backend", "advtrain")
-        config.update(config.pop("options", None) or {})
-        parameters = _parameters(method, backend)
-        if parameters is not None:
-            for name in FIELDS_0_2:
-                if name in config and name not in parameters:
-                    del config[name]
-        return cls(method, backend=backend, **config)
+        return cls(config.pop("method", "fgsm_rs"), **config)
 
 
 def _check_backend(method: str, backend: str) -> None:
@@ -477,29 +476,11 @@ def _function_name(method: str, backend: str) -> str:
     return method if backend == "advtrain" else f"cleverhans_{method}"
 
 
-def make_attack(method: str = "fgsm_rs", /, **settings: Any) -> Optional[Attack]:
-    """The `Attack` a recipe's attack keys describe; None for "none".
-
-    `method` is a registered attack or "none" (no training attack);
-    `settings` are `Attack`'s keyword arguments (the shared settings,
-    `backend`, `options` and the method's own).
-
-    Example:
-
-    ```python
-    make_attack("pgd", eps=0.3, steps=7)  # Attack("pgd", eps=0.3, steps=7)
-    make_attack("apgd_ce", eps=0.3, options={"rho": 0.5})
-    make_attack("none")  # None
-    ```
-    """
-    if method == "none":
-        return None
-    return Attack(method, **settings)
-
-
 # The built-in methods; "cleverhans_" + method for that backend.
-register_attack("fgsm")(fgsm.fgsm)
-register_attack("fgsm_rs")(fgsm.fgsm_random_start)
+register_attack("fgsm", from_gradient=fgsm.fgsm_from_gradient)(fgsm.fgsm)
+register_attack("fgsm_rs", from_gradient=fgsm.fgsm_random_start_from_gradient)(
+    fgsm.fgsm_random_start
+)
 register_attack("n_fgsm")(fgsm.n_fgsm)
 register_attack("zerograd")(fgsm.zerograd)
 register_attack("pgd")(pgd.pgd)

@@ -12,6 +12,7 @@ from advtrain.attacks.common import (
     ModelFn,
     Norm,
     attack_inputs,
+    canonical_norm,
     check_eps,
     check_fraction,
     checked_norm,
@@ -67,8 +68,26 @@ def fgsm(
     norm = checked_norm(norm, eps)
     x, y = attack_inputs(model_fn, x, y)
     grad = input_gradient(model_fn, x, y, loss_fn, loss_scale)
-    x_adv = clip_pixels(x + steepest_step(grad, eps, norm), clip_min, clip_max)
+    x_adv = fgsm_from_gradient(
+        x, grad, eps=eps, norm=norm, clip_min=clip_min, clip_max=clip_max
+    )
     return (x_adv, grad) if return_gradient else x_adv
+
+
+def fgsm_from_gradient(
+    x: Any,
+    grad: Any,
+    *,
+    eps: float,
+    norm: Norm = "inf",
+    clip_min: Optional[float] = 0.0,
+    clip_max: Optional[float] = 1.0,
+) -> Any:
+    """FGSM's result for the input gradient `grad` at `x` (computed
+    elsewhere: the gradient-reusing training step passes the clean loss's
+    own); `fgsm` is this after its gradient."""
+    step = steepest_step(grad, eps, canonical_norm(norm))
+    return clip_pixels(x + step, clip_min, clip_max)
 
 
 def fgsm_random_start(
@@ -115,6 +134,30 @@ def fgsm_random_start(
         loss_scale=loss_scale, seed=seed, return_gradient=return_gradient,
         clip_start=clip_start,
     )  # fmt: skip
+
+
+def fgsm_random_start_from_gradient(
+    x: Any,
+    grad: Any,
+    *,
+    eps: float,
+    alpha: Optional[float] = None,
+    norm: Norm = "inf",
+    clip_min: Optional[float] = 0.0,
+    clip_max: Optional[float] = 1.0,
+    seed: Any = None,
+    clip_start: bool = True,
+) -> Any:
+    """FGSM-RS's result with the gradient `grad` computed elsewhere: the
+    random start drawn from `seed` as `fgsm_random_start` draws it, then
+    its step along `grad`. Given the gradient at that start and the same
+    seed, the result is `fgsm_random_start`'s; the gradient-reusing
+    training step passes the clean point's gradient instead (an
+    approximation: no gradient at the random point)."""
+    norm = canonical_norm(norm)
+    alpha = 1.25 * eps if alpha is None else alpha
+    start = _random_start(x, eps, norm, seed, clip_start, clip_min, clip_max)
+    return _step(x, start, grad, alpha, eps, norm, clip_min, clip_max)
 
 
 def n_fgsm(
@@ -214,17 +257,29 @@ def _step_from_noise(
     check_eps("alpha", alpha)
     check_eps("noise", noise)
     x, y = attack_inputs(model_fn, x, y)
-    start = x + random_in_ball(x, noise, norm, seed)
-    if clip_start:
-        start = clip_pixels(start, clip_min, clip_max)
+    start = _random_start(x, noise, norm, seed, clip_start, clip_min, clip_max)
     grad = input_gradient(model_fn, start, y, loss_fn, loss_scale)
     if mask is not None:
         grad = mask(grad)
-    delta = start + steepest_step(grad, alpha, norm) - x
-    if project_to_eps:
-        delta = project(delta, eps, norm)
-    x_adv = clip_pixels(x + delta, clip_min, clip_max)
+    projected_to = eps if project_to_eps else None
+    x_adv = _step(x, start, grad, alpha, projected_to, norm, clip_min, clip_max)
     return (x_adv, grad) if return_gradient else x_adv
+
+
+def _random_start(x, noise, norm, seed, clip_start, clip_min, clip_max):
+    """A uniform point of the `noise`-ball around `x`, in the pixel range
+    with `clip_start`."""
+    start = x + random_in_ball(x, noise, norm, seed)
+    return clip_pixels(start, clip_min, clip_max) if clip_start else start
+
+
+def _step(x, start, grad, alpha, eps, norm, clip_min, clip_max):
+    """A step of size `alpha` along `grad` from `start`, onto the eps-ball
+    around `x` (None: not projected) and the pixel range."""
+    delta = start + steepest_step(grad, alpha, norm) - x
+    if eps is not None:
+        delta = project(delta, eps, norm)
+    return clip_pixels(x + delta, clip_min, clip_max)
 
 
 def _zero_small(grad: Any, quantile: float) -> Any:

@@ -21,11 +21,13 @@ from keras import ops
 from advtrain.attacks import Attack
 from advtrain.models import adversarial_metrics as am
 from advtrain.models.adversarial_arguments import (
-    before_fit,
+    check_hooks,
     check_keywords_known,
     checked_arguments,
     constructor_arguments,
+    fit_arguments,
     renamed_config,
+    set_momentum_for_fit,
 )
 from advtrain.models.adversarial_metrics import (
     OptionalAccuracy,
@@ -33,13 +35,18 @@ from advtrain.models.adversarial_metrics import (
     replicas_in_sync,
 )
 from advtrain.models.attack_then_train import train_step_after_attack
-from advtrain.models.input_checks import InputChecks, warn_if_probability_output
+from advtrain.models.eps_ramp import EpsRamp
+from advtrain.models.input_checks import (
+    InputChecks,
+    fit_label_shape,
+    model_input_checks,
+    warn_if_probability_output,
+)
 from advtrain.models.reuse_gradient import (
     REUSE_GRADIENT_BYPASSES,
     choose_step,
     train_step_reusing_gradient,
 )
-from advtrain.models.step_attack import step_attack, training_attack
 from advtrain.models.trainers import AdversarialTrainer
 
 __all__ = ["AdversarialModel", "replicas_in_sync"]
@@ -132,6 +139,7 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         )
         super().__init__(**kwargs)
         # Arguments, checked before anything is built.
+        check_hooks(type(self))
         attack = checked_arguments(
             attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
         )
@@ -184,6 +192,7 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
             ["attack", "adv_weight", "attack_mode", "reuse_gradient"]
             + ["batchnorm_momentum", "eps_ramp_steps"],
         )
+        check_hooks(cls)
         attack = checked_arguments(
             attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
         )
@@ -212,32 +221,33 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
             what = f"attack in {self.attack_mode} mode, then one training pass"
         return f"{what} ({self._step_reason})"
 
-    @property
-    def attack(self) -> Optional[Attack]:
-        """The training attack; inside the training step's attack hooks, the
-        attack of that step (eps-ramped, `training_attack`)."""
-        return step_attack(self, self._attack)
-
-    @attack.setter
-    def attack(self, attack: Optional[Attack]) -> None:
-        self._attack = attack
-
     def training_attack(self) -> Optional[Attack]:
-        """The attack the training step runs at `optimizer.iterations`: the
-        full attack scaled by the eps ramp (`advtrain.models.step_attack`)."""
-        return training_attack(
-            self._attack, self.eps_ramp_steps, self.optimizer.iterations
-        )
+        """The attack the training step runs at `optimizer.iterations`:
+        `attack` scaled by the eps ramp (`advtrain.models.eps_ramp`), which
+        the step passes to `generate_adversarial`; `attack` itself without
+        a ramp."""
+        if not self.eps_ramp_steps or self.attack is None:
+            return self.attack
+        ramp = EpsRamp(self.eps_ramp_steps)
+        return ramp.scaled(self.attack, ramp.scale(self.optimizer.iterations))
 
     def call(self, inputs, training=False):
         return self.classifier(inputs, training=training)
 
     def fit(self, *args, **kwargs):
         """`keras.Model.fit`, after the labels' shape is checked against the
-        compiled loss and, on the first call, `batchnorm_momentum="auto"`
-        gives BN layers still at 0.99 the momentum of this call's length
-        (`advtrain.models.adversarial_arguments.before_fit`)."""
-        before_fit(self, *args, **kwargs)
+        compiled loss (a `LabelError` before Keras builds anything) and, on
+        the first call, `batchnorm_momentum="auto"` gives BN layers still
+        at 0.99 the momentum of this call's length (epochs x steps)."""
+        arguments = fit_arguments(*args, **kwargs)
+        shape = fit_label_shape(arguments)
+        if self.check_inputs and shape is not None:
+            model_input_checks(self).check_label_shape(shape)
+        if not self._batchnorm_momentum_set:
+            self._batchnorm_momentum_set = True
+            momentum = self.batchnorm_momentum
+            if set_momentum_for_fit(self.classifier, momentum, arguments):
+                self.train_function = None  # traced with the old momentum
         return super().fit(*args, **kwargs)
 
     # ------------------------------------------------------------ hooks
@@ -253,23 +263,27 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
             return optimizer.scale_loss(ops.convert_to_tensor(1.0))
         return None
 
-    def generate_adversarial(self, x, y):
+    def generate_adversarial(self, x, y, attack=None):
         """Returns adversarial examples for `(x, y)`; override for research.
 
-        The default runs `self.attack` on `attack_model_fn`, with the loss
-        scale of a mixed-precision optimizer, and stops gradients.
+        `attack` is the step's attack: the training step passes
+        `training_attack()` (eps-ramped), the test step `self.attack`; None
+        means `self.attack`. The default runs it on `attack_model_fn`, with
+        the loss scale of a mixed-precision optimizer, and stops gradients.
 
         Example:
 
         ```python
         class NoisyModel(AdversarialModel):
-            def generate_adversarial(self, x, y):
-                noise = keras.random.uniform(ops.shape(x), -0.1, 0.1)
+            def generate_adversarial(self, x, y, attack=None):
+                eps = (attack or self.attack).eps
+                noise = keras.random.uniform(ops.shape(x), -eps, eps)
                 return ops.clip(x + noise, 0.0, 1.0)
         ```
         """
-        kwargs = {"return_gradient": True} if self.attack.single_step else {}
-        x_adv = self.attack(
+        attack = self.attack if attack is None else attack
+        kwargs = {"return_gradient": True} if attack.single_step else {}
+        x_adv = attack(
             self.attack_model_fn,
             x,
             y,
@@ -385,7 +399,9 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         am.track_loss(self.loss_tracker, loss, x)
         self.track_losses(clean=loss)
         if self.attack is not None:
-            x_adv = self._attack_step(lambda: self.generate_adversarial(x, y))
+            x_adv = self.attack_step(
+                lambda: self.generate_adversarial(x, y, attack=self.attack)
+            )
             y_pred_adv = self(x_adv, training=False)
             adv = self._inference_loss(x_adv, y, y_pred_adv, sample_weight)
             self.track_losses(adv=adv)
@@ -415,7 +431,7 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
     # ------------------------------------------------------------ config
 
     def get_config(self):
-        attack = self._attack
+        attack = self.attack
         return {
             **super().get_config(),
             "classifier": keras.saving.serialize_keras_object(self.classifier),

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import keras
 
-from advtrain.attacks import Attack
+from advtrain.attacks import Attack, attack_settings
 from advtrain.utils.errors import ArgumentError
 from advtrain.utils.keywords import check_keywords
 
@@ -21,6 +21,13 @@ KERAS_KEYWORDS = ("name", "dtype", "trainable", "autocast", "activity_regularize
 # Keywords of 0.2 and their 0.3 names: refused from Python, mapped in the
 # config of a model saved by 0.2.
 RENAMED = {"fused": "reuse_gradient"}
+# The fields of 0.2's `Attack` (one dataclass for every method): the attack
+# of a model saved by 0.2 lists them all, most filled in with defaults the
+# method never took; its config drops those.
+ATTACK_FIELDS_0_2 = (
+    "alpha", "steps", "step_size", "random_start", "restarts", "clip_start",
+    "noise", "zero_quantile", "queries", "options",
+)  # fmt: skip
 
 
 def check_keywords_known(owner: str, given: dict, accepted: Iterable[str]) -> None:
@@ -47,7 +54,22 @@ def renamed_config(config: dict) -> dict:
     momentum = config.get("batchnorm_momentum")
     if isinstance(momentum, str) and momentum in RENAMED_MOMENTUM:
         config["batchnorm_momentum"] = RENAMED_MOMENTUM[momentum]
+    if isinstance(config.get("attack"), dict):
+        config["attack"] = _attack_without_0_2_fields(config["attack"])
     return config
+
+
+def _attack_without_0_2_fields(attack: dict) -> dict:
+    """A saved attack config without the 0.2 fields its method does not
+    take (`options` merged in first)."""
+    attack = {**attack, **(attack.get("options") or {})}
+    attack.pop("options", None)
+    takes = attack_settings(
+        attack.get("method", "fgsm_rs"), attack.get("backend", "advtrain")
+    )
+    if takes is None:
+        return attack
+    return {k: v for k, v in attack.items() if k not in ATTACK_FIELDS_0_2 or k in takes}
 
 
 def checked_arguments(
@@ -104,6 +126,23 @@ def _check_ramp(eps_ramp_steps, attack: Optional[Attack]) -> None:
         )
 
 
+def check_hooks(cls: type) -> None:
+    """An override of `generate_adversarial` takes the step's attack
+    (`attack`, or `**kwargs`): the training step passes it the eps-ramped
+    one. A TypeError naming the class otherwise."""
+    parameters = inspect.signature(cls.generate_adversarial).parameters
+    if "attack" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    ):
+        return
+    raise TypeError(
+        f"{cls.__name__}.generate_adversarial must take the step's attack, "
+        "as `def generate_adversarial(self, x, y, attack=None)` (the "
+        "training step passes the eps-ramped attack; 0.3's hook took x, y). "
+        f"Received: generate_adversarial{inspect.signature(cls.generate_adversarial)}"
+    )
+
+
 def constructor_arguments(cls: type) -> list[str]:
     """The names `cls`'s constructor and its bases' up to `keras.Model`
     take (for the did-you-mean of an unknown keyword)."""
@@ -150,21 +189,3 @@ def fit_arguments(*args, **kwargs) -> Optional[dict[str, Any]]:
         return inspect.signature(keras.Model.fit).bind(None, *args, **kwargs).arguments
     except TypeError:
         return None
-
-
-def before_fit(model, *args: Any, **kwargs: Any) -> None:
-    """What `AdversarialModel.fit` does before Keras's `fit`: labels whose
-    shape does not suit the compiled cross-entropy (one-hot for a sparse
-    loss, or the reverse) raise `LabelError` before Keras builds anything;
-    on the first call, the BatchNorm momentum is set for the run's length
-    (epochs x steps per epoch), and a traced train step is dropped."""
-    from advtrain.models.input_checks import fit_label_shape, model_input_checks
-
-    arguments = fit_arguments(*args, **kwargs)
-    shape = fit_label_shape(arguments)
-    if model.check_inputs and shape is not None:
-        model_input_checks(model).check_label_shape(shape)
-    if not model._batchnorm_momentum_set:
-        model._batchnorm_momentum_set = True
-        if set_momentum_for_fit(model.classifier, model.batchnorm_momentum, arguments):
-            model.train_function = None  # traced with the old momentum

@@ -15,7 +15,6 @@ from __future__ import annotations
 from keras import ops
 
 from advtrain.models import adversarial_metrics as am
-from advtrain.models.step_attack import attacking_with
 
 
 def train_step_after_attack(model, attack, x, y, sample_weight) -> dict:
@@ -23,17 +22,18 @@ def train_step_after_attack(model, attack, x, y, sample_weight) -> dict:
     over the clean and adversarial batch together."""
     x_adv = None
     if model.adv_weight > 0 or model.needs_clean_logits:
-        with attacking_with(model, attack):
-            x_adv = model._attack_step(lambda: model.generate_adversarial(x, y))
+        x_adv = model.attack_step(
+            lambda: model.generate_adversarial(x, y, attack=attack)
+        )
 
     def loss_fn():
         y_pred, y_pred_adv = _forward(model, x, x_adv)
         loss = model.adversarial_loss(x, y, y_pred, x_adv, y_pred_adv, sample_weight)
         return loss, (y_pred, y_pred_adv)
 
-    loss, (y_pred, y_pred_adv), _, gradients = model._value_and_gradients(loss_fn)
+    loss, (y_pred, y_pred_adv), _, gradients = model.value_and_gradients(loss_fn)
     am.track_loss(model.loss_tracker, loss, x)
-    model._apply_gradients(gradients)
+    model.apply_gradients(gradients)
     if y_pred_adv is not None:
         model.adv_accuracy.update_state(y, y_pred_adv, sample_weight)
     if y_pred is None:

@@ -398,7 +398,7 @@ def model_input_checks(model) -> InputChecks:
     logits; none with `check_inputs=False`."""
     if not model.check_inputs:
         return InputChecks()
-    attack = model._attack
+    attack = model.attack
     attacked = attack is not None and (model.adv_weight > 0 or model.needs_clean_logits)
     loss = getattr(model, "loss", None)
     return InputChecks(

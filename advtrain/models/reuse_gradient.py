@@ -121,7 +121,7 @@ def train_step_reusing_gradient(model, attack: Attack, x, y, sample_weight) -> d
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
         return loss, y_pred
 
-    clean, y_pred, (input_grad,), clean_grads = model._value_and_gradients(
+    clean, y_pred, (input_grad,), clean_grads = model.value_and_gradients(
         clean_loss, [x]
     )
     am.track_zero_gradients(model.zero_grad_tracker, input_grad)
@@ -136,9 +136,9 @@ def train_step_reusing_gradient(model, attack: Attack, x, y, sample_weight) -> d
         )
         return loss, y_pred_adv
 
-    adv, y_pred_adv, _, adv_grads = model._value_and_gradients(adv_loss)
+    adv, y_pred_adv, _, adv_grads = model.value_and_gradients(adv_loss)
     gradients = [_mixed(gc, ga, w) for gc, ga in zip(clean_grads, adv_grads)]  # noqa: B905 (traced: autograph)
-    model._apply_gradients(gradients)
+    model.apply_gradients(gradients)
     am.track_loss(model.loss_tracker, (1.0 - w) * clean + w * adv, x)
     model.track_losses(clean=clean, adv=adv)
     model.adv_accuracy.update_state(y, y_pred_adv, sample_weight)

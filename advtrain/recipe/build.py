@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import keras
 
-from advtrain.attacks import Attack, make_attack
+from advtrain.attacks import Attack
 from advtrain.recipe.keys import recipe_keys
 from advtrain.recipe.schema import (
     METHOD_KEYS,
@@ -34,13 +34,11 @@ def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
     does not take steps; it takes eps, ...`)."""
     own = {k: v for k, v in _keys(cfg, *METHOD_KEYS).items() if v is not None}
     options = {k: f"attack.options.{k}" for k in cfg.options}
+    if cfg.method == "none":
+        return None
     with recipe_keys("attack", **options):
-        return make_attack(
-            cfg.method,
-            **_keys(cfg, "eps", "norm", "backend"),
-            **own,
-            options=cfg.options,
-        )
+        shared = _keys(cfg, "method", "eps", "norm", "backend")
+        return Attack.from_config({**shared, **own, "options": cfg.options})
 
 
 def check_attack_section(recipe: Recipe) -> None:

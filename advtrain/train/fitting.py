@@ -463,16 +463,16 @@ def _as_runtime(runtime: Any) -> Runtime:
 
 
 def _as_attack(attack: Any):
-    """The `Attack` for `fit`'s `attack` argument (None: no attack)."""
-    from advtrain.attacks import Attack, make_attack
+    """The `Attack` for `fit`'s `attack` argument (None or "none": no
+    attack; a method name or a config: `Attack.from_config`)."""
+    from advtrain.attacks import Attack
 
+    if isinstance(attack, str):
+        attack = {"method": attack}
+    if isinstance(attack, dict):
+        return None if attack.get("method") == "none" else Attack.from_config(attack)
     if attack is None or isinstance(attack, Attack):
         return attack
-    if isinstance(attack, str):
-        return make_attack(attack)
-    if isinstance(attack, dict):
-        options = dict(attack)
-        return make_attack(options.pop("method", "fgsm_rs"), **options)
     raise TypeError(
         "attack must be an Attack, its config dict, a method name or None. "
         f"Received: attack={attack!r}"

@@ -137,6 +137,38 @@ print(json.dumps([advtrain.backend.NAME, loaded, refused]))
 """
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"method": "fgsm"},
+        {"method": "fgsm_rs", "norm": "inf"},
+        {"method": "fgsm_rs", "norm": 2, "eps": 0.8, "alpha": 0.5},
+        {"method": "fgsm_rs", "clip_start": False},
+    ],
+)
+def test_step_from_gradient_is_the_attack_given_its_gradient(
+    digits_cnn, test_digits, settings
+):
+    """The gradient-reusing step takes the method's own step: given the
+    gradient the attack used and the same seed, it is the attack, to the
+    bit (the start clipped per `clip_start`)."""
+    attack = Attack(**{"eps": 0.3, **settings})
+    x = ops.convert_to_tensor(test_digits[0][:16], "float32")
+    y = ops.convert_to_tensor(test_digits[1][:16])
+
+    def both(x, y):
+        x_adv, grad = attack(
+            lambda z: digits_cnn(z, training=False), x, y, seed=3,
+            return_gradient=True,
+        )  # fmt: skip
+        return x_adv, attack.step_from_gradient(x, grad, seed=3)
+
+    x_adv, reused = compiled(both)(x, y)
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(reused), ops.convert_to_numpy(x_adv)
+    )
+
+
 def test_importing_the_attacks_on_jax_leaves_tensorflow_unloaded():
     # The cleverhans backend (TensorFlow-only) refuses in one line, and
     # asking does not import TensorFlow either.

@@ -1,5 +1,5 @@
 """A registered attack method runs wherever `Attack` runs: training and
-evaluation; `make_attack` builds the `Attack` a recipe's keys describe."""
+evaluation; `Attack.from_config` builds the `Attack` a config describes."""
 
 import keras
 import numpy as np
@@ -8,7 +8,7 @@ import tensorflow as tf
 import yaml
 from helpers import dense_classifier
 
-from advtrain.attacks import Attack, make_attack, register_attack
+from advtrain.attacks import Attack, register_attack
 from advtrain.attacks.attack import attack_settings
 from advtrain.attacks.common import attack_inputs, clip_pixels, input_gradient
 from advtrain.models import AdversarialModel
@@ -70,22 +70,22 @@ def batch_of_digits(digits):
     return tf.constant(digits[0][:32], tf.float32), tf.constant(digits[1][:32])
 
 
-def test_make_attack_maps_recipe_methods():
-    assert make_attack("none") is None
+def test_from_config_builds_registered_methods():
     # TRADES is an objective now (attack.objective), not an attack.
     with pytest.raises(ValueError, match="Unknown attack 'trades'"):
-        make_attack("trades", eps=0.3)
-    assert make_attack("fgsm_rs", eps=0.1, clip_start=False) == Attack(
-        "fgsm_rs", eps=0.1, clip_start=False
-    )
-    assert make_attack("test_half_step", eps=0.2).method == "test_half_step"
+        Attack.from_config({"method": "trades", "eps": 0.3})
+    config = {"method": "fgsm_rs", "eps": 0.1, "clip_start": False}
+    assert Attack.from_config(config) == Attack("fgsm_rs", eps=0.1, clip_start=False)
+    assert Attack.from_config({"method": "test_half_step"}).method == "test_half_step"
 
 
-def test_make_attack_rejects_unknown_keys_and_methods():
+def test_from_config_refuses_unknown_keys_methods_and_non_mappings():
     with pytest.raises(ArgumentError, match=r"Received: adv_weight=0\.5"):
-        make_attack("pgd", eps=0.1, adv_weight=0.5)
+        Attack.from_config({"method": "pgd", "eps": 0.1, "adv_weight": 0.5})
     with pytest.raises(ValueError, match="Unknown attack 'pgdd'"):
-        make_attack("pgdd", eps=0.1)
+        Attack.from_config({"method": "pgdd", "eps": 0.1})
+    with pytest.raises(TypeError, match="Received: config='pgd'"):
+        Attack.from_config("pgd")
 
 
 def test_an_unset_setting_has_the_function_default_in_python_and_recipes():

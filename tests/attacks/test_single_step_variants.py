@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from advtrain.attacks import Attack, make_attack
+from advtrain.attacks import Attack
 from advtrain.attacks.fgsm import fgsm_random_start, n_fgsm, zerograd
 from advtrain.models import AdversarialModel
 from advtrain.models.eps_ramp import EpsRamp
@@ -79,7 +79,7 @@ def test_zerograd_with_quantile_zero_is_fgsm_rs():
 
 def test_attack_fields_reach_the_new_methods_and_the_ramp_scales_noise():
     model_fn = _linear(np.ones((4, 4, 1)))
-    attack = make_attack("n_fgsm", eps=0.3, noise=0.0, alpha=0.05)
+    attack = Attack("n_fgsm", eps=0.3, noise=0.0, alpha=0.05)
     np.testing.assert_allclose(attack(model_fn, X, Y), X + 0.05, atol=1e-6)
     assert attack.single_step and not attack.fusable
     assert Attack("zerograd", eps=0.1).single_step

@@ -138,7 +138,7 @@ def test_generate_adversarial_output_is_what_the_step_trains_on(digits):
     x, y = tf.constant(digits[0][:64]), tf.constant(digits[1][:64])
 
     class Brightened(AdversarialModel):
-        def generate_adversarial(self, x, y):
+        def generate_adversarial(self, x, y, attack=None):
             return tf.clip_by_value(x + 0.3, 0.0, 1.0)
 
     clf = dense_classifier(seed=4)
@@ -344,3 +344,20 @@ def test_train_and_validation_each_log_the_metrics_their_step_feeds(digits):
     assert set(model.get_metrics_result()) == val
     model.fit(x, y, batch_size=32, epochs=1, verbose=0)
     assert set(model.get_metrics_result()) == train
+
+
+def test_a_generate_adversarial_hook_must_take_the_steps_attack():
+    class OldHook(AdversarialModel):
+        def generate_adversarial(self, x, y):
+            return x
+
+    with pytest.raises(TypeError) as caught:
+        OldHook(dense_classifier(), Attack("fgsm", eps=0.1))
+    assert str(caught.value) == (
+        "OldHook.generate_adversarial must take the step's attack, as "
+        "`def generate_adversarial(self, x, y, attack=None)` (the training "
+        "step passes the eps-ramped attack; 0.3's hook took x, y). "
+        "Received: generate_adversarial(self, x, y)"
+    )
+    with pytest.raises(TypeError, match="OldHook.generate_adversarial must"):
+        OldHook.check_arguments(Attack("fgsm", eps=0.1))

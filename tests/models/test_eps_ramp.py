@@ -24,8 +24,8 @@ class Recording(AdversarialModel):
         super().__init__(*args, **kwargs)
         self.seen = keras.Variable(0.0, trainable=False, name="seen")
 
-    def generate_adversarial(self, x, y):
-        x_adv = super().generate_adversarial(x, y)
+    def generate_adversarial(self, x, y, attack=None):
+        x_adv = super().generate_adversarial(x, y, attack)
         self.seen.assign(tf.reduce_max(tf.abs(x_adv - x)))
         return x_adv
 

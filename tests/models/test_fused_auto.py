@@ -13,6 +13,7 @@ from advtrain.models.reuse_gradient import REUSE_GRADIENT_BYPASSES
 from advtrain.recipe.build import build_training_model
 from advtrain.recipe.loader import recipe_from_dict
 from advtrain.recipe.schema import AttackConfig
+from advtrain.utils.errors import ArgumentError
 
 
 def _compile(model):
@@ -48,9 +49,9 @@ def test_auto_uses_the_fused_step_exactly_for_plain_fgsm_with_a_clean_term(
 
 
 class GenerateHook(AdversarialModel):
-    def generate_adversarial(self, x, y):
+    def generate_adversarial(self, x, y, attack=None):
         self.called = True
-        return super().generate_adversarial(x, y)
+        return super().generate_adversarial(x, y, attack)
 
 
 class LossHook(AdversarialModel):
@@ -251,3 +252,14 @@ def test_a_config_saved_by_0_2_with_fused_loads():
     loaded = AdversarialModel.from_config(config)
     assert loaded.reuse_gradient is False and loaded.reuse_gradient_step is False
     assert "fused" not in loaded.get_config()
+
+
+def test_a_0_2_attack_config_drops_the_fields_its_method_never_took():
+    model = AdversarialModel(dense_classifier(), Attack("fgsm", eps=0.1))
+    config = model.get_config()
+    # 0.2 saved every method's fields, most at defaults fgsm never took.
+    config["attack"].update(alpha=None, steps=10, restarts=1, options={})
+    loaded = AdversarialModel.from_config(config)
+    assert loaded.attack == Attack("fgsm", eps=0.1)
+    with pytest.raises(ArgumentError, match="fgsm does not take alpha"):
+        Attack.from_config(config["attack"])  # strict outside a saved model

@@ -38,7 +38,7 @@ TRAIN = on_replicas(
             return loss + 0.5 * self.reduce_per_example(gap, sw)
 
     class FixedTRADES(TRADES):
-        def generate_adversarial(self, x, y):
+        def generate_adversarial(self, x, y, attack=None):
             return tf.clip_by_value(x + 0.1 * tf.sign(0.5 - x), 0.0, 1.0)
 
     rng = np.random.default_rng(0)

@@ -60,12 +60,12 @@ class TRADES(AdversarialModel):
             raise ValueError(f"beta must be >= 0. Received: beta={beta!r}")
         self.beta = float(beta)
 
-    def generate_adversarial(self, x, y):
+    def generate_adversarial(self, x, y, attack=None):
         p_clean = ops.stop_gradient(
             ops.softmax(ops.cast(self.attack_model_fn(x), "float32"), axis=-1)
         )
         # The KL's maximiser is PGD on the advtrain backend, one start.
-        attack = self.attack.replace(
+        attack = (self.attack if attack is None else attack).replace(
             method=self.attack_method, backend="advtrain", restarts=1
         )
         x_adv = attack(

@@ -9,9 +9,9 @@ backend-neutrally:
 
 * `AdversarialTrainer`, a mixin placed before `keras.Model`: `train_step`
   and `test_step` in the backend's signature around the model's
-  `_train_step(data)` / `_test_step(data)`; `_value_and_gradients` (a loss
+  `_train_step(data)` / `_test_step(data)`; `value_and_gradients` (a loss
   and its gradients with respect to the weights and given inputs, loss
-  scaling included); `_apply_gradients`; `_attack_step` (the attack's
+  scaling included); `apply_gradients`; `attack_step` (the attack's
   passes, whose state updates other than its random stream are dropped
   on JAX); `_attach_input_checks`; the train function that raises a
   failed input check's one-line error; `_in_step` (inside a traced step);

@@ -3,7 +3,7 @@
 `train_step(state, data)` binds every variable of the model (trainable,
 non-trainable, optimizer, metrics) to the values in `state` with a
 `keras.StatelessScope`, runs the backend-neutral step inside it and
-returns the updated values. Inside: `_value_and_gradients` differentiates
+returns the updated values. Inside: `value_and_gradients` differentiates
 a loss with `jax.value_and_grad(..., has_aux=True)` in a scope of its own
 and threads its non-trainable and metric updates back out (the BatchNorm
 statistics of the training pass); the optimizer applies the gradients in
@@ -76,7 +76,7 @@ class AdversarialTrainer:
     def _in_step(self) -> bool:
         return self._stepping
 
-    def _value_and_gradients(self, loss_fn, inputs=()):
+    def value_and_gradients(self, loss_fn, inputs=()):
         """`(loss, aux, input_grads, weight_grads)` for `loss_fn(*inputs) ->
         (loss, aux)`: the gradients of the optimizer-scaled loss with
         respect to `inputs` and the trainable variables; the variable
@@ -110,10 +110,11 @@ class AdversarialTrainer:
             variable.assign(value)
         return loss, aux, list(input_grads), list(weight_grads)
 
-    def _apply_gradients(self, gradients) -> None:
+    def apply_gradients(self, gradients) -> None:
+        """The optimizer's update of the trainable variables."""
         self.optimizer.apply(gradients, self.trainable_variables)
 
-    def _attack_step(self, generate):
+    def attack_step(self, generate):
         """Runs `generate()` (the attack) in a scope of its own and keeps
         its metric updates and its random stream's advance only: the
         attack's passes update no BatchNorm statistics."""

@@ -36,7 +36,7 @@ class AdversarialTrainer:
     def _in_step(self) -> bool:
         return not tf.executing_eagerly()
 
-    def _value_and_gradients(self, loss_fn, inputs=()):
+    def value_and_gradients(self, loss_fn, inputs=()):
         """`(loss, aux, input_grads, weight_grads)` for `loss_fn(*inputs) ->
         (loss, aux)`: the gradients of the optimizer-scaled loss with
         respect to `inputs` and the trainable variables."""
@@ -50,11 +50,12 @@ class AdversarialTrainer:
         n = len(inputs)
         return loss, aux, gradients[:n], gradients[n:]
 
-    def _apply_gradients(self, gradients) -> None:
+    def apply_gradients(self, gradients) -> None:
+        """The optimizer's update of the trainable variables."""
         variables = self.trainable_variables
         self.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905 (traced: autograph)
 
-    def _attack_step(self, generate):
+    def attack_step(self, generate):
         """Runs `generate()` (the attack); its updates stand."""
         return generate()
 
