@@ -286,7 +286,7 @@ class AttackRunner:
             return tuple(keras.ops.convert_to_numpy(t) for t in outputs)
         return keras.ops.convert_to_numpy(outputs)
 
-    def _compile(self, template: Attack, arrays, values: dict, points: bool):
+    def _compile(self, template: Attack, spec, values: dict, points: bool):
         model, generator, names = self.model, self.generator, tuple(values)
 
         def run(x, y, *arguments):
@@ -296,8 +296,8 @@ class AttackRunner:
             labels = keras.ops.argmax(model(x_adv, training=False), axis=-1)
             return (x_adv, labels) if points else labels
 
-        arrays = (*arrays, *signature(*values.values()))
-        return compile_on(model, run, arrays, generator)
+        spec = (*spec, *signature(*values.values()))
+        return compile_on(model, run, spec, generator)
 
 
 def signature(*arrays: np.ndarray) -> tuple:
@@ -309,13 +309,14 @@ def signature(*arrays: np.ndarray) -> tuple:
 def compile_on(
     model: keras.Model,
     fn: Callable,
-    arrays: tuple,
+    spec: tuple,
     generator: Optional[keras.random.SeedGenerator] = None,
 ) -> Callable:
-    """`fn` compiled for the current backend (`signature` `arrays`),
-    reading `model`'s variables and advancing `generator`'s stream."""
+    """`fn` compiled for the current backend for arguments like `spec`
+    (`signature`), reading `model`'s variables and advancing
+    `generator`'s stream."""
     state = [] if generator is None else [generator.state]
-    return backend.compile_function(fn, arrays, [*model.variables, *state], state)
+    return backend.compile_function(fn, spec, [*model.variables, *state], state)
 
 
 # Placeholders for the fields AttackRunner passes as arguments.
@@ -416,6 +417,12 @@ def _batches_of(data: Any, batch_size: int) -> Iterable:
         return _array_batches(x, y, batch_size)
     if isinstance(data, keras.utils.PyDataset):
         return _PyDatasetBatches(data)
+    if isinstance(data, np.ndarray) or not isinstance(data, Iterable):
+        raise TypeError(
+            "data must be a tuple (x, y) of arrays, a keras.utils.PyDataset, "
+            "a tf.data.Dataset or an iterable of (x, y) batches. "
+            f"Received: data of type {type(data).__name__}"
+        )
     return data
 
 

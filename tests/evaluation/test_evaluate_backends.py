@@ -50,6 +50,8 @@ def test_arrays_pydataset_and_batches_evaluate_alike(trained_dense, test_digits)
     assert arrays["per_class_accuracy"] == sequence["per_class_accuracy"]
     clean = np.argmax(keras.ops.convert_to_numpy(trained_dense(x)), axis=-1)
     assert arrays["clean_accuracy"] == pytest.approx(np.mean(clean == y))
+    with pytest.raises(TypeError, match="Received: data of type ndarray"):
+        advtrain.evaluate(trained_dense, x, **QUICK)
 
 
 @pytest.mark.backend_neutral
