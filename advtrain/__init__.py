@@ -13,11 +13,12 @@ Public API:
                                    (its `plugins` key imports the module)
 
 Importing the package imports the core on any Keras backend (TensorFlow or
-JAX; the attacks, `AdversarialModel` and the objectives, `Attack`) and
+JAX; the attacks, `AdversarialModel` and the objectives, `Attack`,
+`evaluate`) and
 registers advtrain's Keras objects, so `keras.saving.load_model("model.keras")`
 works in a fresh process. On the TensorFlow backend it imports TensorFlow
 first (once, without its C++ start-up lines; see `advtrain._tfimport`) and
-the TensorFlow parts (`fit`, `evaluate`, the data sources with the `gtsrb`
+the TensorFlow parts (`fit`, the data sources with the `gtsrb`
 TFDS builder, the runtime); elsewhere those load on first use, and without
 TensorFlow installed their use is a one-line ImportError saying what to
 install. The
@@ -52,16 +53,16 @@ from advtrain.attacks import (  # noqa: E402
     register_attack,
 )
 from advtrain.backbones import register_backbone  # noqa: E402
+from advtrain.evaluation.robustness import evaluate  # noqa: E402
 from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
 from advtrain.models.objectives import register_objective  # noqa: E402
 
 # The parts that need TensorFlow (tf.data and TFDS, the tf.distribute
-# runtime, `fit`, `evaluate` until it is written in keras.ops): imported
-# now on the TensorFlow backend, on first use elsewhere (`__getattr__`).
+# runtime, `fit`): imported now on the TensorFlow backend, on first use
+# elsewhere (`__getattr__`).
 _TENSORFLOW_PARTS = {
     "data": "advtrain.data",
     "register_source": "advtrain.data",
-    "evaluate": "advtrain.evaluation.robustness",
     "runtime": "advtrain.train.runtime",
     # `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule
     # named `fit` would replace this function on the package with the module.
@@ -73,7 +74,6 @@ if keras.backend.backend() == "tensorflow":
     # builder, `runtime` OneCycle.
     from advtrain import data  # noqa: E402, F401
     from advtrain.data import register_source  # noqa: E402
-    from advtrain.evaluation.robustness import evaluate  # noqa: E402
     from advtrain.train import runtime  # noqa: E402, F401
     from advtrain.train.fitting import fit  # noqa: E402
 

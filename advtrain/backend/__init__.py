@@ -15,11 +15,15 @@ Each backend module provides:
                            mask: the True ones where shapes may vary
                            (TensorFlow), all of them where they may not
                            (JAX); callers mask the rest out
+    compile_function(fn, signature, variables, updated)  `fn` compiled
+                           once per input signature (`tf.function`,
+                           `jax.jit`), reading `variables` and writing
+                           back `updated` (the evaluation's attacks)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import keras
@@ -61,6 +65,26 @@ def active_indices(mask: Any) -> Any:
     True entries on a backend with dynamic shapes, every position on one
     without; the caller ignores the results of the False ones."""
     return _module().active_indices(mask)
+
+
+def compile_function(
+    fn: Callable[..., Any],
+    signature: Sequence[tuple[tuple[Optional[int], ...], str]],
+    variables: Sequence[keras.Variable] = (),
+    updated: Sequence[keras.Variable] = (),
+) -> Callable[..., Any]:
+    """`fn(*arrays)` compiled on the current backend, called with arrays
+    (numpy or the backend's tensors) that match `signature`, one
+    `(shape, dtype)` per argument, None for a dimension that may vary.
+
+    TensorFlow traces it once for the whole signature (a `tf.function`
+    with that input signature, which reads and updates variables itself);
+    JAX compiles it per concrete shape (`jax.jit`), with the values of
+    `variables` (those `fn` reads: the model's, a `SeedGenerator`'s state)
+    as arguments, and assigns the new values of `updated` (a subset of
+    `variables`, e.g. the random stream's state) after each call.
+    """
+    return _module().compile_function(fn, signature, variables, updated)
 
 
 def finite_or_zero(grad: Any) -> Any:

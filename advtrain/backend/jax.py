@@ -1,10 +1,11 @@
 """The JAX side of `advtrain.backend`: `jax.value_and_grad`, JAX's
-counter-based random keys, and static shapes."""
+counter-based random keys, static shapes and `jax.jit`."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import keras
 
 
 def value_and_grad(fn, x):
@@ -19,3 +20,26 @@ def stateless_uniform(shape, seed, dtype="float32"):
 def active_indices(mask):
     # A compiled JAX loop keeps its shapes: compute on every position.
     return jnp.arange(mask.shape[0], dtype=jnp.int32)
+
+
+def compile_function(fn, signature, variables, updated):
+    del signature  # jax.jit compiles per concrete shape
+    variables = list(variables)
+    ids = [id(v) for v in variables]  # a Variable's == is elementwise
+    written = [ids.index(id(v)) for v in updated]
+
+    def pure(values, *arrays):
+        mapping = list(zip(variables, values, strict=True))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            outputs = fn(*arrays)
+        return outputs, [scope.get_current_value(variables[i]) for i in written]
+
+    compiled = jax.jit(pure)
+
+    def call(*arrays):
+        outputs, new = compiled([v.value for v in variables], *arrays)
+        for i, value in zip(written, new, strict=True):
+            variables[i].assign(value)
+        return outputs
+
+    return call

@@ -1,7 +1,10 @@
 """The TensorFlow side of `advtrain.backend`: a gradient tape, TensorFlow's
-stateless random ops, and dynamic shapes."""
+stateless random ops, dynamic shapes and `tf.function`."""
 
 from __future__ import annotations
+
+import contextlib
+import logging
 
 import tensorflow as tf
 
@@ -22,3 +25,33 @@ def stateless_uniform(shape, seed, dtype="float32"):
 
 def active_indices(mask):
     return tf.cast(tf.where(mask)[:, 0], tf.int32)
+
+
+def compile_function(fn, signature, variables, updated):
+    del variables, updated  # a tf.function reads and updates them itself
+    specs = [tf.TensorSpec(shape, dtype) for shape, dtype in signature]
+    traced = tf.function(fn, input_signature=specs)
+
+    def call(*arrays):
+        # TensorFlow counts traces per Python function over the process and
+        # warns at 5 in 10 calls; an evaluation traces each of its attack
+        # kinds once, which its cascade of 5 kinds would trip.
+        with _quiet_retracing_warning():
+            return traced(*arrays)
+
+    return call
+
+
+class _RetracingFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "triggered tf.function retracing" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_retracing_warning():
+    logger, quiet = tf.get_logger(), _RetracingFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,8 +20,8 @@ from typing import Any, Optional, Union
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from advtrain import backend
 from advtrain.attacks import Attack, canonical_norm
 from advtrain.attacks.pgd import default_step_size
 from advtrain.evaluation.examples import ExampleRecorder
@@ -32,28 +31,35 @@ from advtrain.utils.progress import Echo, Progress
 
 
 def macro_f1(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> float:
-    """Unweighted mean of per-class F1 over classes present in labels or
-    predictions (a class never seen nor predicted does not count)."""
-    scores = []
-    for c in range(num_classes):
-        tp = np.sum((predictions == c) & (labels == c))
-        fp = np.sum((predictions == c) & (labels != c))
-        fn = np.sum((predictions != c) & (labels == c))
-        if tp + fp + fn == 0:
-            continue
-        scores.append(2 * tp / (2 * tp + fp + fn))
-    return float(np.mean(scores)) if scores else 0.0
+    """Unweighted mean of per-class F1 over the classes (below
+    `num_classes`) present in labels or predictions: a class never seen
+    nor predicted does not count (scikit-learn's macro F1 over those)."""
+    from sklearn.metrics import f1_score  # scipy's import: only when used
+
+    present = np.union1d(labels, predictions)
+    present = present[(present >= 0) & (present < num_classes)]
+    if len(present) == 0:
+        return 0.0
+    return float(
+        f1_score(labels, predictions, labels=present, average="macro", zero_division=0)
+    )
 
 
 def per_class_accuracy(
     labels: np.ndarray, predictions: np.ndarray, num_classes: int
 ) -> list[Optional[float]]:
-    """Accuracy per class; None where the class has no examples."""
-    out: list[Optional[float]] = []
-    for c in range(num_classes):
-        mask = labels == c
-        out.append(float(np.mean(predictions[mask] == c)) if mask.any() else None)
-    return out
+    """Accuracy per class (its recall); None where the class has no
+    examples."""
+    from sklearn.metrics import recall_score
+
+    recall = recall_score(
+        labels,
+        predictions,
+        labels=np.arange(num_classes),
+        average=None,
+        zero_division=np.nan,
+    )
+    return [None if np.isnan(r) else float(r) for r in recall]
 
 
 @dataclasses.dataclass
@@ -219,15 +225,16 @@ def evaluation_attacks(
 
 
 class AttackRunner:
-    """Runs `Attack`s on a model in-graph and returns predicted labels.
+    """Runs `Attack`s on a model compiled and returns predicted labels.
 
-    One traced function per attack *kind* (method, norm, random start,
-    backend): eps is a tensor argument, and so are PGD's steps, step size
-    and restarts, so an eps sweep and the sanity checks' stronger variants
-    cost no new trace; the batch dimension is left open, so a smaller last
-    batch does not retrace either. The random starts come from one seeded
-    generator, so a run with the same seed, examples and batch size
-    attacks with the same noise.
+    One compiled function per attack *kind* (method, norm, random start,
+    backend; `advtrain.backend.compile_function`): eps is an argument, and
+    so are PGD's steps, step size and restarts, so an eps sweep and the
+    sanity checks' stronger variants cost no new trace. On TensorFlow the
+    batch dimension is left open, so a smaller last batch does not retrace
+    either; JAX compiles once per batch shape. The random starts come from
+    one seeded generator, so a run with the same seed, examples and batch
+    size attacks with the same noise.
 
     Example:
 
@@ -240,82 +247,92 @@ class AttackRunner:
     def __init__(self, model: keras.Model, seed: int):
         self.model = model
         self.generator = keras.random.SeedGenerator(seed)
-        self._functions: dict[Attack, Callable] = {}
+        self._functions: dict[Any, Callable] = {}
+        self._predict: Optional[Callable] = None
+        # Traces of the attack functions so far (for tests): the Python
+        # body runs once per trace.
+        self.tracing_count = 0
 
-    def __call__(self, attack: Attack, x, y) -> tf.Tensor:
+    def __call__(self, attack: Attack, x, y) -> np.ndarray:
         """The model's labels on `attack`'s points for `(x, y)`."""
         return self._run(attack, x, y, points=False)
 
-    def adversarial(self, attack: Attack, x, y) -> tuple[tf.Tensor, tf.Tensor]:
+    def adversarial(self, attack: Attack, x, y) -> tuple[np.ndarray, np.ndarray]:
         """`(x_adv, labels)`: `attack`'s points for `(x, y)` and the model's
         labels there. An evaluation calls either this or `__call__`, so
         each attack kind is still traced once."""
         return self._run(attack, x, y, points=True)
 
+    def predict(self, x) -> np.ndarray:
+        """The model's labels on the clean `x`."""
+        x = np.asarray(x)
+        if self._predict is None:
+
+            def labels(x):
+                return keras.ops.argmax(self.model(x, training=False), axis=-1)
+
+            self._predict = compile_on(self.model, labels, signature(x))
+        return keras.ops.convert_to_numpy(self._predict(x))
+
     def _run(self, attack: Attack, x, y, points: bool):
-        x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+        x, y = np.asarray(x), np.asarray(y).astype(np.int32)
         values = _graph_arguments(attack, x.dtype)
         template = attack.replace(**{name: _UNSET[name] for name in values})
-        specs = tuple(tf.TensorSpec([None, *t.shape[1:]], t.dtype) for t in (x, y))
-        key = (template, specs, points)
-        if key in self._functions:
-            return self._functions[key](x, y, *values.values())
-        self._functions[key] = self._trace(template, specs, values, points)
-        # TensorFlow counts traces per Python function over the process and
-        # warns at 5 in 10 calls; an evaluation traces each attack kind once
-        # (`tracing_count`), which its cascade of 5 kinds would trip.
-        with _quiet_tracing_warning():
-            return self._functions[key](x, y, *values.values())
+        key = (template, signature(x, y), points)
+        if key not in self._functions:
+            self._functions[key] = self._compile(template, key[1], values, points)
+        outputs = self._functions[key](x, y, *values.values())
+        if points:
+            return tuple(keras.ops.convert_to_numpy(t) for t in outputs)
+        return keras.ops.convert_to_numpy(outputs)
 
-    @property
-    def tracing_count(self) -> int:
-        """Graphs traced so far, over all attacks (for tests)."""
-        return sum(f.experimental_get_tracing_count() for f in self._functions.values())
+    def _compile(self, template: Attack, spec, values: dict, points: bool):
+        model, generator, names = self.model, self.generator, tuple(values)
 
-    def _trace(self, template: Attack, specs, values: dict, points: bool) -> Callable:
-        model, generator = self.model, self.generator
-        names = tuple(values)
-        scalars = tuple(tf.TensorSpec([], v.dtype) for v in values.values())
-
-        @tf.function(input_signature=(*specs, *scalars))
         def run(x, y, *arguments):
+            self.tracing_count += 1
             attack = template.replace(**dict(zip(names, arguments, strict=True)))
             x_adv = attack(lambda z: model(z, training=False), x, y, seed=generator)
-            labels = tf.argmax(model(x_adv, training=False), axis=-1)
+            labels = keras.ops.argmax(model(x_adv, training=False), axis=-1)
             return (x_adv, labels) if points else labels
 
-        return run
+        spec = (*spec, *signature(*values.values()))
+        return compile_on(model, run, spec, generator)
 
 
-class _RetracingFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "triggered tf.function retracing" not in record.getMessage()
+def signature(*arrays: np.ndarray) -> tuple:
+    """`advtrain.backend.compile_function`'s signature for batches like
+    `arrays`: the first dimension left open (scalars stay scalars)."""
+    return tuple(((None, *a.shape[1:]) if a.ndim else (), a.dtype.name) for a in arrays)
 
 
-@contextlib.contextmanager
-def _quiet_tracing_warning():
-    logger, quiet = tf.get_logger(), _RetracingFilter()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
+def compile_on(
+    model: keras.Model,
+    fn: Callable,
+    spec: tuple,
+    generator: Optional[keras.random.SeedGenerator] = None,
+) -> Callable:
+    """`fn` compiled for the current backend for arguments like `spec`
+    (`signature`), reading `model`'s variables and advancing
+    `generator`'s stream."""
+    state = [] if generator is None else [generator.state]
+    return backend.compile_function(fn, spec, [*model.variables, *state], state)
 
 
-# Placeholders for the fields AttackRunner passes as tensors.
+# Placeholders for the fields AttackRunner passes as arguments.
 _UNSET = {"eps": 0.0, "steps": 1, "step_size": None, "restarts": 1}
 
 
-def _graph_arguments(attack: Attack, dtype) -> dict[str, tf.Tensor]:
-    """The attack's numbers that its traced graph takes as arguments."""
-    values = {"eps": tf.constant(attack.eps, dtype)}
+def _graph_arguments(attack: Attack, dtype) -> dict[str, np.ndarray]:
+    """The attack's numbers that its compiled function takes as arguments."""
+    values = {"eps": np.asarray(attack.eps, dtype)}
     if attack.method == "pgd" and attack.backend == "advtrain":
         step_size = attack.step_size
         if step_size is None:
             step_size = default_step_size(attack.eps, attack.steps)
-        values["steps"] = tf.constant(attack.steps, tf.int32)
-        values["step_size"] = tf.constant(step_size, dtype)
-        values["restarts"] = tf.constant(attack.restarts, tf.int32)
+        values["steps"] = np.asarray(attack.steps, np.int32)
+        values["step_size"] = np.asarray(step_size, dtype)
+        values["restarts"] = np.asarray(attack.restarts, np.int32)
     return values
 
 
@@ -369,12 +386,44 @@ def _attack_names(attacks: dict[str, Attack]) -> str:
     return ", ".join(names + ([f"eps sweep x{sweep}"] if sweep else []))
 
 
-def _array_batches(x: np.ndarray, y: np.ndarray, batch_size: int):
-    for start in range(0, len(y), batch_size):
-        yield (
-            tf.convert_to_tensor(x[start : start + batch_size]),
-            tf.convert_to_tensor(y[start : start + batch_size]),
+def _array_batches(x: np.ndarray, y: np.ndarray, batch_size: int) -> list:
+    """`(x, y)` batches of `batch_size` (views, not copies)."""
+    starts = range(0, len(y), batch_size)
+    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in starts]
+
+
+class _PyDatasetBatches:
+    """A `keras.utils.PyDataset`'s `(x, y)` batches, in order, once."""
+
+    def __init__(self, dataset: keras.utils.PyDataset):
+        if dataset.num_batches is None:
+            raise ValueError(
+                "evaluate needs a PyDataset with a length (`__len__`): an "
+                f"infinite one never ends. Received: data={dataset!r}"
+            )
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return self.dataset.num_batches
+
+    def __iter__(self):
+        return (tuple(self.dataset[i])[:2] for i in range(len(self)))
+
+
+def _batches_of(data: Any, batch_size: int) -> Iterable:
+    """`evaluate`'s `data` as `(x, y)` batches."""
+    if isinstance(data, tuple):
+        x, y = (np.asarray(part) for part in data)
+        return _array_batches(x, y, batch_size)
+    if isinstance(data, keras.utils.PyDataset):
+        return _PyDatasetBatches(data)
+    if isinstance(data, np.ndarray) or not isinstance(data, Iterable):
+        raise TypeError(
+            "data must be a tuple (x, y) of arrays, a keras.utils.PyDataset, "
+            "a tf.data.Dataset or an iterable of (x, y) batches. "
+            f"Received: data of type {type(data).__name__}"
         )
+    return data
 
 
 def evaluate_robustness(
@@ -388,7 +437,7 @@ def evaluate_robustness(
     batch_size: int = 256,
     budget: str = "standard",
     progress: Optional[Echo] = None,
-    strategy: Optional[tf.distribute.Strategy] = None,
+    strategy: Optional[Any] = None,
     return_examples: Union[bool, int] = False,
     **attack_keys: Any,
 ) -> dict[str, Any]:
@@ -403,7 +452,8 @@ def evaluate_robustness(
 
     Args:
         model: maps [0, 1] pixels to logits.
-        batches: `(x, y)` batches (float pixels, integer labels).
+        batches: `(x, y)` batches (float pixels, integer labels): numpy
+            arrays or tensors, e.g. a `tf.data.Dataset`.
         default_eps: eps used when `eps` is None (the training eps).
         num_classes: for macro F1 and the per-class table.
         max_examples: evaluate a seeded random subset of this size.
@@ -411,8 +461,8 @@ def evaluate_robustness(
         batch_size: batch size of the subset's batches and the cascade.
         budget: AutoAttack's budget, "standard" or "cheap" (`BUDGETS`).
         progress: called with a short line after each batch.
-        strategy: the run's `tf.distribute` strategy for the attacks
-            (default: the current one).
+        strategy: TensorFlow: the run's `tf.distribute` strategy, whose
+            scope the attacks run in (default: the current one).
         return_examples: also return the worst-case adversarial inputs:
             True for every example, a number for a random subset of at
             most that many, drawn with `seed`.
@@ -442,7 +492,7 @@ def evaluate_robustness(
     chosen = evaluation_attacks(default_eps=default_eps, **attack_keys)
     ensemble = _ensemble_of(attack_keys, default_eps, budget, num_classes)
     recorder = _recorder(return_examples, seed, default_eps, attack_keys)
-    with (strategy or tf.distribute.get_strategy()).scope():
+    with strategy_scope(strategy):
         acc = _predict(
             model, batches, chosen, seed, batch_count, progress, ensemble, recorder
         )
@@ -457,6 +507,11 @@ def evaluate_robustness(
     if recorder is not None:
         result["adversarial_examples"] = recorder.result()
     return result
+
+
+def strategy_scope(strategy: Optional[Any]):
+    """`strategy`'s scope (a `tf.distribute` strategy), or none."""
+    return contextlib.nullcontext() if strategy is None else strategy.scope()
 
 
 def _recorder(return_examples: Union[bool, int], seed: int, default_eps, keys):
@@ -541,8 +596,9 @@ def evaluate(
     Args:
         model: maps [0, 1] pixels to logits (an `AdversarialModel` is
             evaluated through its classifier).
-        data: `(x, y)` arrays (float pixels in [0, 1], integer labels) or a
-            `tf.data.Dataset` of such batches.
+        data: `(x, y)` arrays (float pixels in [0, 1], integer labels), or
+            batches of them: a `keras.utils.PyDataset`, a `tf.data.Dataset`
+            (TensorFlow) or any iterable of `(x, y)` array pairs.
         eps: the threat model's radius, in pixel units.
         norm: the threat model's norm, "inf" or 2.
         attacks: as the recipe's `eval` key; None runs FGSM, PGD and
@@ -576,9 +632,7 @@ def evaluate(
     check_keywords("evaluate", keys, [k for k in ATTACK_KEYS if k not in _OWN])
     listed_attacks(attacks, keys.get("fgsm", True), keys.get("pgd_steps", 20))
     model = getattr(model, "classifier", model)
-    if isinstance(data, tuple):
-        x, y = (np.asarray(part) for part in data)
-        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+    data = _batches_of(data, batch_size)
     if num_classes is None:
         num_classes = int(model.output_shape[-1])
     return evaluate_robustness(
@@ -640,12 +694,11 @@ def run_cascade(
         )
         for done, first in enumerate(range(0, len(standing), batch_size), 1):
             index = standing[first : first + batch_size]
-            xb = tf.convert_to_tensor(x[index])
-            yb = tf.convert_to_tensor(y[index].astype(np.int64))
+            xb, yb = x[index], y[index]
             if found is None:
-                labels = runner(attack, xb, yb).numpy()
+                labels = runner(attack, xb, yb)
             else:
-                x_adv, labels = (t.numpy() for t in runner.adversarial(attack, xb, yb))
+                x_adv, labels = runner.adversarial(attack, xb, yb)
                 found.update(name, index, x_adv, labels)
             robust[index] = labels == y[index]
             bar.update(
@@ -713,28 +766,21 @@ def _predict(
         keep=True,
     )
     runners = AttackRunner(model, seed)
-    predict = tf.function(
-        lambda x: tf.argmax(model(x, training=False), axis=-1),
-        reduce_retracing=True,
-    )
     acc = _Accumulator(start=time.perf_counter())
     kept_x, kept_y = [], []
     for x, y in batches:
-        y = tf.cast(y, tf.int64)
-        labels = y.numpy()
+        x, labels = np.asarray(x), np.asarray(y).astype(np.int64)
         acc.labels.append(labels)
-        right = predict(x).numpy()
+        right = runners.predict(x).astype(np.int64)
         acc.add("clean", right)
         if recorder is not None:
-            recorder.start(np.asarray(x), labels, right)
+            recorder.start(x, labels, right)
         right = right == labels
         for name, attack in attacks.items():
             if recorder is None:
-                predicted = runners(attack, x, y).numpy()
+                predicted = runners(attack, x, labels)
             else:
-                x_adv, predicted = (
-                    t.numpy() for t in runners.adversarial(attack, x, y)
-                )
+                x_adv, predicted = runners.adversarial(attack, x, labels)
             acc.add(name, predicted)
             if not name.startswith("sweep_"):
                 right &= predicted == labels
@@ -743,9 +789,9 @@ def _predict(
         if recorder is not None:
             recorder.keep()
         if keep:
-            kept_x.append(np.asarray(x)[right])
+            kept_x.append(x[right])
             kept_y.append(labels[right])
-        acc.seen += int(y.shape[0])
+        acc.seen += len(labels)
         bar.update(len(acc.labels), f"{acc.seen} examples")
         if progress is not None:
             progress(f"evaluated {acc.seen} examples")

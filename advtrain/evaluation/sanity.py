@@ -38,14 +38,16 @@ from typing import Any, Optional
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from advtrain.attacks import Attack
 from advtrain.attacks.common import input_gradient
 from advtrain.evaluation.robustness import (
     AttackRunner,
+    compile_on,
     evaluation_attacks,
     seeded_subset,
+    signature,
+    strategy_scope,
 )
 from advtrain.utils.progress import Progress
 
@@ -80,11 +82,11 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def zero_gradient_mask(model: keras.Model, x, y) -> tf.Tensor:
+def zero_gradient_mask(model: keras.Model, x, y):
     """True for examples whose cross-entropy input gradient is all zero."""
     grad = input_gradient(lambda z: model(z, training=False), x, y)
-    flat = tf.reshape(tf.abs(grad), [tf.shape(grad)[0], -1])
-    return tf.equal(tf.reduce_max(flat, axis=1), 0.0)
+    flat = keras.ops.reshape(keras.ops.abs(grad), (keras.ops.shape(grad)[0], -1))
+    return keras.ops.equal(keras.ops.max(flat, axis=1), 0.0)
 
 
 def run_sanity_checks(
@@ -103,7 +105,7 @@ def run_sanity_checks(
     tolerance: float = 0.02,
     large_eps_max_accuracy: float = 0.05,
     max_zero_gradient_fraction: float = 0.01,
-    strategy: Optional[tf.distribute.Strategy] = None,
+    strategy: Optional[Any] = None,
 ) -> list[dict[str, Any]]:
     """Runs the gradient-masking checks on a seeded subset of `batches`.
 
@@ -125,7 +127,8 @@ def run_sanity_checks(
         large_eps_max_accuracy: accuracy allowed at eps 0.5.
         max_zero_gradient_fraction: share of all-zero input gradients
             allowed.
-        strategy: traced and run in this strategy's scope.
+        strategy: TensorFlow: traced and run in this `tf.distribute`
+            strategy's scope.
 
     Returns:
         A list of `{name, passed, detail}` dicts, JSON-ready.
@@ -139,8 +142,7 @@ def run_sanity_checks(
     # The L2 ball of radius 0.5 * sqrt(d) holds the L-inf ball of radius 0.5.
     large = LARGE_EPS if norm == "inf" else LARGE_EPS * math.sqrt(dims)
     attacks = _attacks(eps, norm, steps, pgd_step_size, pgd_restarts, large)
-    strategy = strategy or tf.distribute.get_strategy()
-    with strategy.scope():
+    with strategy_scope(strategy):
         hit, zero_fraction = _measure(model, x_all, y_all, attacks, seed, batch_size)
     return _verdicts(
         hit,
@@ -183,20 +185,23 @@ def _measure(model, x_all, y_all, attacks, seed: int, batch_size: int):
     correct: dict[str, list[np.ndarray]] = {name: [] for name in attacks}
     zero: list[np.ndarray] = []
     runner = AttackRunner(model, seed)
-    zero_fn = tf.function(
-        lambda x, y: zero_gradient_mask(model, x, y), reduce_retracing=True
+    y_all = y_all.astype(np.int32)
+    zero_fn = compile_on(
+        model,
+        lambda x, y: zero_gradient_mask(model, x, y),
+        signature(x_all, y_all),
     )
     starts = range(0, len(y_all), batch_size)
     bar = Progress("sanity checks", len(starts) * len(attacks), unit="attacks")
     done = 0
     for start in starts:
-        x = tf.convert_to_tensor(x_all[start : start + batch_size])
-        y = tf.convert_to_tensor(y_all[start : start + batch_size].astype(np.int64))
+        x = x_all[start : start + batch_size]
+        y = y_all[start : start + batch_size]
         for name, attack in attacks.items():
-            correct[name].append(runner(attack, x, y).numpy() == y.numpy())
+            correct[name].append(runner(attack, x, y) == y)
             done += 1
             bar.update(done, name)
-        zero.append(zero_fn(x, y).numpy())
+        zero.append(keras.ops.convert_to_numpy(zero_fn(x, y)))
     bar.close()
     hit = {name: np.concatenate(parts) for name, parts in correct.items()}
     return hit, float(np.mean(np.concatenate(zero)))

@@ -57,7 +57,7 @@ def test_registered_method_runs_in_evaluation(trained_dense, batch_of_digits):
 
     x, y = batch_of_digits
     runner = AttackRunner(trained_dense, seed=0)
-    predicted = runner(Attack("test_half_step", eps=0.2), x, y).numpy()
+    predicted = np.asarray(runner(Attack("test_half_step", eps=0.2), x, y))
     # The runner's verdicts are the model's on the method's own points.
     f = lambda z: trained_dense(z, training=False)  # noqa: E731
     x_adv = Attack("test_half_step", eps=0.2)(f, x, y)

@@ -1,5 +1,6 @@
 """The adversarial examples an evaluation returns, their grid PNG and its
-TensorBoard image (advtrain/evaluation/examples.py)."""
+TensorBoard image (advtrain/evaluation/examples.py). All but the
+TensorBoard one are backend-neutral (the JAX tier runs them)."""
 
 import json
 
@@ -43,6 +44,7 @@ def found(trained_dense, test_digits):
     return x, y, result, runners
 
 
+@pytest.mark.backend_neutral
 def test_evaluate_returns_the_worst_case_example_of_each(trained_dense, found):
     x, y, result, _ = found
     result = dict(result)
@@ -70,6 +72,7 @@ def test_evaluate_returns_the_worst_case_example_of_each(trained_dense, found):
     )
 
 
+@pytest.mark.backend_neutral
 def test_returning_examples_still_traces_each_attack_kind_once(found):
     runners = found[3]
     # fgsm and the sweep's pgd; the cascade's apgd_ce, apgd_t and square.
@@ -78,6 +81,7 @@ def test_returning_examples_still_traces_each_attack_kind_once(found):
         assert runner.tracing_count == len(runner._functions)
 
 
+@pytest.mark.backend_neutral
 def test_return_examples_can_keep_a_seeded_subset(trained_dense, test_digits):
     x, y = test_digits[0][:48], test_digits[1][:48]
     keys = dict(eps=EPS, attacks=["fgsm"], seed=3)
@@ -110,6 +114,7 @@ def _examples(channels, count=6):
     )
 
 
+@pytest.mark.backend_neutral
 @pytest.mark.parametrize("channels", [1, 3])
 def test_grid_is_a_png_for_grey_and_colour_images(tmp_path, channels):
     examples = _examples(channels)
@@ -118,6 +123,7 @@ def test_grid_is_a_png_for_grey_and_colour_images(tmp_path, channels):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+@pytest.mark.backend_neutral
 def test_pick_mixes_broken_and_robust_examples():
     examples = _examples(1, count=12)
     picked = examples.pick(4, seed=0)
@@ -130,6 +136,7 @@ def test_pick_mixes_broken_and_robust_examples():
     assert len(only) == 4 and only.robust.all()
 
 
+@pytest.mark.backend_neutral
 def test_saved_examples_load_with_numpy(tmp_path):
     examples = _examples(1)
     path = examples.save(tmp_path / "adversarial_examples.npz")

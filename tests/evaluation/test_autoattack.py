@@ -62,7 +62,7 @@ def test_cascade_equals_the_per_example_worst_case(cnn, test_digits):
     result = run_cascade(runner, attacks, x[clean], y[clean], batch_size=64)
     one_by_one = np.ones(int(clean.sum()), bool)
     for attack in attacks.values():
-        one_by_one &= runner(attack, x[clean], y[clean]).numpy() == y[clean]
+        one_by_one &= runner(attack, x[clean], y[clean]) == y[clean]
     np.testing.assert_array_equal(result["robust"], one_by_one)
     attacked = [s["attacked"] for s in result["steps"]]
     assert attacked[0] == clean.sum() and attacked[1] < attacked[0]  # pruned
