@@ -53,9 +53,12 @@ class NonFiniteLossError(RuntimeError):
 
 class StepCallback(keras.callbacks.Callback):
     """Base of the callbacks that name a step: the epoch, the batches of it
-    trained, and the global step, across `fit` calls that start inside an
-    epoch (a resumed run fits an interrupted epoch alone, for its remaining
-    steps).
+    trained, and the global step.
+
+    Keras's `params["steps"]` and batch index count within one `fit`. A
+    resumed run fits its interrupted epoch alone, for its remaining steps
+    (`fit_phases`), so the batches before that fit are `steps_per_epoch`
+    minus `params["steps"]`.
 
     Args:
         steps_per_epoch: batches per epoch.
@@ -64,29 +67,19 @@ class StepCallback(keras.callbacks.Callback):
     def __init__(self, steps_per_epoch: int):
         super().__init__()
         self.steps_per_epoch = steps_per_epoch
-        self.step_offset = 0
-        self.steps_this_fit = steps_per_epoch
         self._epoch = 0
-
-    def begin_fit(self, step_offset: int, steps: int) -> None:
-        """Call before each `fit`: it trains `steps` batches of its first
-        epoch, starting after batch `step_offset`."""
-        self.step_offset = step_offset
-        self.steps_this_fit = steps
+        self._before = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
-
-    def _end_epoch(self) -> None:
-        """The next epoch of this `fit` trains whole."""
-        self.step_offset = 0
-        self.steps_this_fit = self.steps_per_epoch
+        steps = (self.params or {}).get("steps") or self.steps_per_epoch
+        self._before = max(0, self.steps_per_epoch - steps)
 
     def _done(self, batch: int) -> int:
         """Batches of the current epoch trained after host call `batch`
         (with steps_per_execution > 1, Keras reports a host call's last
         step)."""
-        return self.step_offset + min(batch + 1, self.steps_this_fit)
+        return min(self._before + batch + 1, self.steps_per_epoch)
 
     def _global_step(self, done: int) -> int:
         return self._epoch * self.steps_per_epoch + done
@@ -135,8 +128,7 @@ class NaNGuard(StepCallback):
         self.check_state_every_batch = check_state_every_batch
 
     def on_epoch_end(self, epoch, logs=None):
-        self._check_state(self.steps_this_fit - 1)
-        self._end_epoch()
+        self._check_state(self.steps_per_epoch)
 
     def on_train_batch_end(self, batch, logs=None):
         value = (logs or {}).get("loss")
@@ -276,7 +268,6 @@ class AtomicCheckpoint(StepCallback):
         return path
 
     def on_epoch_end(self, epoch, logs=None):
-        self._end_epoch()
         logs = logs or {}
         monitor = self.store.monitor
         value = logs.get(monitor) if monitor else None
