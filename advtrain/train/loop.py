@@ -1,5 +1,8 @@
 """The training stage: its phases, resumed where a checkpoint left off.
 
+Beyond `Model.fit` with BackupAndRestore: phases, and a resume inside an
+epoch that trains the same batches with the same running metrics.
+
 `fit_phases` is the one phase loop (head-only warm-up, then fine-tuning)
 of `advtrain.fit` and of a recipe's run. `TrainingState` owns resuming and
 checkpointing a folder: it finds the checkpoint to resume from, restores
