@@ -1,5 +1,10 @@
 """Training callbacks: progress lines, the NaN guard, atomic checkpoints,
-and preemption (SIGTERM/SIGINT: checkpoint the step, then stop)."""
+and preemption (SIGTERM/SIGINT: checkpoint the step, then stop).
+
+Beyond Keras's TerminateOnNaN, ModelCheckpoint and BackupAndRestore: a
+NaN stop before anything saves the bad weights, step checkpoints a run
+resumes from mid-epoch, SIGTERM -> checkpoint -> exit 75 on every worker.
+"""
 
 from __future__ import annotations
 
@@ -53,9 +58,12 @@ class NonFiniteLossError(RuntimeError):
 
 class StepCallback(keras.callbacks.Callback):
     """Base of the callbacks that name a step: the epoch, the batches of it
-    trained, and the global step, across `fit` calls that start inside an
-    epoch (a resumed run fits an interrupted epoch alone, for its remaining
-    steps).
+    trained, and the global step.
+
+    Keras's `params["steps"]` and batch index count within one `fit`. A
+    resumed run fits its interrupted epoch alone, for its remaining steps
+    (`fit_phases`), so the batches before that fit are `steps_per_epoch`
+    minus `params["steps"]`.
 
     Args:
         steps_per_epoch: batches per epoch.
@@ -64,29 +72,19 @@ class StepCallback(keras.callbacks.Callback):
     def __init__(self, steps_per_epoch: int):
         super().__init__()
         self.steps_per_epoch = steps_per_epoch
-        self.step_offset = 0
-        self.steps_this_fit = steps_per_epoch
         self._epoch = 0
-
-    def begin_fit(self, step_offset: int, steps: int) -> None:
-        """Call before each `fit`: it trains `steps` batches of its first
-        epoch, starting after batch `step_offset`."""
-        self.step_offset = step_offset
-        self.steps_this_fit = steps
+        self._before = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
-
-    def _end_epoch(self) -> None:
-        """The next epoch of this `fit` trains whole."""
-        self.step_offset = 0
-        self.steps_this_fit = self.steps_per_epoch
+        steps = (self.params or {}).get("steps") or self.steps_per_epoch
+        self._before = max(0, self.steps_per_epoch - steps)
 
     def _done(self, batch: int) -> int:
         """Batches of the current epoch trained after host call `batch`
         (with steps_per_execution > 1, Keras reports a host call's last
         step)."""
-        return self.step_offset + min(batch + 1, self.steps_this_fit)
+        return min(self._before + batch + 1, self.steps_per_epoch)
 
     def _global_step(self, done: int) -> int:
         return self._epoch * self.steps_per_epoch + done
@@ -135,8 +133,7 @@ class NaNGuard(StepCallback):
         self.check_state_every_batch = check_state_every_batch
 
     def on_epoch_end(self, epoch, logs=None):
-        self._check_state(self.steps_this_fit - 1)
-        self._end_epoch()
+        self._check_state(self.steps_per_epoch)
 
     def on_train_batch_end(self, batch, logs=None):
         value = (logs or {}).get("loss")
@@ -236,18 +233,21 @@ class AtomicCheckpoint(StepCallback):
         global_step = self._global_step(done)
         if global_step // self.every_steps <= self.last_saved_step // self.every_steps:
             return
-        self._save_step(done, logs)
+        self._save(self._epoch, done, logs)
 
-    def _save_step(self, done: int, logs) -> Path:
-        global_step = self._global_step(done)
+    def _save(self, epoch: int, done: int, logs) -> Path:
+        """Checkpoints `done` batches of `epoch` (0: the end of the epoch
+        before it, an epoch checkpoint)."""
+        global_step = self._global_step(done) if done else epoch * self.steps_per_epoch
         path = self.store.save(
             self.model,
-            kind="step",
-            epoch=self._epoch,
+            kind="step" if done else "epoch",
+            epoch=epoch,
             step=done,
             global_step=global_step,
             phase=self.phase,
             logs=logs,
+            prune=bool(done),
             steps_per_epoch=self.steps_per_epoch,
         )
         self.saved.append(path)
@@ -261,22 +261,20 @@ class AtomicCheckpoint(StepCallback):
         done = self._done(batch)
         if done >= self.steps_per_epoch:
             return None
-        global_step = self._global_step(done)
-        if self.saved and self.last_saved_step == global_step:
+        if self.saved and self.last_saved_step == self._global_step(done):
             return self.saved[-1]
-        return self._save_step(done, logs)
+        return self._save(self._epoch, done, logs)
 
     def save_epoch_now(self, epoch: int, logs=None) -> Path:
         """Checkpoints the end of `epoch` (call after `on_epoch_end`) unless
         it was just checkpointed; returns the checkpoint."""
         if self.saved and self.last_saved_step == (epoch + 1) * self.steps_per_epoch:
             return self.saved[-1]
-        path = self._save_epoch(epoch, logs or {})
+        path = self._save(epoch + 1, 0, logs or {})
         self.store.prune()
         return path
 
     def on_epoch_end(self, epoch, logs=None):
-        self._end_epoch()
         logs = logs or {}
         monitor = self.store.monitor
         value = logs.get(monitor) if monitor else None
@@ -285,27 +283,10 @@ class AtomicCheckpoint(StepCallback):
         due = (epoch + 1) % self.every_epochs == 0 or epoch + 1 == self.epochs
         if not (due or improved):
             return
-        path = self._save_epoch(epoch, logs)
+        path = self._save(epoch + 1, 0, logs)
         if improved:
             self.store.record_best(path, value, epoch + 1)
         self.store.prune()
-
-    def _save_epoch(self, epoch: int, logs) -> Path:
-        global_step = (epoch + 1) * self.steps_per_epoch
-        path = self.store.save(
-            self.model,
-            kind="epoch",
-            epoch=epoch + 1,
-            step=0,
-            global_step=global_step,
-            phase=self.phase,
-            logs=logs,
-            prune=False,
-            steps_per_epoch=self.steps_per_epoch,
-        )
-        self.saved.append(path)
-        self.last_saved_step = global_step
-        return path
 
 
 # How long workers may take to agree on a step after a signal. TensorFlow's
@@ -422,8 +403,8 @@ class Preemption(keras.callbacks.Callback):
         def agreed():
             self._agreed = True
 
-        # Only the handler's own step counter would live in this
-        # checkpoint; `save_fn` writes advtrain's instead, so it stays empty.
+        # The handler requires a checkpoint (it adds its step counter and
+        # restores it at start); `save_fn` writes ours, so this one is empty.
         scratch = tempfile.mkdtemp(prefix="advtrain-preemption-")
         manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(), directory=scratch, max_to_keep=1

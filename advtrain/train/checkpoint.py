@@ -1,8 +1,12 @@
 """Crash-safe checkpoints, and resuming from them.
 
-`advtrain.train.loop.TrainingState` puts these together for a run.
+Beyond BackupAndRestore, ModelCheckpoint and tf.train.CheckpointManager:
+optimizer and metric state for a bitwise mid-epoch resume, write-then-rename,
+corrupt ones skipped with a warning, the best kept, in NumPy files.
 
-A checkpoint is a folder under `checkpoints/`:
+BackupAndRestore saves weights only, in place, once, and resumes at an
+epoch; CheckpointManager is TensorFlow's alone. So a checkpoint is a folder
+under `checkpoints/`:
 
 ```
 checkpoints/

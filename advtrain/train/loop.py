@@ -1,5 +1,8 @@
 """The training stage: its phases, resumed where a checkpoint left off.
 
+Beyond `Model.fit` with BackupAndRestore: phases, and a resume inside an
+epoch that trains the same batches with the same running metrics.
+
 `fit_phases` is the one phase loop (head-only warm-up, then fine-tuning)
 of `advtrain.fit` and of a recipe's run. `TrainingState` owns resuming and
 checkpointing a folder: it finds the checkpoint to resume from, restores
@@ -52,8 +55,8 @@ class TrainingState:
     Creating it installs the preemption signal handlers (a signal before
     training raises `Preempted` at once). Then `restore` (resume point,
     model variables), `open` (the folder this worker writes, the checkpoint
-    store and callbacks), and during training `begin_fit`,
-    `restore_optimizer` and `restore_epoch_metrics`.
+    store and callbacks), and during training `restore_optimizer` and
+    `restore_epoch_metrics`.
 
     Args:
         run_dir: the run folder.
@@ -210,13 +213,6 @@ class TrainingState:
             self.restore_epoch_metrics(model, image_shape)
 
         return keras.callbacks.LambdaCallback(on_epoch_begin=on_epoch_begin)
-
-    def begin_fit(self, phase: str, step: int) -> None:
-        """Call before each `fit`: it starts after batch `step` of its first
-        epoch, in `phase`."""
-        self.checkpoint.phase = phase
-        for callback in (self.guard, self.checkpoint):
-            callback.begin_fit(step, self.steps_per_epoch - step)
 
     def restore_optimizer(self, model: keras.Model, phase) -> None:
         """Continues the optimizer of the interrupted phase (slots,
@@ -409,13 +405,12 @@ def fit_phases(
             )
             if state:
                 state.restore_optimizer(model, phase)
+                state.checkpoint.phase = phase.name
         epoch = max(phase.start_epoch, start_epoch)
         step = state.start_step if state and epoch == start_epoch else 0
         while epoch < phase.end_epoch:
             # An interrupted epoch is fitted alone, for its remaining steps.
             end = epoch + 1 if step else phase.end_epoch
-            if state:
-                state.begin_fit(phase.name, step)
             result = model.fit(
                 stream(epoch * spe + step),
                 initial_epoch=epoch,

@@ -1,45 +1,23 @@
 """Preemption: on SIGTERM or SIGINT, finish the step, checkpoint, exit 75.
 
-Schedulers (SLURM, Kubernetes, cloud spot VMs) stop a job with SIGTERM and
-follow with SIGKILL after a grace period. During training, the callback
-`advtrain.train.callbacks.Preemption` turns the first SIGTERM or SIGINT into:
-finish the step running now, write a checkpoint at the step reached (the
-chief into the run folder, as any checkpoint), and raise `Preempted`,
-whose type carries exit code `PREEMPTED_EXIT_CODE` (75, `EX_TEMPFAIL` of
-sysexits.h: "try again later"); its message ends with the caller's hint on
-how to resume.
-Outside the training loop (data loading, evaluation) the signal raises
-`Preempted` at once: the checkpoint on disk is all there is to keep.
+Beyond TensorFlow's PreemptionCheckpointHandler (which only agrees on a
+step): advtrain's checkpoint, exit 75 on every worker, orphans ended.
 
-Under MultiWorkerMirroredStrategy the workers must checkpoint at the same
-step, or the collectives of the next step hang. TensorFlow's
-`tf.distribute.experimental.PreemptionCheckpointHandler` agrees on that
-step through the coordination service: the first worker to see a signal
-(ours reports it through `TerminationConfig.termination_watcher_fn`)
-publishes "checkpoint after step n+1" and waits for every worker to
-acknowledge; each worker calls `save_checkpoint_if_preempted` after every
-step (from `on_train_batch_end`: Keras 3's `fit` runs one step per host
-call under this strategy) and, at the agreed step, calls our `save_fn`.
-The checkpoint itself is advtrain's own (`AtomicCheckpoint`), not a
-`tf.train.Checkpoint`. So a signal reaching one worker stops them all.
+Schedulers (SLURM, Kubernetes, spot VMs) stop a job with SIGTERM, then
+SIGKILL. During training the callback `advtrain.train.callbacks.Preemption`
+finishes the running step, checkpoints it (the chief into the run folder)
+and raises `Preempted`, whose type carries exit code 75 (`EX_TEMPFAIL`:
+"try again later"). Outside the training loop the signal raises at once.
+A step that ends an epoch is checkpointed at the epoch's end instead
+(after validation and the log row), so a resume continues as an
+uninterrupted run would.
 
-A step that ends an epoch is checkpointed at the end of the epoch instead
-(after validation and the epoch's log row), so a resumed run continues
-with the next epoch exactly as an uninterrupted one would.
-
-Example:
-
-```python
-preemption = Preemption(run_dir, workers=1)   # installs the handlers
-preemption.arm(checkpoint, strategy)           # training: stop after a step
-model.fit(ds, callbacks=[checkpoint, preemption])
-preemption.disarm()   # raises Preempted if a signal came in the last step
-preemption.close()    # restores the previous handlers
-```
-
-`advtrain.train.loop.TrainingState` creates it and `fit_phases` arms it
-around the training loop; the decorator `restores_signal_handlers` puts
-the caller's handlers back.
+Under MultiWorkerMirroredStrategy the workers must stop at the same step,
+or the next step's collectives hang. TensorFlow's handler agrees on it
+through the coordination service (our signal reaches it through
+`TerminationConfig.termination_watcher_fn`; each worker polls
+`save_checkpoint_if_preempted` after every step, and at the agreed one it
+calls our `save_fn`), so a signal reaching one worker stops them all.
 
 This module holds what the launcher and the CLI need too (exit code,
 environment, `Preempted`) and imports no TensorFlow.

@@ -1,5 +1,8 @@
 """Live progress for training epochs and evaluation attacks.
 
+Beyond `keras.utils.Progbar` (which writes ANSI codes to logs too): plain,
+rate-limited lines off a terminal, and one `--quiet` for training and eval.
+
 On a terminal (stdout is a TTY) a task is one line redrawn in place: a bar,
 steps done, the latest metrics, elapsed time and an estimate of the time
 left. Elsewhere (CI, a log file, a pipe) the same facts come as plain
