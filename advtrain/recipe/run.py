@@ -123,7 +123,7 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     splits = recipe_splits(recipe)
     plan = recipe_plan(recipe, runtime, splits.train_size)
     describe(recipe, splits, runtime, plan, echo)
-    with runtime.strategy.scope():
+    with runtime.scope():
         classifier, model = build_run_model(
             recipe,
             splits,

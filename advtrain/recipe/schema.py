@@ -474,6 +474,8 @@ class EvalConfig(_Section):
 
 class RuntimeConfig(RuntimeOptions):
     __doc__ = RuntimeOptions.__doc__
+    # A recipe names its backend: the `advtrain` command starts Keras on it.
+    backend: Literal["tensorflow", "jax"] = "tensorflow"
 
 
 class OutputConfig(_Section):

@@ -246,7 +246,7 @@ def _compiled_model(rt, plan, train, bn, options, say):
     """(compiled model, the user's model in it): built in the strategy's
     scope, BatchNorm policy applied, wrapped for the attack if any."""
     attack, loss, optimizer = (options[k] for k in ("attack", "loss", "optimizer"))
-    with rt.strategy.scope():
+    with rt.scope():
         net = classifier = _model_in_scope(options["model"], rt)
         note = apply_batchnorm_policy(
             net,
@@ -456,11 +456,7 @@ def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
                 f"Received: {type(built).__name__}"
             )
         return built
-    extended = rt.strategy.extended
-    if all(
-        extended.variable_created_in_scope(getattr(v, "value", v))
-        for v in model.variables
-    ):
+    if rt.holds_variables_of(model):
         return model
     try:
         clone = keras.models.clone_model(model)

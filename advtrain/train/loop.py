@@ -305,11 +305,12 @@ def train_stream(splits, data: dict[str, Any], plan, seed: int, skip: int, strat
     decodes and augments only the examples its replicas train on, instead
     of the whole stream with Keras's rebatching; on one worker the replicas
     of a step together see the same examples as one device would.
+    `strategy` None (`Runtime.input_strategy`): whole global batches.
     """
     from advtrain.data import make_distributed_input, make_input
 
     keras.utils.set_random_seed(seed)
-    if strategy.num_replicas_in_sync == 1:
+    if strategy is None or strategy.num_replicas_in_sync == 1:
         ds = make_input(
             splits.fresh_train(), batch_size=plan.global_batch, training=True, **data
         ).repeat()
@@ -386,7 +387,7 @@ def fit_phases(
                 f"{len(trainable)} backbone layer(s) trainable, "
                 f"lr x{phase.lr_factor:g}"
             )
-        with setup.runtime.strategy.scope():
+        with setup.runtime.scope():
             compile_model(model, optimizer(phase.lr_factor), plan, setup.runtime)
             state.restore_optimizer(model, phase)
         epoch = max(phase.start_epoch, state.start_epoch)
@@ -398,7 +399,12 @@ def fit_phases(
             skip = (epoch - phase.start_epoch) * spe + step
             result = model.fit(
                 train_stream(
-                    setup.splits, setup.data, plan, seed, skip, setup.runtime.strategy
+                    setup.splits,
+                    setup.data,
+                    plan,
+                    seed,
+                    skip,
+                    setup.runtime.input_strategy(),
                 ),
                 initial_epoch=epoch,
                 epochs=end,
