@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import yaml
-from helpers import run_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,18 +129,21 @@ def _tiny_recipe(folder: Path, backend: str) -> Path:
     return recipe
 
 
-def test_keras_backend_disagreeing_with_the_recipe_is_one_line(tmp_path):
-    done = run_fresh(
-        [_console(), "show", _tiny_recipe(tmp_path, "tensorflow")],
-        tmp_path,
-        check=False,
-        KERAS_BACKEND="jax",
-    )
-    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'tiny.yaml'}: runtime.backend: the recipe runs on "
-        "tensorflow but KERAS_BACKEND=jax; unset KERAS_BACKEND or make the two "
-        "agree. Received: runtime.backend=tensorflow, KERAS_BACKEND=jax"
+def test_keras_backend_disagreeing_with_the_recipe_is_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from advtrain.cli.commands import app
+
+    running = "jax" if keras.backend.backend() == "tensorflow" else "tensorflow"
+    monkeypatch.setenv("KERAS_BACKEND", running)
+    recipe = _tiny_recipe(tmp_path, keras.backend.backend())
+    result = CliRunner().invoke(app, ["show", str(recipe)])
+    assert result.exit_code == 2, result.output[-2000:]
+    wanted = keras.backend.backend()
+    assert result.output.strip().splitlines() == [
+        f"error: {recipe}: runtime.backend: the recipe runs on {wanted} but "
+        f"KERAS_BACKEND={running}; unset KERAS_BACKEND or make the two agree. "
+        f"Received: runtime.backend={wanted}, KERAS_BACKEND={running}"
     ]
 
 
@@ -151,35 +154,24 @@ needs_tensorflow = pytest.mark.skipif(
 
 
 @needs_tensorflow
-def test_show_restarts_on_the_recipes_backend(tmp_path):
+def test_recipe_restarts_on_jax_trains_and_saves(tmp_path):
     # KERAS_BACKEND unset: the command starts on Keras's default
-    # (TensorFlow) and restarts itself on the recipe's JAX.
+    # (TensorFlow) and restarts itself on the recipe's JAX. Up to the saved
+    # model: evaluation on JAX is the evaluation package's (until it lands
+    # there, the run stops in it with exit 1).
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env.pop("PYTHONPATH", None)
+    out = tmp_path / "run"
+    recipe = _tiny_recipe(tmp_path, "jax")
     done = subprocess.run(
-        [_console(), "show", str(_tiny_recipe(tmp_path, "jax"))],
+        [_console(), "run", str(recipe), "--output", str(out)],
         cwd=tmp_path,
-        env=env,
+        env={**env, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "XLA on, backend jax" in done.stdout, done.stdout[-2000:]
-
-
-@needs_tensorflow
-def test_recipe_trains_and_saves_on_jax(tmp_path):
-    # Up to the saved model: evaluation on JAX is the evaluation package's
-    # (until it lands there, the run stops in it with exit 1).
-    out = tmp_path / "run"
-    done = run_fresh(
-        [_console(), "run", _tiny_recipe(tmp_path, "jax"), "--output", out],
-        tmp_path,
-        check=False,
-        KERAS_BACKEND="jax",
     )
     text = done.stdout + done.stderr
     runtime = (
