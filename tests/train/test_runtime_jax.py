@@ -27,8 +27,8 @@ pytestmark = [
 
 # Four steps of a global batch of 32 with three training steps (FGSM, fused
 # FGSM, PGD without random start), two steps per host call, on numpy
-# arrays: the weights and epoch metrics, and on how many devices the
-# first weight lives.
+# arrays: the weights and epoch metrics, on how many devices the first
+# weight lives and over how many the batches are sharded.
 REPLICAS = """
 import sys
 import keras
@@ -60,6 +60,9 @@ for name, (attack, fused) in cases.items():
             steps_per_execution=2,
             jit_compile=runtime.jit_compile,
         )
+    # What Keras's JAX trainer shards each batch with, at fit time.
+    spread = keras.distribution.distribution()
+    arrays[f"{name}/shards"] = 1 if spread is None else len(spread.device_mesh.devices)
     history = model.fit(x, y, batch_size=32, epochs=1, verbose=0,
                         shuffle=False).history
     trained = classifier.weights[0].value
@@ -100,8 +103,9 @@ def test_two_jax_devices_match_one_device(tmp_path):
         assert proc.returncode == 0, f"{n} device(s):\n{output[-3000:]}"
     one, two = (np.load(tmp_path / f"{n}.npz") for n in (1, 2))
     assert (int(one["replicas"]), int(two["replicas"])) == (1, 2)
-    for name in ("fgsm", "fused", "pgd"):  # the variables are replicated
-        assert (int(one[f"{name}/devices"]), int(two[f"{name}/devices"])) == (1, 2)
+    for name in ("fgsm", "fused", "pgd"):  # replicated, batches sharded
+        for key in (f"{name}/devices", f"{name}/shards"):
+            assert (int(one[key]), int(two[key])) == (1, 2), key
     weights = [k for k in one.files if "/w" in k]
     metrics = [k for k in one.files if "/metric/" in k]
     assert sorted(one.files) == sorted(two.files)
