@@ -211,8 +211,7 @@ def make_runtime(
             f"Keras already runs on {running} in this process (KERAS_BACKEND="
             f"{os.environ.get('KERAS_BACKEND', '<unset>')}); the backend is "
             "chosen before Keras is imported: set KERAS_BACKEND="
-            f"{backend} or start through `advtrain run`. Received: "
-            f"backend={backend}",
+            f"{backend} in a fresh process. Received: backend={backend}",
         )
     if running == "jax":
         from advtrain.train.runtime_jax import jax_placement as place
