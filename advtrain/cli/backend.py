@@ -17,10 +17,8 @@ from pathlib import Path
 
 from advtrain.utils.errors import ArgumentError
 
-# What `sys.argv[0]` is when this process is the command itself (the
-# console script, or `python -m advtrain.cli`): only then can it restart
-# as itself.
-_ENTRY_POINTS = ("advtrain", "__main__.py")
+# `python -m advtrain.cli`: `sys.argv[0]` is this file's neighbour.
+_MAIN = Path(__file__).with_name("__main__.py")
 
 
 def start_on_backend(backend: str) -> None:
@@ -45,7 +43,7 @@ def start_on_backend(backend: str) -> None:
     running = keras.backend.backend()
     if running == backend:
         return
-    if Path(sys.argv[0]).name not in _ENTRY_POINTS:
+    if not _is_the_command():
         raise ArgumentError(
             "runtime.backend",
             f"Keras already runs on {running} in this process; set "
@@ -56,3 +54,13 @@ def start_on_backend(backend: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "advtrain.cli", *sys.argv[1:]])
+
+
+def _is_the_command() -> bool:
+    """Whether this process is the command itself (the console script, or
+    `python -m advtrain.cli`), which can restart as itself; not a test
+    runner or a notebook calling the app in process."""
+    started = Path(sys.argv[0])
+    if started.stem == "advtrain" and started.suffix in ("", ".exe"):
+        return True
+    return started.suffix == ".py" and started.resolve() == _MAIN.resolve()
