@@ -18,11 +18,23 @@ Importing this package registers the `gtsrb` TFDS builder, so
 `tfds.builder("gtsrb")` finds advtrain's.
 """
 
+import keras
+
 from advtrain._tfimport import import_tensorflow
 
 # On Keras's TensorFlow backend `import advtrain` imported it already; on
 # JAX this is its first import: quietly, as there.
-import_tensorflow()
+try:
+    import_tensorflow()
+except ModuleNotFoundError as exc:
+    if exc.name != "tensorflow":
+        raise
+    raise ModuleNotFoundError(
+        "advtrain.data (the tf.data input of recipes and advtrain.fit) needs "
+        "TensorFlow, which is not installed: pip install tensorflow. "
+        f"Received: KERAS_BACKEND={keras.backend.backend()}",
+        name="tensorflow",
+    ) from None
 
 from advtrain.data import gtsrb  # noqa: E402, F401  (registers the TFDS builder)
 from advtrain.data.errors import DataError  # noqa: E402

@@ -191,5 +191,25 @@ def test_recipe_restarts_on_jax_trains_and_saves(tmp_path):
     assert (out / "model.keras").is_file()
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is not None,
+    reason="TensorFlow is installed (the JAX tier runs this)",
+)
+def test_recipe_without_tensorflow_says_what_to_install(tmp_path):
+    from typer.testing import CliRunner
+
+    from advtrain.cli.commands import app
+
+    result = CliRunner().invoke(app, ["show", str(_tiny_recipe(tmp_path, "jax"))])
+    assert result.exit_code == 1, result.output[-2000:]
+    errors = [line for line in result.output.splitlines() if "error:" in line]
+    assert errors == [
+        "error: ModuleNotFoundError: advtrain.data (the tf.data input of "
+        "recipes and advtrain.fit) needs TensorFlow, which is not installed: "
+        "pip install tensorflow. Received: KERAS_BACKEND=jax (rerun as "
+        "`advtrain --debug ...`)"
+    ]
+
+
 def _console() -> str:
     return str(Path(sys.executable).parent / "advtrain")
