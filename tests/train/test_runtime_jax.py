@@ -114,6 +114,12 @@ def test_two_jax_devices_match_one_device(tmp_path):
         np.testing.assert_allclose(two[key], one[key], atol=1e-5, err_msg=key)
 
 
+needs_tensorflow = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None,
+    reason="recipes load their data with tf.data",
+)
+
+
 def _tiny_recipe(folder: Path, backend: str) -> Path:
     recipe = folder / "tiny.yaml"
     recipe.write_text(
@@ -133,6 +139,7 @@ def _tiny_recipe(folder: Path, backend: str) -> Path:
     return recipe
 
 
+@needs_tensorflow
 def test_keras_backend_disagreeing_with_the_recipe_is_one_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
@@ -149,12 +156,6 @@ def test_keras_backend_disagreeing_with_the_recipe_is_one_line(tmp_path, monkeyp
         f"KERAS_BACKEND={running}; unset KERAS_BACKEND or make the two agree. "
         f"Received: runtime.backend={wanted}, KERAS_BACKEND={running}"
     ]
-
-
-needs_tensorflow = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None,
-    reason="the recipe's digits pipeline is tf.data",
-)
 
 
 @needs_tensorflow
