@@ -131,16 +131,38 @@ class Runtime:
     def prepare_model(self, model: keras.Model) -> keras.Model:
         """Readies a freshly compiled model for `fit` under this strategy.
 
-        Call it after every `compile` (which resets what it sets). Only
-        MultiWorkerMirroredStrategy needs anything: Keras 3's `fit` fails
-        under it (keras-team/keras#20585); the workaround is
-        `advtrain._keras_workarounds.fit_under_multi_worker`.
+        Call it after every `compile` (which resets what it sets).
+        MultiWorkerMirroredStrategy needs a workaround: Keras 3's `fit`
+        fails under it (keras-team/keras#20585;
+        `advtrain._keras_workarounds.fit_under_multi_worker`). On JAX over
+        several devices, an optimizer made outside the scope is refused
+        in one line (JAX's own error names no argument).
+
+        Raises:
+            ArgumentError: naming `optimizer`, on JAX over several devices,
+                when it was made outside this runtime's scope.
         """
+        if self.backend == "jax" and self.strategy is not None:
+            self._check_optimizer(model.optimizer)
         if self.strategy_name != "multi_worker":
             return model
         from advtrain._keras_workarounds import fit_under_multi_worker
 
         return fit_under_multi_worker(model, self.strategy)
+
+    def _check_optimizer(self, optimizer) -> None:
+        # Its step counter and learning rate are variables made when the
+        # optimizer is: on one device when that was outside the scope.
+        placed = [len(v.value.sharding.device_set) for v in optimizer.variables]
+        if all(count == self.replicas for count in placed):
+            return
+        raise ArgumentError(
+            "optimizer",
+            f"made outside the runtime's scope, so its variables live on one "
+            f"of the {self.replicas} devices; pass its name (e.g. 'sgd') or "
+            "make it inside `with runtime.scope():`. "
+            f"Received: optimizer={type(optimizer).__name__}",
+        )
 
     def describe(self) -> str:
         """One line for the start banner."""
