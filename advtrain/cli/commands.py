@@ -232,10 +232,20 @@ def _exits(recipe_path: Optional[Path] = None):
         _fail(line, code)
 
 
+def _on_recipe_backend(path: Path, resolved) -> None:
+    """Continues on the recipe's Keras backend (`runtime.backend`), which
+    may restart the command (`advtrain.cli.backend`)."""
+    from advtrain.cli.backend import start_on_backend
+
+    with _exits(path):
+        start_on_backend(resolved.runtime.backend)
+
+
 def _train(path: Path, resolved, output: Optional[Path]) -> None:
     """Runs a loaded recipe into `output` and prints the summary."""
     from advtrain.recipe.run_folder import check_recipe_paths
 
+    _on_recipe_backend(path, resolved)
     with _exits(path):
         check_recipe_paths(resolved, output)
     from advtrain.recipe.run import run as run_recipe
@@ -454,6 +464,7 @@ def profile(
         resolved = load_recipe(path, set_ or [])
         from advtrain.recipe.run_folder import check_recipe_paths
 
+        _on_recipe_backend(path, resolved)
         with _exits(path):
             check_recipe_paths(resolved, writes=False)
         from advtrain.cli.profile import profile as run_profile
@@ -533,9 +544,11 @@ def show(
         from advtrain.recipe.loader import load_recipe
 
         path = resolve_recipe_path(recipe)
+        resolved = load_recipe(path, set_ or [])
+        _on_recipe_backend(path, resolved)
         _echo(f"recipe: {path}")
         with _exits(path):
-            show_recipe(load_recipe(path, set_ or []), echo=_echo)
+            show_recipe(resolved, echo=_echo)
 
 
 @app.command()

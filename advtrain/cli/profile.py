@@ -316,7 +316,7 @@ def _compiled_run_model(recipe, splits, runtime, optimizer, spe: int):
 
     from advtrain.recipe.build import build_run_model
 
-    with runtime.strategy.scope():
+    with runtime.scope():
         _, model = build_run_model(recipe, splits)
         model.compile(
             optimizer=optimizer,

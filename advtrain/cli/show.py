@@ -61,7 +61,7 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
     runtime = recipe_runtime(recipe)
     echo(runtime.describe())
     plan = recipe_plan(recipe, runtime, splits.train_size)
-    with runtime.strategy.scope():
+    with runtime.scope():
         classifier, _ = build_run_model(
             _without_downloads(recipe, splits),
             splits,

@@ -18,9 +18,27 @@ Importing this package registers the `gtsrb` TFDS builder, so
 `tfds.builder("gtsrb")` finds advtrain's.
 """
 
-from advtrain.data import gtsrb  # noqa: F401  (registers the TFDS builder)
-from advtrain.data.errors import DataError
-from advtrain.data.pipeline import (
+import keras
+
+from advtrain._tfimport import import_tensorflow
+
+# On Keras's TensorFlow backend `import advtrain` imported it already; on
+# JAX this is its first import: quietly, as there.
+try:
+    import_tensorflow()
+except ModuleNotFoundError as exc:
+    if exc.name != "tensorflow":
+        raise
+    raise ModuleNotFoundError(
+        "advtrain.data (the tf.data input of recipes and advtrain.fit) needs "
+        "TensorFlow, which is not installed: pip install tensorflow. "
+        f"Received: KERAS_BACKEND={keras.backend.backend()}",
+        name="tensorflow",
+    ) from None
+
+from advtrain.data import gtsrb  # noqa: E402, F401  (registers the TFDS builder)
+from advtrain.data.errors import DataError  # noqa: E402
+from advtrain.data.pipeline import (  # noqa: E402
     AUGMENT_DEFAULTS,
     INPUT_OPTIONS,
     DataSplits,
@@ -31,7 +49,11 @@ from advtrain.data.pipeline import (
     make_input,
     make_replica_input,
 )
-from advtrain.data.sources import LOAD_OPTIONS, register_source, sources
+from advtrain.data.sources import (  # noqa: E402
+    LOAD_OPTIONS,
+    register_source,
+    sources,
+)
 
 __all__ = [
     "AUGMENT_DEFAULTS",

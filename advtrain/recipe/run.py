@@ -146,7 +146,7 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     splits = recipe_splits(recipe)
     plan = recipe_plan(recipe, runtime, splits.train_size)
     describe(recipe, splits, runtime, plan, echo)
-    with runtime.strategy.scope():
+    with runtime.scope():
         classifier, model = build_run_model(
             recipe,
             splits,
@@ -249,7 +249,7 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
 
     def stream(skip: int):
         return train_stream(
-            splits, setup.data, plan, seed, skip, setup.runtime.strategy
+            splits, setup.data, plan, seed, skip, setup.runtime.input_strategy()
         )
 
     history, seconds = fit_phases(

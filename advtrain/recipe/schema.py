@@ -474,6 +474,8 @@ class EvalConfig(_Section):
 
 class RuntimeConfig(RuntimeOptions):
     __doc__ = RuntimeOptions.__doc__
+    # A recipe names its backend: the `advtrain` command starts Keras on it.
+    backend: Literal["tensorflow", "jax"] = "tensorflow"
 
 
 class OutputConfig(_Section):
@@ -532,6 +534,23 @@ class Recipe(_Section):
 
             import_plugins(data["plugins"])
         return data
+
+    @model_validator(mode="after")
+    def _tensorflow_only_output(self) -> Recipe:
+        # A TF Serving SavedModel needs TensorFlow's tracing: off by default
+        # on JAX (the resolved recipe says so), refused when asked for.
+        output = self.output
+        if self.runtime.backend == "tensorflow" or not output.export_saved_model:
+            return self
+        if "export_saved_model" in output.model_fields_set:
+            raise ValueError(
+                "output.export_saved_model: the SavedModel export runs on "
+                "TensorFlow only; set it false or runtime.backend: "
+                "tensorflow (model.keras loads on every backend). Received: "
+                "output.export_saved_model=true, runtime.backend=jax"
+            )
+        output.export_saved_model = False
+        return self
 
     @field_validator("name")
     @classmethod

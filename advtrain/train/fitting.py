@@ -266,7 +266,7 @@ def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
     scope, BatchNorm momentum set for the run, wrapped for the attack if
     any (whose steps compute BatchNorm with the fused kernel; the layers
     keep their class)."""
-    with rt.strategy.scope():
+    with rt.scope():
         net = classifier = _model_in_scope(model, rt)
         note = apply_batchnorm_policy(
             net,
@@ -494,11 +494,7 @@ def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
                 f"Received: {type(built).__name__}"
             )
         return built
-    extended = rt.strategy.extended
-    if all(
-        extended.variable_created_in_scope(getattr(v, "value", v))
-        for v in model.variables
-    ):
+    if rt.holds_variables_of(model):
         return model
     try:
         clone = keras.models.clone_model(model)

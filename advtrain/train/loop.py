@@ -275,11 +275,12 @@ def train_stream(splits, data: dict[str, Any], plan, seed: int, skip: int, strat
     decodes and augments only the examples its replicas train on, instead
     of the whole stream with Keras's rebatching; on one worker the replicas
     of a step together see the same examples as one device would.
+    `strategy` None (`Runtime.input_strategy`): whole global batches.
     """
     from advtrain.data import make_distributed_input, make_input
 
     keras.utils.set_random_seed(seed)
-    if strategy.num_replicas_in_sync == 1:
+    if strategy is None or strategy.num_replicas_in_sync == 1:
         ds = make_input(
             splits.fresh_train(), batch_size=plan.global_batch, training=True, **data
         ).repeat()
@@ -392,7 +393,7 @@ def fit_phases(
                 f"{len(trainable)} backbone layer(s) trainable, "
                 f"lr x{phase.lr_factor:g}"
             )
-        with runtime.strategy.scope():
+        with runtime.scope():
             compile_model(
                 model,
                 optimizer=phase_optimizer(

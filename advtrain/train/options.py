@@ -14,20 +14,26 @@ from advtrain.utils.options import Options, Seed
 class RuntimeOptions(Options):
     """Where and how the step runs (advtrain.train.runtime.make_runtime).
 
+    backend: the Keras backend the run expects, tensorflow or jax (None:
+        whichever Keras runs on); it must be the one Keras was imported
+        with.
     strategy: auto (multi_worker when TF_CONFIG or a SLURM step names
         several tasks, mirrored over several GPUs or cpu_replicas, else
         default), default, one_device, mirrored, multi_worker (from
-        TF_CONFIG, as `advtrain launch` sets it, or SLURM), tpu.
+        TF_CONFIG, as `advtrain launch` sets it, or SLURM), tpu. On JAX,
+        mirrored is keras.distribution.DataParallel over the local devices
+        and multi_worker is refused.
     cpu_replicas: split the CPU into N logical devices (mirrored then
         trains N replicas; for tests and for checking reductions).
     precision: Keras dtype policy; logits and losses stay float32.
-    jit_compile: XLA for the train step and its attack; auto = off (see
-        make_runtime for why).
+    jit_compile: XLA for the train step and its attack; auto = off on
+        TensorFlow, on on JAX (see make_runtime for why).
     steps_per_execution: train steps per host call; auto = the largest
         divisor of the steps per epoch up to 32 (1 under mirrored and
         multi_worker, where Keras 3 cannot loop steps).
     """
 
+    backend: Optional[Literal["tensorflow", "jax"]] = None
     strategy: Literal[
         "auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
     ] = "auto"

@@ -1,21 +1,24 @@
 """Strategy, precision, XLA and batch arithmetic, resolved once per run.
 
+The backend-neutral part: the device placement itself is in
+`advtrain.train.runtime_tensorflow` (tf.distribute) and
+`advtrain.train.runtime_jax` (keras.distribution).
+
 Everything here is decided once at the start of a run and printed, so the
 user sees how the batch is split and what the machine will do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import math
 import os
 from typing import Optional, Union
 
 import keras
-import tensorflow as tf
 
-from advtrain.utils.errors import ArgumentError, one_line
+from advtrain.utils.errors import ArgumentError
 
 # Keras 3 traces steps_per_execution > 32 into a loop that tf.data rejects
 # (keras-team/keras#20344); more steps per call gains little anyway.
@@ -46,7 +49,9 @@ class Runtime:
     """A resolved runtime: what `runtime:` in the recipe turned into.
 
     Attributes:
-        strategy: the `tf.distribute.Strategy` to build the model under.
+        strategy: on TensorFlow the `tf.distribute.Strategy` to build the
+            model under; on JAX the `keras.distribution.DataParallel` set
+            globally, or None on one device.
         strategy_name: default, one_device, mirrored, multi_worker or tpu
             (`auto` resolved).
         replicas: replicas in sync, over all workers.
@@ -57,9 +62,10 @@ class Runtime:
             by `plan_batches`.
         workers: worker processes (multi_worker), else 1.
         task: this process's cluster task ("worker 0"), or "".
+        backend: the Keras backend, tensorflow or jax.
     """
 
-    strategy: tf.distribute.Strategy
+    strategy: object
     strategy_name: str
     replicas: int
     device_kind: str
@@ -69,11 +75,12 @@ class Runtime:
     workers: int = 1
     task: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
+    backend: str = "tensorflow"
 
     @property
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (tf.distribute's
-        convention: the `chief` task, else worker 0)."""
+        convention: the `chief` task, else worker 0; JAX runs one process)."""
         resolver = getattr(self.strategy, "cluster_resolver", None)
         if resolver is None or not getattr(resolver, "task_type", None):
             return True
@@ -86,21 +93,76 @@ class Runtime:
     @property
     def multi_step_loops(self) -> bool:
         """Whether `steps_per_execution > 1` works under this strategy."""
+        if self.backend == "jax":
+            return True
         return self.strategy_name not in _SINGLE_STEP_STRATEGIES
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """The scope to build and compile models in: the strategy's on
+        TensorFlow, the distribution's on JAX."""
+        if self.strategy is None:
+            return contextlib.nullcontext()
+        return self.strategy.scope()
+
+    def input_strategy(self):
+        """The `tf.distribute` strategy whose replicas each read their own
+        batches, or None when the input is whole global batches (one
+        replica, or JAX, where Keras shards each batch over the devices)."""
+        if self.backend == "jax" or self.replicas == 1:
+            return None
+        return self.strategy
+
+    def holds_variables_of(self, model: keras.Model) -> bool:
+        """Whether `model`'s variables were created under this runtime's
+        scope (else the model must be rebuilt in it)."""
+        if self.strategy is None:
+            return True
+        if self.backend == "jax":
+            return all(
+                len(v.value.sharding.device_set) == self.replicas
+                for v in model.variables
+            )
+        extended = self.strategy.extended
+        return all(
+            extended.variable_created_in_scope(getattr(v, "value", v))
+            for v in model.variables
+        )
 
     def prepare_model(self, model: keras.Model) -> keras.Model:
         """Readies a freshly compiled model for `fit` under this strategy.
 
-        Call it after every `compile` (which resets what it sets). Only
-        MultiWorkerMirroredStrategy needs anything: Keras 3's `fit` fails
-        under it (keras-team/keras#20585); the workaround is
-        `advtrain._keras_workarounds.fit_under_multi_worker`.
+        Call it after every `compile` (which resets what it sets).
+        MultiWorkerMirroredStrategy needs a workaround: Keras 3's `fit`
+        fails under it (keras-team/keras#20585;
+        `advtrain._keras_workarounds.fit_under_multi_worker`). On JAX over
+        several devices, an optimizer made outside the scope is refused
+        in one line (JAX's own error names no argument).
+
+        Raises:
+            ArgumentError: naming `optimizer`, on JAX over several devices,
+                when it was made outside this runtime's scope.
         """
+        if self.backend == "jax" and self.strategy is not None:
+            self._check_optimizer(model.optimizer)
         if self.strategy_name != "multi_worker":
             return model
         from advtrain._keras_workarounds import fit_under_multi_worker
 
         return fit_under_multi_worker(model, self.strategy)
+
+    def _check_optimizer(self, optimizer) -> None:
+        # Its step counter and learning rate are variables made when the
+        # optimizer is: on one device when that was outside the scope.
+        placed = [len(v.value.sharding.device_set) for v in optimizer.variables]
+        if all(count == self.replicas for count in placed):
+            return
+        raise ArgumentError(
+            "optimizer",
+            f"made outside the runtime's scope, so its variables live on one "
+            f"of the {self.replicas} devices; pass its name (e.g. 'sgd') or "
+            "make it inside `with runtime.scope():`. "
+            f"Received: optimizer={type(optimizer).__name__}",
+        )
 
     def describe(self) -> str:
         """One line for the start banner."""
@@ -109,106 +171,21 @@ class Runtime:
             if (self.workers > 1)
             else ""
         )
+        how = (
+            " (keras.distribution.DataParallel)"
+            if self.replicas > 1 and (self.backend == "jax")
+            else ""
+        )
         return (
-            f"runtime: {self.strategy_name} strategy on {self.device_kind}, "
+            f"runtime: {self.strategy_name} strategy{how} on {self.device_kind}, "
             f"{self.replicas} replica(s){where}, {self.precision}, "
-            f"XLA {'on' if self.jit_compile else 'off'}"
+            f"XLA {'on' if self.jit_compile else 'off'}, backend {self.backend}"
         )
-
-
-def _device_kind() -> str:
-    if tf.config.list_logical_devices("TPU"):
-        return "tpu"
-    if tf.config.list_physical_devices("GPU"):
-        return "gpu"
-    return "cpu"
-
-
-def _split_cpu(replicas: int) -> None:
-    cpus = tf.config.list_physical_devices("CPU")
-    try:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration()] * replicas
-        )
-    except RuntimeError:
-        existing = len(tf.config.list_logical_devices("CPU"))
-        if existing != replicas:
-            raise ArgumentError(
-                "cpu_replicas",
-                f"TensorFlow already started with {existing} CPU device(s) in "
-                "this process; set it before any TensorFlow work (a fresh "
-                f"process). Received: cpu_replicas={replicas}",
-            ) from None
-
-
-def tf_config_tasks() -> int:
-    """Number of tasks TF_CONFIG's cluster names (0 without TF_CONFIG).
-
-    Raises:
-        ValueError: TF_CONFIG is set but is not JSON with a cluster.
-    """
-    raw = os.environ.get("TF_CONFIG", "").strip()
-    if not raw:
-        return 0
-    try:
-        cluster = json.loads(raw).get("cluster", {})
-        return sum(len(v) for k, v in cluster.items() if k != "evaluator")
-    except (ValueError, AttributeError, TypeError):
-        raise ValueError(
-            'TF_CONFIG: expected JSON {"cluster": {...}, "task": {...}}. '
-            f"Received: TF_CONFIG={raw[:80]!r}"
-        ) from None
-
-
-def _slurm_tasks() -> int:
-    if "SLURM_JOB_ID" not in os.environ:
-        return 0
-    value = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get(
-        "SLURM_NTASKS", "0"
-    )
-    try:
-        return int(value)
-    except ValueError:
-        return 0
-
-
-def _cluster_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
-    """TF_CONFIG first (what `advtrain launch` sets), then a SLURM step."""
-    if tf_config_tasks():
-        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if _slurm_tasks() > 1:
-        try:
-            return tf.distribute.cluster_resolver.SlurmClusterResolver()
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise ArgumentError(
-                "strategy",
-                f"cannot read the SLURM job ({type(exc).__name__}: {exc}). "
-                "Received: strategy=multi_worker",
-            ) from None
-    raise ArgumentError(
-        "strategy",
-        "multi_worker needs a cluster: TF_CONFIG (as a launcher sets it for "
-        "each worker) or a SLURM job step with several tasks (srun); found "
-        "neither. Received: strategy=multi_worker",
-    )
-
-
-def _tpu_strategy() -> tf.distribute.Strategy:
-    try:
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as exc:
-        raise ArgumentError(
-            "strategy",
-            f"no TPU found ({type(exc).__name__}: {one_line(exc)}). Use auto, "
-            "default, one_device or mirrored. Received: strategy=tpu",
-        ) from None
-    return tf.distribute.TPUStrategy(resolver)
 
 
 def make_runtime(
     *,
+    backend: Optional[str] = None,
     strategy: str = "auto",
     cpu_replicas: Optional[int] = None,
     precision: str = "float32",
@@ -216,37 +193,61 @@ def make_runtime(
     steps_per_execution: Union[str, int] = "auto",
     deterministic: bool = False,
 ) -> Runtime:
-    """Creates the strategy and sets the precision policy.
+    """Places the run on the devices and sets the precision policy.
 
     The arguments are the recipe's `runtime:` keys, with its defaults.
 
-    `strategy: auto` picks multi_worker when TF_CONFIG or SLURM describe a
-    cluster of several tasks, MirroredStrategy over several GPUs or CPU
-    replicas (`cpu_replicas`), one device otherwise.
+    `backend` is the Keras backend the run expects (None: the one Keras
+    runs on). Keras picks its backend when it is imported, so a different
+    one is an error here; the `advtrain` command starts on the recipe's.
 
-    `jit_compile: auto` means off. On CPUs XLA made every adversarial step
-    slower (scripts/bench_step); on GPUs and TPUs no measurement has been
-    made here, and XLA's gains depend on the model (small convolutional
-    nets gain little over cuDNN, and every new batch shape recompiles), so
-    it is opt-in: `jit_compile: true`.
+    `strategy: auto` picks, on TensorFlow, multi_worker when TF_CONFIG or
+    SLURM describe a cluster of several tasks, MirroredStrategy over
+    several GPUs or CPU replicas (`cpu_replicas`), one device otherwise;
+    on JAX, `keras.distribution.DataParallel` over the local devices when
+    there are several (mirrored), one device otherwise.
 
-    Call it before any other TensorFlow work: `cpu_replicas` splits the CPU
-    into logical devices, which TensorFlow allows only before it starts.
+    `jit_compile: auto` means off on TensorFlow and on on JAX. On CPUs XLA
+    made every TensorFlow adversarial step slower (scripts/bench_step); on
+    GPUs and TPUs no measurement has been made here, and XLA's gains
+    depend on the model, so there it is opt-in: `jit_compile: true`. JAX
+    without jit runs op by op in Python: always slower.
+
+    `deterministic` enables TensorFlow's op determinism; JAX's CPU kernels
+    are deterministic already (on GPUs, set
+    `XLA_FLAGS=--xla_gpu_deterministic_ops=true` before starting).
+
+    Call it before any other TensorFlow or JAX work: `cpu_replicas` splits
+    the CPU into logical devices, which both allow only before they start.
 
     Raises:
-        ArgumentError: naming `strategy` or `cpu_replicas`, which cannot be
-            set up here (no TPU, no cluster for multi_worker, CPU already
-            initialised).
+        ArgumentError: naming `backend` (not the one Keras runs on),
+            `strategy` or `cpu_replicas`, which cannot be set up here (no
+            TPU, no cluster for multi_worker, a TensorFlow-only strategy
+            on JAX, CPU already initialised).
     """
-    if cpu_replicas:
-        _split_cpu(cpu_replicas)
-    if deterministic:
-        tf.config.experimental.enable_op_determinism()
-    name = strategy
-    if name == "auto":
-        name = _auto_strategy()
-    made, workers, task = _strategy(name)
-    kind = _device_kind()
+    running = keras.backend.backend()
+    if backend is not None and backend != running:
+        raise ArgumentError(
+            "backend",
+            f"Keras already runs on {running} in this process (KERAS_BACKEND="
+            f"{os.environ.get('KERAS_BACKEND', '<unset>')}); the backend is "
+            "chosen before Keras is imported: set KERAS_BACKEND="
+            f"{backend} in a fresh process. Received: backend={backend}",
+        )
+    if running == "jax":
+        from advtrain.train.runtime_jax import jax_placement as place
+    elif running == "tensorflow":
+        from advtrain.train.runtime_tensorflow import tensorflow_placement as place
+    else:
+        raise ArgumentError(
+            "backend",
+            "advtrain's runtime runs on tensorflow or jax. "
+            f"Received: KERAS_BACKEND={running}",
+        )
+    made, name, replicas, workers, task, kind = place(
+        strategy, cpu_replicas, deterministic
+    )
     notes = []
     if precision == "mixed_float16" and kind == "cpu":
         notes.append(
@@ -254,49 +255,21 @@ def make_runtime(
             "runs natively on CPUs with AVX512-BF16 or AMX"
         )
     keras.mixed_precision.set_global_policy(precision)
+    if not isinstance(jit_compile, bool):
+        jit_compile = running == "jax"
     return Runtime(
         strategy=made,
         strategy_name=name,
-        replicas=made.num_replicas_in_sync,
+        replicas=replicas,
         device_kind=kind,
         precision=precision,
-        jit_compile=jit_compile if isinstance(jit_compile, bool) else False,
+        jit_compile=jit_compile,
         steps_per_execution_setting=steps_per_execution,
         workers=workers,
         task=task,
         notes=notes,
+        backend=running,
     )
-
-
-def _strategy(name: str) -> tuple[tf.distribute.Strategy, int, str]:
-    """The strategy `name` (auto resolved), its workers and this task."""
-    if name == "tpu":
-        return _tpu_strategy(), 1, ""
-    if name == "multi_worker":
-        resolver = _cluster_resolver()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
-        cluster = resolver.cluster_spec().as_dict()
-        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-        return strategy, workers, f"{resolver.task_type} {resolver.task_id}"
-    gpus = tf.config.list_logical_devices("GPU")
-    cpus = tf.config.list_logical_devices("CPU")
-    if name == "default":
-        return tf.distribute.get_strategy(), 1, ""
-    if name == "one_device":
-        device = gpus[0].name if gpus else cpus[0].name
-        return tf.distribute.OneDeviceStrategy(device), 1, ""
-    devices = [d.name for d in gpus] if gpus else [d.name for d in cpus]
-    return tf.distribute.MirroredStrategy(devices), 1, ""  # mirrored
-
-
-def _auto_strategy() -> str:
-    if tf_config_tasks() > 1 or _slurm_tasks() > 1:
-        return "multi_worker"
-    gpus = tf.config.list_logical_devices("GPU")
-    cpus = tf.config.list_logical_devices("CPU")
-    if len(gpus) > 1 or (not gpus and len(cpus) > 1):
-        return "mirrored"
-    return "default"
 
 
 @dataclasses.dataclass

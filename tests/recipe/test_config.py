@@ -122,6 +122,13 @@ BAD = [
     ),
     ("train: {learning_rate: 0}", [], "'train.learning_rate'"),
     ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy: no TPU found"),
+    ("runtime: {backend: torch}", [], "'runtime.backend'"),
+    (
+        "runtime: {backend: jax}\noutput: {export_saved_model: true}",
+        [],
+        "output.export_saved_model: the SavedModel export runs on TensorFlow "
+        "only; set it false or runtime.backend: tensorflow",
+    ),
     (
         "data: {source: mnist, path: /nonexistent/mnist}",
         [],

@@ -115,7 +115,8 @@ def test_default_runtime_describes_itself(float32_policy):
     assert (runtime.strategy_name, runtime.replicas) == ("default", 1)
     assert runtime.is_chief
     assert runtime.describe() == (
-        "runtime: default strategy on cpu, 1 replica(s), float32, XLA off"
+        "runtime: default strategy on cpu, 1 replica(s), float32, XLA off, "
+        "backend tensorflow"
     )
 
 
@@ -127,7 +128,7 @@ def test_multi_worker_without_cluster_is_a_value_error(monkeypatch):
 
 
 def test_auto_picks_multi_worker_from_tf_config_or_slurm(monkeypatch):
-    from advtrain.train.runtime import _auto_strategy
+    from advtrain.train.runtime_tensorflow import _auto_strategy
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("TF_CONFIG", tf_configs(["a:1", "b:2"])[1])

@@ -1,0 +1,78 @@
+"""The runtime on JAX: data parallelism over the local devices with
+`keras.distribution.DataParallel`, where TensorFlow has `tf.distribute`.
+
+Keras's JAX trainer shards each global batch across the devices of the
+distribution set globally, and replicates the variables, so the model is
+built and trained as on one device. `advtrain.train.runtime.make_runtime`
+calls `jax_placement` on the JAX backend; `advtrain.train.runtime_tensorflow`
+is its TensorFlow twin.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import keras
+
+from advtrain.utils.errors import ArgumentError
+
+# The recipe's strategies with a JAX equivalent: one device, or every local
+# device in data parallel (mirrored; tpu where the devices are TPUs).
+_ONE_DEVICE = ("default", "one_device")
+_TENSORFLOW_ONLY = ("multi_worker",)
+
+
+def jax_placement(
+    strategy: str, cpu_replicas: Optional[int], deterministic: bool
+) -> tuple[Optional[keras.distribution.DataParallel], str, int, int, str, str]:
+    """(distribution or None, strategy name with auto resolved, replicas,
+    workers, this task, device kind), the distribution set globally.
+
+    Call it before any JAX work: `cpu_replicas` splits the CPU into that
+    many devices, which JAX allows only before it starts (as
+    `XLA_FLAGS=--xla_force_host_platform_device_count=N` does).
+    """
+    if strategy in _TENSORFLOW_ONLY:
+        raise ArgumentError(
+            "strategy",
+            f"{strategy} runs on TensorFlow only; on JAX use auto, default, "
+            "one_device or mirrored (keras.distribution.DataParallel over "
+            f"the local devices). Received: strategy={strategy}",
+        )
+    if cpu_replicas:
+        _split_cpu(cpu_replicas)
+    del deterministic  # XLA's CPU kernels are deterministic; see make_runtime
+    devices = jax.local_devices()
+    kind = devices[0].platform
+    if strategy == "tpu" and kind != "tpu":
+        raise ArgumentError(
+            "strategy",
+            f"no TPU found (JAX sees {kind} devices). Use auto, default, "
+            "one_device or mirrored. Received: strategy=tpu",
+        )
+    name = strategy
+    if name == "auto":
+        name = "mirrored" if len(devices) > 1 else "default"
+    if name in _ONE_DEVICE:
+        keras.distribution.set_distribution(None)
+        return None, name, 1, 1, "", kind
+    distribution = keras.distribution.DataParallel(
+        devices=keras.distribution.list_devices(kind)
+    )
+    keras.distribution.set_distribution(distribution)
+    return distribution, name, len(devices), 1, "", kind
+
+
+def _split_cpu(replicas: int) -> None:
+    try:
+        jax.config.update("jax_num_cpu_devices", replicas)
+    except RuntimeError:
+        existing = len(jax.devices("cpu"))
+        if existing != replicas:
+            raise ArgumentError(
+                "cpu_replicas",
+                f"JAX already started with {existing} CPU device(s) in this "
+                "process; set it before any JAX work (a fresh process). "
+                f"Received: cpu_replicas={replicas}",
+            ) from None

@@ -1,0 +1,156 @@
+"""The runtime on TensorFlow: a `tf.distribute` strategy over the local
+devices, a cluster (TF_CONFIG or SLURM) or a TPU.
+
+`advtrain.train.runtime.make_runtime` calls `tensorflow_placement` on the
+TensorFlow backend; `advtrain.train.runtime_jax` is its JAX twin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import tensorflow as tf
+
+from advtrain.utils.errors import ArgumentError, one_line
+
+
+def tensorflow_placement(
+    strategy: str, cpu_replicas: Optional[int], deterministic: bool
+) -> tuple[tf.distribute.Strategy, str, int, int, str, str]:
+    """(strategy, its name with auto resolved, replicas, workers, this
+    task, device kind) for the recipe's `runtime.strategy`.
+
+    Call it before any other TensorFlow work: `cpu_replicas` splits the CPU
+    into logical devices, which TensorFlow allows only before it starts.
+    """
+    if cpu_replicas:
+        _split_cpu(cpu_replicas)
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+    name = _auto_strategy() if strategy == "auto" else strategy
+    made, workers, task = _strategy(name)
+    return made, name, made.num_replicas_in_sync, workers, task, _device_kind()
+
+
+def _device_kind() -> str:
+    if tf.config.list_logical_devices("TPU"):
+        return "tpu"
+    if tf.config.list_physical_devices("GPU"):
+        return "gpu"
+    return "cpu"
+
+
+def _split_cpu(replicas: int) -> None:
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * replicas
+        )
+    except RuntimeError:
+        existing = len(tf.config.list_logical_devices("CPU"))
+        if existing != replicas:
+            raise ArgumentError(
+                "cpu_replicas",
+                f"TensorFlow already started with {existing} CPU device(s) in "
+                "this process; set it before any TensorFlow work (a fresh "
+                f"process). Received: cpu_replicas={replicas}",
+            ) from None
+
+
+def tf_config_tasks() -> int:
+    """Number of tasks TF_CONFIG's cluster names (0 without TF_CONFIG).
+
+    Raises:
+        ValueError: TF_CONFIG is set but is not JSON with a cluster.
+    """
+    raw = os.environ.get("TF_CONFIG", "").strip()
+    if not raw:
+        return 0
+    try:
+        cluster = json.loads(raw).get("cluster", {})
+        return sum(len(v) for k, v in cluster.items() if k != "evaluator")
+    except (ValueError, AttributeError, TypeError):
+        raise ValueError(
+            'TF_CONFIG: expected JSON {"cluster": {...}, "task": {...}}. '
+            f"Received: TF_CONFIG={raw[:80]!r}"
+        ) from None
+
+
+def _slurm_tasks() -> int:
+    if "SLURM_JOB_ID" not in os.environ:
+        return 0
+    value = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get(
+        "SLURM_NTASKS", "0"
+    )
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def _cluster_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
+    """TF_CONFIG first (what `advtrain launch` sets), then a SLURM step."""
+    if tf_config_tasks():
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if _slurm_tasks() > 1:
+        try:
+            return tf.distribute.cluster_resolver.SlurmClusterResolver()
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise ArgumentError(
+                "strategy",
+                f"cannot read the SLURM job ({type(exc).__name__}: {exc}). "
+                "Received: strategy=multi_worker",
+            ) from None
+    raise ArgumentError(
+        "strategy",
+        "multi_worker needs a cluster: TF_CONFIG (as a launcher sets it for "
+        "each worker) or a SLURM job step with several tasks (srun); found "
+        "neither. Received: strategy=multi_worker",
+    )
+
+
+def _tpu_strategy() -> tf.distribute.Strategy:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as exc:
+        raise ArgumentError(
+            "strategy",
+            f"no TPU found ({type(exc).__name__}: {one_line(exc)}). Use auto, "
+            "default, one_device or mirrored. Received: strategy=tpu",
+        ) from None
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def _strategy(name: str) -> tuple[tf.distribute.Strategy, int, str]:
+    """The strategy `name` (auto resolved), its workers and this task."""
+    if name == "tpu":
+        return _tpu_strategy(), 1, ""
+    if name == "multi_worker":
+        resolver = _cluster_resolver()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        cluster = resolver.cluster_spec().as_dict()
+        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+        return strategy, workers, f"{resolver.task_type} {resolver.task_id}"
+    gpus = tf.config.list_logical_devices("GPU")
+    cpus = tf.config.list_logical_devices("CPU")
+    if name == "default":
+        return tf.distribute.get_strategy(), 1, ""
+    if name == "one_device":
+        device = gpus[0].name if gpus else cpus[0].name
+        return tf.distribute.OneDeviceStrategy(device), 1, ""
+    devices = [d.name for d in gpus] if gpus else [d.name for d in cpus]
+    return tf.distribute.MirroredStrategy(devices), 1, ""  # mirrored
+
+
+def _auto_strategy() -> str:
+    if tf_config_tasks() > 1 or _slurm_tasks() > 1:
+        return "multi_worker"
+    gpus = tf.config.list_logical_devices("GPU")
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(gpus) > 1 or (not gpus and len(cpus) > 1):
+        return "mirrored"
+    return "default"
