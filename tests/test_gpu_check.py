@@ -39,6 +39,7 @@ def test_gpu_check_smoke_runs_on_jax(tmp_path):
     # TRADES's PGD-2 more than one FGSM pass.
     flops = [r["flops"] for r in rows.values()]
     assert 0 < flops[0] < flops[1] < flops[3], flops
+    assert [r["flop_ceiling"] for r in rows.values()] == [flops[0] / f for f in flops]
     assert all(r["images_per_s"] > 0 and r["mfu_matmul"] > 0 for r in rows.values())
     assert report["resnet"]["peak_flops"] is None  # a CPU has no bf16 peak here
     assert report["mnist_fast"]["train_seconds"] > 0
