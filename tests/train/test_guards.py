@@ -73,6 +73,7 @@ def _train(digits, action, epochs=4, state_path=None):
     return model, guard, history.history, lines
 
 
+@pytest.mark.backend_neutral
 def test_rollback_restores_the_best_weights_and_goes_on(digits):
     model, guard, history, lines = _train(digits, "rollback")
     accuracies = [a for _, a in guard.accuracies]
@@ -237,6 +238,7 @@ def _never_robust_run(digits, action, epochs=5):
     return guard, history.history, lines
 
 
+@pytest.mark.backend_neutral
 def test_a_run_that_was_never_robust_is_caught_and_called_unsound(digits):
     guard, history, lines = _never_robust_run(digits, "rollback")
     # The ramp's epochs are not judged; every later one collapsed.
