@@ -1,9 +1,6 @@
-"""Workarounds for Keras bugs that no public API avoids. The only module
-in advtrain that touches private Keras attributes.
-
-Each workaround names its upstream issue, and tests/test_keras_workarounds.py
-has a test that reproduces the bug with the installed Keras: it fails once
-the bug is fixed upstream, the signal to delete the workaround.
+"""Workarounds for Keras bugs no public API avoids: the only module that
+touches private Keras attributes. Each names its upstream issue, and
+tests/test_keras_workarounds.py fails once the bug is fixed upstream.
 """
 
 from __future__ import annotations
@@ -19,23 +16,15 @@ MULTI_WORKER_FIT_ISSUE = "keras-team/keras#20585"
 def fit_under_multi_worker(
     model: keras.Model, strategy: tf.distribute.Strategy
 ) -> keras.Model:
-    """Lets `model.fit` run under `strategy` (a MultiWorkerMirroredStrategy).
+    """Lets `model.fit` run under a MultiWorkerMirroredStrategy; call it
+    after `compile`, which resets what it replaces (keras-team/keras#20585):
 
-    Keras 3 fails (keras-team/keras#20585) in two places, replaced here for
-    this model only, after `compile` (which resets them):
+    * the model is built from this worker's local batch, not one Keras
+      all-reduces across workers, which fails (`_maybe_symbolic_build`);
+    * the step's logs are averaged over all replicas (`axis=None`, as
+      under MirroredStrategy), not reduced with `axis=0`, which fails.
 
-    * before the first step, Keras builds the model's state from a batch
-      it all-reduces across workers, which fails for any dataset; only
-      shapes and dtypes are needed, so this worker's local batch is used
-      (`Trainer._maybe_symbolic_build`, a private method: no public hook
-      takes the build batch);
-    * after each step, Keras reduces the step's scalar logs with `axis=0`,
-      which fails; they are averaged over all replicas (`axis=None`), as
-      Keras does under MirroredStrategy (`train_function`/`test_function`,
-      which `make_train_function` would rebuild with the failing reduce).
-
-    The train and test functions run one step per call
-    (`steps_per_execution=1`; see `advtrain.train.runtime.plan_batches`).
+    One step per call (`steps_per_execution=1`, see `plan_batches`).
     """
 
     def local(value):

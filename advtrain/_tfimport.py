@@ -1,20 +1,10 @@
 """Imports TensorFlow once, without its C++ start-up log on stderr.
 
-TensorFlow's native libraries log before absl's logging is initialised, so
-`TF_CPP_MIN_LOG_LEVEL` does not hide those lines: every process prints
-about five (the absl banner, oneDNN, "Could not find cuda drivers", the CPU
-feature guard and its continuation line), and the first device probe adds
-"failed call to cuInit" on machines without a CUDA driver. Bad input is
-meant to cost one line on stderr, and these would outnumber it.
-
-`import_tensorflow()` sets `TF_CPP_MIN_LOG_LEVEL=2` unless the user chose a
-level, imports TensorFlow and probes its devices with file descriptor 2
-redirected to a temporary file, then writes back every captured line except
-those start-up lines: native log lines below the chosen level, the absl
-banner, the known duplicate-registration errors of TensorFlow's CUDA
-plugins, and the cuInit failure when TensorFlow already said there is no
-driver. Anything else (a real error, a Python warning) still reaches
-stderr. `TF_CPP_MIN_LOG_LEVEL=0` or `ADVTRAIN_DEBUG=1` shows everything.
+TensorFlow's native libraries log about five lines before absl's logging
+starts (`TF_CPP_MIN_LOG_LEVEL` cannot hide them), which would outnumber the
+one line bad input costs. The import runs with fd 2 captured; every line
+but those start-up lines is written back. `TF_CPP_MIN_LOG_LEVEL=0` or
+`ADVTRAIN_DEBUG=1` shows everything.
 """
 
 from __future__ import annotations
@@ -26,15 +16,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-# A native (glog/absl) log line: severity letter, date, time (before absl
-# is initialised, seconds since the epoch), thread id, file:line].
+# A native (glog/absl) log line: severity, date, time, thread, file:line].
 _NATIVE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\]]*\] ?(.*)$")
 # The second line of the CPU feature guard's message.
 _CONTINUATION = "To enable the following instructions:"
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 _BANNER = "WARNING: All log messages before absl::InitializeLog() is called"
-# Errors TensorFlow's CUDA builds print at import on every machine (each
-# plugin registers itself twice); harmless, and not about the user's run.
+# Harmless errors of TensorFlow's CUDA plugins (each registers twice).
 _KNOWN_ERRORS = re.compile(
     r"Unable to register cu(DNN|FFT|BLAS) factory|"
     r"computation placer already registered"
@@ -94,9 +82,8 @@ def filter_startup_lines(lines: list[str], min_level: int = 2) -> list[str]:
 
 @contextlib.contextmanager
 def _captured_stderr(lines: list[str]) -> Iterator[None]:
-    """Redirects file descriptor 2 to a temporary file and appends what was
-    written to `lines` on exit. Without a usable fd 2 or temporary file (a
-    closed stderr, a read-only system) nothing is redirected."""
+    """Captures fd 2 into `lines` (nothing redirected without a usable fd 2
+    or temporary file)."""
     try:
         tmp = tempfile.TemporaryFile()
     except OSError:

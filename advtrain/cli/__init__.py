@@ -1,6 +1,4 @@
-"""The `advtrain` command line (Typer): run, eval, resume, launch, profile,
-show and the rest. Nothing imports this package but the entry point.
-"""
+"""The `advtrain` command line (Typer); nothing imports it but the entry point."""
 
 from advtrain.cli.commands import app
 

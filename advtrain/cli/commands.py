@@ -1,13 +1,9 @@
-"""The `advtrain` command line: a thin Typer layer over `advtrain.recipe.run`.
+"""The `advtrain` command line: a thin Typer layer over `advtrain.recipe`.
 
-Bad input (recipe, override, path, unknown option or command) exits with
-code 2 and one line on stderr, before anything heavy runs or anything is
-written; `advtrain --debug COMMAND` shows the traceback instead. Exit codes:
-0 done, 1 failed (a diverged run, an unexpected error), 2 bad input,
-3 finished but catastrophically overfitted (no sound epoch; the weights are
-saved), 75 preempted, 130 interrupted; an error type names its own
-(`exit_code`), and `_exits` is the one place that turns an exception into
-its exit.
+Exit codes: 0 done, 1 failed, 2 bad input (one line, nothing written),
+3 catastrophically overfitted (weights saved), 75 preempted, 130
+interrupted. An error type carries its own (`exit_code`); `_exits` is the
+one place that turns an exception into the command's exit.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ def _is_usage_error(exc: BaseException) -> bool:
 
 
 class _OneLineUsage(TyperGroup):
-    """Click's usage errors (unknown option or command, bad option value)
-    as one `error:` line, exit 2, instead of a usage box."""
+    """Click's usage errors as one `error:` line, exit 2, not a usage box."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
@@ -139,10 +134,6 @@ def _set_quiet(quiet: bool) -> None:
     set_quiet(quiet or _QUIET["on"])
 
 
-def _echo(line: str) -> None:
-    typer.echo(line)
-
-
 def _fail(message: str, code: int) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=code)
@@ -189,9 +180,8 @@ def _model_file(target: Path) -> Path:
 
 
 def _exit_code(exc: Exception) -> int:
-    """The exit code of `exc`: its type's `exit_code` (see
-    `advtrain.utils.errors`); else 2 for the values library code cannot use
-    (ValueError, TypeError, OSError: the user's input), else 1."""
+    """Its type's `exit_code`; else 2 for ValueError, TypeError and OSError
+    (the user's input), else 1."""
     code = getattr(exc, "exit_code", None)
     if isinstance(code, int):
         return code
@@ -201,11 +191,8 @@ def _exit_code(exc: Exception) -> int:
 
 @contextlib.contextmanager
 def _exits(recipe_path: Optional[Path] = None):
-    """The one place an exception becomes the command's exit: one line on
-    stderr and its exit code (`--debug`: the traceback). With
-    `recipe_path`, bad input found in the block (runtime.strategy,
-    train.batch_size, output.monitor, data.path ...) is named by the
-    recipe file."""
+    """Turns an exception into one line on stderr and its exit code
+    (`--debug`: the traceback); bad input is prefixed with `recipe_path`."""
     try:
         yield
     except typer.Exit:
@@ -217,7 +204,6 @@ def _exits(recipe_path: Optional[Path] = None):
 
         code = _exit_code(exc)
         if isinstance(exc, Preempted):
-            # A checkpoint was kept; the message says how to resume.
             typer.echo(str(exc), err=True)
             exit_preempted(exc)  # multi-worker: without teardown (see there)
             raise typer.Exit(code=code) from None
@@ -233,8 +219,7 @@ def _exits(recipe_path: Optional[Path] = None):
 
 
 def _on_recipe_backend(path: Path, resolved) -> None:
-    """Continues on the recipe's Keras backend (`runtime.backend`), which
-    may restart the command (`advtrain.cli.backend`)."""
+    """Continues on `runtime.backend`, restarting the command if need be."""
     from advtrain.cli.backend import start_on_backend
 
     with _exits(path):
@@ -251,11 +236,11 @@ def _train(path: Path, resolved, output: Optional[Path]) -> None:
     from advtrain.recipe.run import run as run_recipe
     from advtrain.recipe.summary import summary_table
 
-    _echo(f"recipe: {path} ({resolved.name})")
+    typer.echo(f"recipe: {path} ({resolved.name})")
     with _exits(path):
-        result = run_recipe(resolved, output, echo=_echo)
-    _echo(f"run folder: {result.output_dir}")
-    _echo(summary_table(result.metrics))
+        result = run_recipe(resolved, output, echo=typer.echo)
+    typer.echo(f"run folder: {result.output_dir}")
+    typer.echo(summary_table(result.metrics))
     collapse = result.metrics.get("catastrophic_overfitting")
     if collapse:
         # Finished and saved, but not robust: a script must not take it.
@@ -340,14 +325,14 @@ def eval_(
         metrics = evaluate_saved(
             model_path,
             resolved,
-            echo=_echo,
+            echo=typer.echo,
             safe_mode=not unsafe_load,
             save_examples=save_examples,
         )
-        _echo(summary_table(metrics))
+        typer.echo(summary_table(metrics))
         from advtrain.evaluation.sanity import format_sanity_checks
 
-        _echo(format_sanity_checks(metrics["sanity_checks"]))
+        typer.echo(format_sanity_checks(metrics["sanity_checks"]))
 
 
 @app.command()
@@ -400,8 +385,8 @@ def export(
         classifier = load_classifier(model_path, safe_mode=not unsafe_load)
         export_saved_model(classifier, path, replace=refresh)
         shape = ", ".join(str(d) for d in classifier.input_shape[1:])
-        _echo(f"exported {model_path} to {path}")
-        _echo(
+        typer.echo(f"exported {model_path} to {path}")
+        typer.echo(
             f"signature serving_default: images uint8 [N, {shape}] -> "
             "logits, probabilities"
         )
@@ -424,20 +409,9 @@ def resume(
 
     with _exits():
         from advtrain.recipe.loader import load_recipe
-        from advtrain.recipe.run_folder import RECIPE_FILE, holds_run, is_finished
+        from advtrain.recipe.run_folder import resumable_recipe
 
-        if not run_dir.is_dir():
-            raise _BadInput(f"{run_dir}: run folder not found.")
-        if not holds_run(run_dir):
-            raise _BadInput(
-                f"{run_dir}: not a run folder (no recipe.yaml); start a run "
-                "with `advtrain run RECIPE --output DIR`."
-            )
-        if is_finished(run_dir):
-            raise _BadInput(
-                f"{run_dir}: the run is finished (metrics.json); nothing to resume."
-            )
-        recipe_path = run_dir / RECIPE_FILE
+        recipe_path = resumable_recipe(run_dir)
         _train(recipe_path, load_recipe(recipe_path), run_dir)
 
 
@@ -469,8 +443,8 @@ def profile(
             check_recipe_paths(resolved, writes=False)
         from advtrain.cli.profile import profile as run_profile
 
-        _echo(f"recipe: {path} ({resolved.name})")
-        run_profile(resolved, steps=steps, echo=_echo)
+        typer.echo(f"recipe: {path} ({resolved.name})")
+        run_profile(resolved, steps=steps, echo=typer.echo)
 
 
 @app.command()
@@ -517,7 +491,7 @@ def launch(
             workers,
             overrides=set_ or [],
             output=output,
-            echo=_echo,
+            echo=typer.echo,
             max_restarts=max_restarts,
             debug=_DEBUG["on"],
         )
@@ -546,9 +520,9 @@ def show(
         path = resolve_recipe_path(recipe)
         resolved = load_recipe(path, set_ or [])
         _on_recipe_backend(path, resolved)
-        _echo(f"recipe: {path}")
+        typer.echo(f"recipe: {path}")
         with _exits(path):
-            show_recipe(resolved, echo=_echo)
+            show_recipe(resolved, echo=typer.echo)
 
 
 @app.command()

@@ -1,9 +1,5 @@
-"""Evaluation: AutoAttack-grade robust accuracy (`evaluate`), the sanity
-checks for gradient masking, the run report and the export.
-
-Library layer: takes plain arguments, never imports `advtrain.recipe` or
-`advtrain.cli`.
-"""
+"""Evaluation: AutoAttack-grade robust accuracy (`evaluate`), the
+gradient-masking sanity checks, the run report and the export."""
 
 from advtrain.evaluation.robustness import evaluate
 

@@ -18,24 +18,15 @@ def export_saved_model(
 ) -> Path:
     """Writes `classifier` as a SavedModel that serves raw uint8 images.
 
-    The `serving_default` signature takes `images`, uint8 `[None, H, W, C]`
-    (0..255, the classifier's input size and channels), scales them to
-    [0, 1] as the classifier expects, and returns float32 `logits` and
-    `probabilities` (softmax). So TF Serving or `tf.saved_model.load` needs
-    no Python preprocessing and no advtrain install. The folder is written
-    under a temporary name and renamed, so a crash never leaves a partial
-    export at `path`.
+    Its `serving_default` signature takes `images`, uint8 `[None, H, W, C]`,
+    and returns float32 `logits` and `probabilities`: no preprocessing or
+    advtrain install needed to serve it. Written under a temporary name and
+    renamed, so a crash leaves the old export or the new, never a mix.
 
     Args:
         classifier: maps [0, 1] float pixels `[N, H, W, C]` to logits.
-        path: the SavedModel folder to create; must not exist or be empty.
-        replace: replace an existing SavedModel at `path` instead (a run
-            folder's own `export/saved_model`, derived from its
-            `model.keras`). The new folder is written in full first, so a
-            crash leaves the old or the new export, never a mix.
-
-    Returns:
-        `path`.
+        path: the SavedModel folder; must not exist or be empty.
+        replace: replace an existing SavedModel at `path` instead.
 
     Example:
 

@@ -42,9 +42,9 @@ def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
 
 
 def check_attack_section(recipe: Recipe) -> None:
-    """The attack section checked by the library's own rules before
-    anything is built (`recipe_from_dict` calls it): the `Attack`, and the
-    objective's own arguments (`AdversarialModel.check_arguments`).
+    """Applies the library's rules to the attack section, once, when the
+    recipe loads (`recipe_from_dict`): builds the `Attack` and checks the
+    objective's arguments; `build_training_model` then trusts it.
 
     Raises:
         RecipeError: naming the key whose value the library refused.
@@ -53,15 +53,14 @@ def check_attack_section(recipe: Recipe) -> None:
 
     cfg = recipe.attack
     attack = attack_from_config(cfg)
-    # One step stands for a ramp whose length the data decides.
-    ramp = 1 if cfg.eps_ramp_epochs else 0
-    objective = objectives.get(cfg.objective)
+    ramp = 1 if cfg.eps_ramp_epochs else 0  # its length is the data's
     with recipe_keys("attack", **_MODEL_KEYS):
-        objective.check_arguments(attack, **_model_arguments(cfg, attack, ramp))
+        objectives.get(cfg.objective).check_arguments(
+            attack, **_model_arguments(cfg, attack, ramp)
+        )
 
 
-# The recipe keys of the training model's own arguments, where the names
-# differ (`adv_weight` is `attack.adv_weight`).
+# The training model's arguments whose recipe keys have other names.
 _MODEL_KEYS = {
     "attack": "attack.method",
     "attack_mode": "attack.mode",
@@ -71,7 +70,6 @@ _MODEL_KEYS = {
 
 
 def _model_arguments(cfg: AttackConfig, attack, ramp: int) -> dict[str, Any]:
-    """The training model's own arguments from the attack section."""
     return {
         "adv_weight": cfg.adv_weight if attack is not None else 0.0,
         "attack_mode": cfg.mode,
@@ -147,10 +145,11 @@ def input_options(recipe: Recipe, training: bool = False) -> dict[str, Any]:
 def build_training_model(
     recipe: Recipe, classifier: keras.Model, steps_per_epoch: Optional[int] = None
 ) -> keras.Model:
-    """The registered objective `attack.objective` (an `AdversarialModel`
-    subclass) around `classifier`, with `attack.objective_options`.
-    `steps_per_epoch` turns `attack.eps_ramp_epochs` into steps (without
-    it there is no ramp)."""
+    """The objective `attack.objective` around `classifier`, with
+    `attack.objective_options`; `steps_per_epoch` turns
+    `attack.eps_ramp_epochs` into steps (without it, no ramp). The section
+    was checked at load; only the options' values are left to the
+    objective's constructor."""
     from advtrain.models.objectives import objectives
 
     cfg = recipe.attack
@@ -158,24 +157,18 @@ def build_training_model(
     ramp = 0
     if cfg.eps_ramp_epochs and steps_per_epoch:
         ramp = max(1, round(cfg.eps_ramp_epochs * steps_per_epoch))
-    objective = objectives.get(cfg.objective)
     try:
-        with recipe_keys("attack", **_MODEL_KEYS):
-            return objective(
-                classifier,
-                attack,
-                seed=recipe.train.seed,
-                **_model_arguments(cfg, attack, ramp),
-                fused_batchnorm=recipe.model.batchnorm.fused_kernel,
-                # `build_run_model` sets the momentum for the whole run; a
-                # fit-time policy would see one phase, not the run.
-                batchnorm_momentum=None,
-                **cfg.objective_options,
-            )
-    except RecipeError:
-        raise
+        return objectives.get(cfg.objective)(
+            classifier,
+            attack,
+            seed=recipe.train.seed,
+            **_model_arguments(cfg, attack, ramp),
+            fused_batchnorm=recipe.model.batchnorm.fused_kernel,
+            # `build_run_model` sets the momentum for the whole run.
+            batchnorm_momentum=None,
+            **cfg.objective_options,
+        )
     except (TypeError, ValueError) as exc:
-        # The library names its arguments; say which recipe key chose them.
         raise RecipeError(
             f"attack.objective: {cfg.objective}: {one_line(exc)}"
         ) from None

@@ -1,13 +1,5 @@
 """Reading a recipe: strict YAML (no duplicate keys, bounded size and
-depth), `--set` overrides, plugins, and validation errors as one line
-naming the file, the key's path, what is allowed and what was received.
-
-Example:
-
-```python
-recipe = load_recipe("recipes/quickstart.yaml", ["train.epochs=2"])
-recipe.attack.eps
-```
+depth), `--set` overrides, and errors as one line naming the file and key.
 """
 
 from __future__ import annotations
@@ -18,9 +10,7 @@ from typing import Any, Optional, Union
 
 import pydantic
 import yaml
-from pydantic import (
-    BaseModel,
-)
+from pydantic import BaseModel
 
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
@@ -32,11 +22,7 @@ MAX_DEPTH = 16
 MAX_VALUES = 100_000
 
 
-# ---------------------------------------------------------------- loading
-
-
-# Keys renamed in 0.2 and 0.3 (CHANGELOG.md); a recipe
-# still using one gets this line instead of "unknown key".
+# Keys renamed in 0.2 and 0.3: this line instead of "unknown key".
 RENAMED_KEYS = {
     "model.warmup_epochs": (
         "'model.head_only_epochs' (head-only epochs before fine-tuning; "
@@ -45,14 +31,12 @@ RENAMED_KEYS = {
     "attack.fused": (
         "'attack.reuse_gradient' (the clean pass's gradient gives the attack's)"
     ),
-    # 0.3: "fused" is TensorFlow's fused BatchNorm kernel only.
     "attack.fused_step": (
         "'attack.reuse_gradient' in 0.3 (the clean pass's gradient gives the attack's)"
     ),
     "model.batchnorm.fused": (
         "'model.batchnorm.fused_kernel' (TensorFlow's fused BatchNorm kernel)"
     ),
-    # Objectives are chosen by name since 0.3 (advtrain.register_objective).
     "attack.grad_align": (
         "'attack.objective: grad_align' with the weight in "
         "'attack.objective_options.grad_align' (default 0.2)"
@@ -60,7 +44,7 @@ RENAMED_KEYS = {
     "attack.beta": "'attack.objective_options.beta' (attack.objective: trades)",
 }
 
-# Values renamed in 0.3: a recipe still using one gets this line.
+# Values renamed in 0.3.
 RENAMED_VALUES = {
     ("attack.method", "trades"): (
         "'attack.objective: trades' with 'attack.method: pgd' (TRADES is a "
@@ -101,9 +85,8 @@ _StrictLoader.add_constructor(
 
 
 def _check_shape(data: Any, source: str) -> None:
-    """Refuses documents nested deeper than MAX_DEPTH or holding more than
-    MAX_VALUES values (aliases counted at each use: a "billion laughs"
-    document is small on disk, huge to validate)."""
+    """Refuses documents deeper than MAX_DEPTH or with more than MAX_VALUES
+    values, aliases counted at each use ("billion laughs")."""
     stack = [(data, 1)]
     count = 0
     while stack:
@@ -152,9 +135,7 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def format_recipe_error(exc: pydantic.ValidationError, source: str) -> str:
-    """`format_validation_error` for a recipe (or one of its sections):
-    unknown keys are compared with the section validated, renamed keys
-    say their new name."""
+    """`format_validation_error` for a recipe or one of its sections."""
     schema = next((m for m in _schemas(Options) if m.__name__ == exc.title), Recipe)
     return format_validation_error(exc, source, schema, RENAMED_KEYS)
 
@@ -183,7 +164,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise RecipeError(f"--set: expected section.key=value. Received: {item!r}")
         path, raw = item.split("=", 1)
-        keys = [k for k in path.strip().split(".")]
+        keys = path.strip().split(".")
         if not all(keys):
             raise RecipeError(
                 f"--set: empty key in {path!r}. Expected section.key=value."
@@ -215,15 +196,9 @@ def _sections(data: Any, source: str) -> dict:
 
 
 def from_resolved_0_2(data: dict[str, Any]) -> dict[str, Any]:
-    """A resolved recipe written by advtrain 0.2 (a run folder's
-    recipe.yaml), as 0.3 reads it; any other recipe unchanged.
-
-    0.2 wrote every attack key, the method's or not, with its default
-    filled in; the keys the method does not take were never used, so they
-    are dropped (a recipe a user writes is refused for them), and
-    `fused_step` is `reuse_gradient`. Such a recipe is recognised by its
-    attack section listing all of them.
-    """
+    """A run folder's recipe.yaml written by 0.2 as 0.3 reads it (others
+    unchanged): 0.2 wrote every attack key, so those its method does not
+    take are dropped, and `fused_step` is `reuse_gradient`."""
     from advtrain.recipe.schema import METHOD_KEYS, without_untaken_keys
 
     attack = data.get("attack") if isinstance(data, dict) else None
@@ -243,7 +218,6 @@ def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
     from advtrain.recipe.build import check_attack_section
 
     try:
-        # The values' rules are the library's: build the attack now.
         check_attack_section(recipe)
     except (TypeError, ValueError) as exc:
         where = "" if isinstance(exc, RecipeError) else "attack: "
@@ -254,14 +228,14 @@ def recipe_from_dict(data: Any, source: str = "recipe") -> Recipe:
 def load_recipe(
     path: Union[str, Path], overrides: Optional[list[str]] = None
 ) -> Recipe:
-    """Reads, overrides and validates a recipe file.
+    """Reads a YAML recipe, applies `section.key=value` overrides and
+    validates it; errors are one-line RecipeErrors naming file and key.
 
-    Args:
-        path: a YAML recipe.
-        overrides: `section.key=value` strings applied after loading.
+    Example:
 
-    Raises:
-        RecipeError: one line naming the file and the key.
+    ```python
+    recipe = load_recipe("recipes/quickstart.yaml", ["train.epochs=2"])
+    ```
     """
     path = Path(path)
     if path.is_dir():

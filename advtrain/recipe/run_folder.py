@@ -40,6 +40,24 @@ def is_finished(out: Path) -> bool:
     return (out / FINISHED_FILE).is_file()
 
 
+def resumable_recipe(run_dir: Path) -> Path:
+    """The saved recipe of the interrupted run in `run_dir` (`advtrain
+    resume`); a missing folder, one holding no run, or a finished run is a
+    RecipeError."""
+    if not run_dir.is_dir():
+        raise RecipeError(f"{run_dir}: run folder not found.")
+    if not holds_run(run_dir):
+        raise RecipeError(
+            f"{run_dir}: not a run folder (no {RECIPE_FILE}); start a run "
+            "with `advtrain run RECIPE --output DIR`."
+        )
+    if is_finished(run_dir):
+        raise RecipeError(
+            f"{run_dir}: the run is finished ({FINISHED_FILE}); nothing to resume."
+        )
+    return run_dir / RECIPE_FILE
+
+
 def resume_hint(run_dir: Path, workers: int = 1) -> str:
     """How to continue the run in `run_dir`: "resume with `COMMAND`"."""
     given = os.environ.get(RESUME_COMMAND_ENV)  # set by `advtrain launch`

@@ -1,16 +1,5 @@
-"""The recipe's typed, strict schema: seven sections of plain values.
-
-A recipe has seven sections (data, model, attack, train, runtime, eval,
-output). Unknown keys, wrong types and out-of-range values are rejected with
-one line that names the recipe file, the key's full path, what is allowed and
-what was received.
-
-Example:
-
-```python
-recipe = load_recipe("recipes/quickstart.yaml", ["train.epochs=2"])
-recipe.attack.eps
-```
+"""The recipe's strict schema: seven sections (data, model, attack, train,
+runtime, eval, output) of plain values; docs/recipes.md describes each key.
 """
 
 from __future__ import annotations
@@ -42,8 +31,7 @@ class RecipeError(ValueError):
 
 _NAME = re.compile(r"\w[\w.+=-]{0,99}")
 
-# The recipe's sections share the library's strict option rules.
-_Section = Options
+_Section = Options  # the library's strict option rules
 
 
 def _as_tuple(value: Any) -> Any:
@@ -56,9 +44,8 @@ Size = Annotated[tuple[Side, Side], BeforeValidator(_as_tuple)]
 
 
 def _norm_text(data: Any) -> Any:
-    """`norm: 2` and `norm: .inf` (YAML numbers) mean "2" and "inf"; any
-    other number (2.5) becomes its text, for the norm's rule to refuse
-    by value (a boolean is left for the type to refuse)."""
+    """YAML numbers as norms: 2 and .inf mean "2" and "inf"; another number
+    becomes its text, for the norm's rule to refuse."""
     if isinstance(data, dict) and "norm" in data:
         value = data["norm"]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -87,26 +74,17 @@ class AugmentConfig(_Section):
 class DataConfig(_Section):
     """Where the examples come from and how they are fed."""
 
-    # A registered data source (advtrain.data.register_source): digits,
-    # mnist, gtsrb, arrays, folder, tfds, or one a plugin registers.
-    source: str = "digits"
-    # Directory (mnist IDX files, GTSRB manual dir, image folder, arrays
-    # directory) or file prefix (arrays: PATH_x.npy / PATH_y.npy).
-    path: Optional[str] = None
+    source: str = "digits"  # a registered data source
+    path: Optional[str] = None  # a folder, or arrays' PATH_x.npy prefix
     tfds_name: Optional[str] = None
-    # Where TFDS keeps prepared datasets (gtsrb, tfds, mnist without path);
-    # None: $TFDS_DATA_DIR or ~/tensorflow_datasets.
-    tfds_data_dir: Optional[str] = None
-    # (height, width). gtsrb needs it: its images are 15..250 px, not square.
+    tfds_data_dir: Optional[str] = None  # None: $TFDS_DATA_DIR or ~/...
     image_size: Optional[Size] = None
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     val_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     limit_train: Optional[int] = Field(None, ge=1)
     limit_test: Optional[int] = Field(None, ge=1)
     shuffle_buffer: int = Field(10_000, ge=0)
-    # "auto": in memory for sources of bounded size (digits, mnist, gtsrb),
-    # none for those that may not fit (arrays, folder, tfds); or a file
-    # path prefix for an on-disk cache.
+    # auto: memory for sources of bounded size, else none; or a file prefix.
     cache: Union[Literal["auto", "memory", "none"], str] = "auto"
     deterministic: bool = False
     roi_crop: bool = True
@@ -130,7 +108,7 @@ class DataConfig(_Section):
 
 
 def _registered(kind: str, value: str, extra: tuple[str, ...] = ()) -> str:
-    """`value` if the registry of `kind` holds it (or it is in `extra`)."""
+    """`value` if the registry of `kind` holds it or `extra` does."""
     if kind == "attack":
         from advtrain.attacks import attacks as registry
     elif kind == "data source":
@@ -157,20 +135,11 @@ class ModelConfig(_Section):
     """Classifier = input adapter -> preprocess -> backbone -> head."""
 
     backbone: str = "small_cnn"
-    # "module:function" returning a keras.Model; runs code, see README.
-    builder: Optional[str] = None
-    # "imagenet" (Keras download/cache), a weights file (.weights.h5 of the
-    # backbone or the whole classifier, or a Keras ImageNet .h5), or null.
-    weights: Optional[str] = None
-    # Side the backbone sees; None: native size, scaled up to the backbone's
-    # minimum (its default size when pretrained weights are loaded).
-    input_size: Optional[Size] = None
-    # frozen: head only. top_k: the backbone's top_k layers that hold
-    # weights, counted from the output, plus the head.
+    builder: Optional[str] = None  # "module:function"; runs code
+    weights: Optional[str] = None  # "imagenet", a weights file, or null
+    input_size: Optional[Size] = None  # None: native, up to the minimum
     freeze: Literal["all_trainable", "frozen", "top_k"] = "all_trainable"
     top_k: int = Field(0, ge=0)
-    # Head-only epochs before the freeze policy applies, then the learning
-    # rate is multiplied by finetune_lr_factor (advtrain.models.freezing).
     # Not train.warmup_epochs, the learning-rate warm-up.
     head_only_epochs: int = Field(0, ge=0)
     finetune_lr_factor: float = Field(0.1, gt=0.0, le=1.0)
@@ -191,67 +160,28 @@ class ModelConfig(_Section):
 
 
 class AttackConfig(_Section):
-    """The training attack. Pixel space: eps is in units of [0, 1] pixels.
+    """The training attack, in pixel units. Types only: the values' rules
+    are the library's, applied at load (`build.check_attack_section`)."""
 
-    Types only: the rules on the values (eps within the pixel range under
-    norm inf, step sizes, counts, which method takes which setting) are
-    the library's, applied when the recipe loads by building the `Attack`
-    and checking the objective's arguments
-    (`advtrain.recipe.build.check_attack_section`); an error names the key.
-    """
-
-    # none, or a registered attack (advtrain.attacks.register_attack):
-    # fgsm, fgsm_rs, n_fgsm, zerograd, pgd, or one a plugin registers.
-    method: str = "fgsm_rs"
-    # Shared by every method: eps in pixel units, the norm (inf or 2), the
-    # backend (advtrain, or cleverhans for fgsm and pgd).
+    method: str = "fgsm_rs"  # none, or a registered attack
     eps: float = 8 / 255
     norm: str = "inf"
-    backend: str = "advtrain"
-    # The method's own settings (`METHOD_KEYS`). Each applies to the
-    # methods whose function takes it; set for another method it is an
-    # error. null (the default): the method's own default
-    # (advtrain.attacks.attack_settings).
-    # fgsm_rs, n_fgsm, zerograd: the step; default 1.25 * eps (Wong et al.).
+    backend: str = "advtrain"  # or cleverhans (fgsm, pgd)
+    # The method's own settings (`METHOD_KEYS`); null: the method's
+    # default; set for a method that does not take it: an error.
     alpha: Optional[float] = None
-    # pgd: iterations (default 10), step size (default 2.5 * eps / steps)
-    # and the random start (default true).
     steps: Optional[int] = None
     step_size: Optional[float] = None
     random_start: Optional[bool] = None
-    # fgsm_rs, n_fgsm, zerograd: clip the random start to the pixel range
-    # before its gradient is taken (default true; false: as drawn, like
-    # Wong et al.'s MNIST code).
     clip_start: Optional[bool] = None
-    # n_fgsm: radius of the random start; default 2 * eps (de Jorge et al.).
     noise: Optional[float] = None
-    # zerograd: share of each example's smallest gradient entries zeroed
-    # (default 0.35).
     zero_quantile: Optional[float] = None
-    # The method's settings that have no key above, e.g. {rho: 0.5} for
-    # apgd_ce or a plugin attack's.
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)  # settings w/o a key
     adv_weight: float = 0.5
-    # inference or train: the mode the classifier runs in for the attack.
-    mode: str = "inference"
-    # The gradient-reusing step (AdversarialModel(reuse_gradient=)): the
-    # clean training pass's own backward pass gives the attack's gradient
-    # (2 forward + 2 backward passes). auto: exactly for plain fgsm with
-    # 0 < adv_weight < 1 and the adversarial objective; true forces it
-    # (fgsm or fgsm_rs); false: never.
+    mode: str = "inference"  # the classifier's mode while attacked
     reuse_gradient: Union[bool, str] = "auto"
-    # The training objective, a registered AdversarialModel subclass
-    # (advtrain.register_objective): adversarial (the clean/adversarial
-    # mix, adv_weight), trades (with method: pgd), grad_align, or one a
-    # plugin registers.
-    objective: str = "adversarial"
-    # The objective's own keyword arguments, checked against its signature:
-    # trades {beta: 6.0}; grad_align {grad_align: 0.2} (the penalty's
-    # weight; about 3x the cost of an FGSM step).
+    objective: str = "adversarial"  # a registered objective
     objective_options: dict[str, Any] = Field(default_factory=dict)
-    # Training only: eps, alpha and step_size grow linearly from ~0 to their
-    # values over this many epochs, step by step (advtrain.models.eps_ramp);
-    # 0: full eps from the first step. Evaluation always uses the full eps.
     eps_ramp_epochs: float = Field(0.0, ge=0.0)
 
     @model_validator(mode="before")
@@ -266,9 +196,7 @@ class AttackConfig(_Section):
 
     @model_validator(mode="after")
     def _method_defaults(self) -> AttackConfig:
-        # A method key left null is the method's default, filled in here
-        # so the resolved recipe states what runs. A key the method does
-        # not take stays as written: the Attack refuses it if set.
+        # The resolved recipe states the method's defaults.
         from advtrain.attacks.attack import attack_settings
 
         if self.method == "none":
@@ -285,8 +213,6 @@ class AttackConfig(_Section):
     @field_validator("options")
     @classmethod
     def _options_not_keys(cls, value: dict) -> dict:
-        # Which options the method takes is the Attack's rule (it names
-        # the method and what it takes); a key of its own goes there.
         for name in value:
             if name in cls.model_fields and name != "options":
                 raise ValueError(
@@ -331,9 +257,8 @@ class AttackConfig(_Section):
 
 
 def without_untaken_keys(section: dict[str, Any]) -> dict[str, Any]:
-    """An attack section without the method keys (`METHOD_KEYS`) its
-    method does not take; as it is for a method taking `**kwargs` or one
-    no registry holds (validation says so)."""
+    """An attack section without the `METHOD_KEYS` its method does not take
+    (unchanged for a method taking `**kwargs` or an unknown one)."""
     from advtrain.attacks.attack import attack_settings
 
     method = section.get("method", "fgsm_rs")
@@ -351,8 +276,7 @@ def without_untaken_keys(section: dict[str, Any]) -> dict[str, Any]:
 
 
 def _checked_options(owner: str, options: dict, accepted, reserved, key: str) -> dict:
-    """`check_options` on the recipe key `key`, its TypeError as the
-    ValueError pydantic reports."""
+    """`check_options`, its TypeError as the ValueError pydantic reports."""
     from advtrain.utils.keywords import check_options
 
     try:
@@ -361,8 +285,7 @@ def _checked_options(owner: str, options: dict, accepted, reserved, key: str) ->
         raise ValueError(str(exc)) from None
 
 
-# The attack section's keys that are one method's own settings (the rest
-# are shared by every method, or arguments of the training model).
+# The attack keys that are one method's own settings.
 METHOD_KEYS = (
     "alpha", "steps", "step_size", "random_start", "clip_start", "noise",
     "zero_quantile",
@@ -370,23 +293,15 @@ METHOD_KEYS = (
 
 
 class TrainConfig(PlanOptions):
-    """`PlanOptions` (optimisation and batch arithmetic) and the
-    catastrophic-overfitting guard (advtrain.train.guards)."""
+    """`PlanOptions` and the catastrophic-overfitting guard
+    (advtrain.train.guards)."""
 
-    # Catastrophic-overfitting guard (advtrain.train.guards): after each epoch,
-    # PGD (co_guard_pgd_steps, the training eps) on co_guard_examples fixed
-    # training examples; a fall of more than co_guard_drop (absolute) below
-    # the best epoch, or (in an epoch trained at full eps, after the eps
-    # ramp) the training attack's accuracy more than co_guard_gap above
-    # PGD's, restores the best epoch's weights, then stops or goes on.
     co_guard: bool = False
     co_guard_drop: float = Field(0.2, gt=0.0, le=1.0)
     co_guard_gap: Optional[float] = Field(0.5, gt=0.0, le=1.0)  # None: off
     co_guard_action: Literal["stop", "rollback"] = "rollback"
     co_guard_examples: int = Field(256, ge=1)
     co_guard_pgd_steps: int = Field(10, ge=1, le=1000)
-    # At the end: keep the best epoch's weights when the last is worse
-    # (early stopping on the PGD check), or the last epoch's.
     co_guard_keep: Literal["best", "last"] = "best"
 
 
@@ -398,12 +313,7 @@ class EvalConfig(_Section):
     pgd_steps: int = Field(20, ge=0, le=10_000)
     pgd_step_size: Optional[float] = Field(None, gt=0.0)
     pgd_restarts: int = Field(1, ge=1, le=1000)
-    # The attacks reported: a list of fgsm, pgd, apgd_ce, apgd_dlr, fab_t,
-    # square and autoattack (AutoAttack's ensemble APGD-CE, APGD-T, FAB-T,
-    # Square as a cascade), or autoattack alone. None: FGSM when `fgsm` is
-    # true, PGD when pgd_steps > 0, and autoattack. Given, the list alone decides
-    # (pgd uses the pgd_* settings). The headline robust_accuracy counts an
-    # example robust only if clean and every attack get it right.
+    # None: fgsm if `fgsm`, pgd if pgd_steps > 0, and autoattack.
     attacks: Optional[
         Union[
             Literal["autoattack"],
@@ -420,23 +330,14 @@ class EvalConfig(_Section):
             ],
         ]
     ] = None
-    # AutoAttack's budget: standard (APGD 100 iterations, APGD-T and FAB-T
-    # over 9 targets, Square 5,000 queries) or cheap (no FAB-T, Square 1,000
-    # queries).
     budget: Literal["standard", "cheap"] = "standard"
-    # Square's queries per example (default: the budget's), for the
-    # ensemble and for a listed square.
     square_queries: Optional[int] = Field(None, ge=1, le=1_000_000)
-    # APGD (Croce and Hein 2020) when listed on its own: iterations per
-    # run, and random restarts; apgd_dlr is AutoAttack's targeted DLR over
-    # the 9 most likely wrong classes, one run per target and restart.
     apgd_steps: int = Field(100, ge=1, le=10_000)
     apgd_restarts: int = Field(1, ge=1, le=1000)
     eps_sweep: list[float] = Field(default_factory=list)
     max_examples: Optional[int] = Field(None, ge=1)
-    # Gradient-masking checks (advtrain.evaluation.sanity) on a seeded subset of this
-    # many test examples; 0 skips them. They cost ~5 PGD runs per example.
-    # The gradient-free check reads the evaluation itself and always runs.
+    # Gradient-masking checks on this many examples; 0 skips them (the
+    # gradient-free check reads the evaluation and always runs).
     sanity_examples: int = Field(200, ge=0)
     seed: Seed = 0
 
@@ -474,46 +375,27 @@ class EvalConfig(_Section):
 
 class RuntimeConfig(RuntimeOptions):
     __doc__ = RuntimeOptions.__doc__
-    # A recipe names its backend: the `advtrain` command starts Keras on it.
     backend: Literal["tensorflow", "jax"] = "tensorflow"
 
 
 class OutputConfig(_Section):
-    """The run folder, checkpoints (advtrain.train.checkpoint) and logs.
-
-    checkpoint_every_epochs: checkpoint at the end of every N-th epoch.
-    checkpoint_every_steps: also checkpoint inside an epoch, at the first
-        host call at or after every N-th training step (exactly every N when
-        runtime.steps_per_execution divides N). None: epoch ends only.
-    keep_checkpoints: newest K checkpoints kept, plus the best one.
-    monitor: the epoch metric that picks the best checkpoint; "auto" is
-        robust accuracy: val_adv_accuracy when there is a validation split
-        and the model attacks during validation, else adv_accuracy
-        (accuracy under attack.method: none).
-    monitor_mode: "max", "min", or "auto" (min for names ending in loss).
-    """
+    """The run folder, checkpoints and logs."""
 
     dir: Optional[str] = None
     checkpoint_every_epochs: int = Field(1, ge=1)
     checkpoint_every_steps: Optional[int] = Field(None, ge=1)
     keep_checkpoints: int = Field(3, ge=1)
+    # auto: val_adv_accuracy with a validation split, else adv_accuracy.
     monitor: str = Field("auto", pattern=r"^(auto|(val_)?[a-z][a-z0-9_]*)$")
     monitor_mode: Literal["auto", "max", "min"] = "auto"
     tensorboard: bool = True
     plots: bool = True
-    # export/saved_model/: a TF Serving SavedModel (uint8 images in,
-    # logits and probabilities out), see advtrain.evaluation.export.
     export_saved_model: bool = True
 
 
 class Recipe(_Section):
-    """A whole training run.
-
-    plugins: Python modules imported before the rest of the recipe is
-    checked, so the attacks, data sources and backbones they register can
-    be named in it. Importing runs their code: the same trust as
-    `model.builder`.
-    """
+    """A whole training run; `plugins` are imported (their code runs)
+    before the rest is checked, so what they register can be named."""
 
     name: str = "run"
     description: str = ""
@@ -537,8 +419,7 @@ class Recipe(_Section):
 
     @model_validator(mode="after")
     def _tensorflow_only_output(self) -> Recipe:
-        # A TF Serving SavedModel needs TensorFlow's tracing: off by default
-        # on JAX (the resolved recipe says so), refused when asked for.
+        # Off by default on JAX, refused when asked for.
         output = self.output
         if self.runtime.backend == "tensorflow" or not output.export_saved_model:
             return self
@@ -565,11 +446,8 @@ class Recipe(_Section):
         return value
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved recipe: every key with its value; in the attack
-        section, the method's own keys with the values the attack runs
-        with, and no key the method does not take."""
+        """The resolved recipe, without method keys the method does not take."""
         data = self.model_dump(mode="json")
-        # A valid recipe's untaken method keys are all null: left out.
         data["attack"] = without_untaken_keys(data["attack"])
         return data
 

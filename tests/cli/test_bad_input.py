@@ -212,6 +212,12 @@ FILES = [
     Case("recipe-missing", ["run", "nope.yaml"], ["nope.yaml", "not found"]),
     Case("recipe-folder", ["run", "d"], ["d", "folder"], {"d": None}),
     Case("recipe-dev-null", ["run", "/dev/null"], ["/dev/null", "regular file"]),
+    Case(
+        "show-unknown-key",
+        ["show", "r.yaml"],
+        ["r.yaml", "unknown key 'attack.epss'"],
+        {"r.yaml": "attack: {epss: 0.1}\n"},
+    ),
     yaml_sections(
         "weights-missing",
         "model.weights",
@@ -608,10 +614,17 @@ def import_cpu_seconds(tmp_path_factory) -> float:
     return result.cpu_seconds
 
 
-def test_the_table_holds_100_distinct_cases():
-    """docs/reliability.md counts them; each id names one case."""
+def test_the_table_holds_100_distinct_cases_across_the_commands():
+    """docs/reliability.md counts them; each id names one case, and every
+    command that takes user input has bad-input cases."""
+    from advtrain.cli import app
+
     assert len(CASES) >= 100
     assert len({c.id for c in CASES}) == len(CASES)
+    taking_input = {c.name or c.callback.__name__ for c in app.registered_commands}
+    taking_input -= {"recipes"}
+    covered = {next((a for a in c.args if not a.startswith("-")), "") for c in CASES}
+    assert taking_input <= covered, taking_input - covered
 
 
 def test_the_fresh_interpreter_runs_table_cases_and_a_diverged_run():
