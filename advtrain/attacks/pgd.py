@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 from keras import ops
 
+from advtrain import backend
 from advtrain.attacks.common import (
     LossFn,
     ModelFn,
@@ -122,11 +123,8 @@ def _ascend(model_fn, x, y, start, settings: dict) -> Any:
         delta = project(moved - x, eps, norm)
         return i + 1, clip_pixels(x + delta, clip_min, clip_max)
 
-    _, x_adv = ops.while_loop(
-        lambda i, _: i < steps,
-        body,
-        (ops.convert_to_tensor(0, "int32"), start),
-        maximum_iterations=steps,
+    _, x_adv = backend.counted_loop(
+        body, (ops.convert_to_tensor(0, "int32"), start), steps
     )
     return ops.stop_gradient(x_adv)
 

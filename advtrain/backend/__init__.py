@@ -15,6 +15,9 @@ Each backend module provides:
                            mask: the True ones where shapes may vary
                            (TensorFlow), all of them where they may not
                            (JAX); callers mask the rest out
+    counted_loop(body, loop_vars, count)  `count` calls of `body(*vars)`:
+                           a compiled loop, unrolled on JAX when `count`
+                           is a Python int
     compile_function(fn, signature, variables, updated)  `fn` compiled
                            once per input signature (`tf.function`,
                            `jax.jit`), reading `variables` and writing
@@ -65,6 +68,12 @@ def active_indices(mask: Any) -> Any:
     True entries on a backend with dynamic shapes, every position on one
     without; the caller ignores the results of the False ones."""
     return _module().active_indices(mask)
+
+
+def counted_loop(body: Callable[..., Any], loop_vars: Sequence[Any], count: Any):
+    """`loop_vars` after `count` calls of `body(*loop_vars) -> loop_vars`;
+    `count` is an int or a scalar integer tensor."""
+    return _module().counted_loop(body, tuple(loop_vars), count)
 
 
 def compile_function(

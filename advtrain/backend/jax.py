@@ -22,6 +22,19 @@ def active_indices(mask):
     return jnp.arange(mask.shape[0], dtype=jnp.int32)
 
 
+def counted_loop(body, loop_vars, count):
+    if isinstance(count, int):
+        # Unrolled: inside an XLA:CPU while loop the input gradient's
+        # transposed convolutions keep a kernel layout that misses the
+        # fast convolution path (PGD-2 about 10x slower than unrolled).
+        for _ in range(count):
+            loop_vars = tuple(body(*loop_vars))
+        return loop_vars
+    return keras.ops.while_loop(
+        lambda *_: True, body, loop_vars, maximum_iterations=count
+    )
+
+
 def compile_function(fn, signature, variables, updated):
     del signature  # jax.jit compiles per concrete shape
     variables = list(variables)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import keras
 import tensorflow as tf
 
 
@@ -25,6 +26,12 @@ def stateless_uniform(shape, seed, dtype="float32"):
 
 def active_indices(mask):
     return tf.cast(tf.where(mask)[:, 0], tf.int32)
+
+
+def counted_loop(body, loop_vars, count):
+    return keras.ops.while_loop(
+        lambda *_: True, body, loop_vars, maximum_iterations=count
+    )
 
 
 def compile_function(fn, signature, variables, updated):
