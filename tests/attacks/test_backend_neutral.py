@@ -177,3 +177,28 @@ def test_importing_the_attacks_on_jax_leaves_tensorflow_unloaded():
     assert (name, loaded) == ("jax", [])
     assert refused.startswith("The cleverhans backend runs on TensorFlow only")
     assert "\n" not in refused
+
+
+def test_counted_loop_unrolls_an_int_count_on_jax_and_matches_a_tensor_count():
+    # JAX: a loop whose count is a Python int is unrolled (inside an XLA:CPU
+    # while loop PGD's input gradient misses the fast convolution path).
+    from advtrain import backend
+
+    def body(i, x):
+        return i + 1, x * 2.0 + 1.0
+
+    start = (ops.convert_to_tensor(0, "int32"), ops.ones((3,)))
+    i, unrolled = backend.counted_loop(body, start, 4)
+    _, looped = backend.counted_loop(body, start, ops.convert_to_tensor(4, "int32"))
+    assert int(ops.convert_to_numpy(i)) == 4
+    np.testing.assert_allclose(ops.convert_to_numpy(unrolled), 31.0)
+    np.testing.assert_allclose(ops.convert_to_numpy(looped), 31.0)
+    if keras.backend.backend() == "jax":
+        import jax
+
+        text = str(
+            jax.make_jaxpr(lambda x: backend.counted_loop(body, (0, x), 4))(
+                np.ones(3, np.float32)
+            )
+        )
+        assert "while" not in text
