@@ -102,6 +102,7 @@ class Progress:
         self._done = 0
         self._extra = ""
         self._drawn = False
+        self._written = None  # plain mode: the (done, extra) last written
 
     def update(self, done: int, extra: str = "") -> None:
         """Records `done` units finished; `extra` is shown after them."""
@@ -125,7 +126,7 @@ class Progress:
             elif self._drawn:
                 self.stream.write("\n")
             self.stream.flush()
-        elif self.keep:
+        elif self.keep and self._written != (self._done, self._extra):
             self._write(self.line(time.perf_counter()))
         self._drawn = False
 
@@ -160,6 +161,7 @@ class Progress:
             self._drawn = True
         else:
             self.stream.write(text + "\n")
+            self._written = (self._done, self._extra)
         self.stream.flush()
 
 
