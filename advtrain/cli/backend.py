@@ -1,12 +1,8 @@
 """Starts a recipe's command on the recipe's Keras backend.
 
-Keras reads its backend once, when it is imported, and importing any part
-of advtrain (this CLI included) imports Keras: by the time a recipe is read
-the backend is fixed. So when `runtime.backend` names another backend than
-the one Keras started on, and `KERAS_BACKEND` does not choose one, the
-command starts again in a fresh interpreter with `KERAS_BACKEND` set to the
-recipe's (the process is replaced: its exit code, signals and output are
-the command's own). `KERAS_BACKEND=jax advtrain run ...` skips the restart.
+Keras fixes its backend at import, before a recipe is read; so when
+`runtime.backend` differs and `KERAS_BACKEND` is unset, the command execs
+itself with `KERAS_BACKEND` set (same exit code, signals and output).
 """
 
 from __future__ import annotations
@@ -22,14 +18,8 @@ _MAIN = Path(__file__).with_name("__main__.py")
 
 
 def start_on_backend(backend: str) -> None:
-    """Returns when Keras runs on `backend`; else restarts the command on
-    it, or raises when that cannot be done.
-
-    Raises:
-        ArgumentError: naming `runtime.backend`, when `KERAS_BACKEND` names
-            another backend, or when this process is not the command (a
-            test's in-process runner) and Keras runs on another backend.
-    """
+    """Returns when Keras runs on `backend`, else restarts the command on
+    it; an ArgumentError naming `runtime.backend` where it cannot."""
     import keras
 
     chosen = os.environ.get("KERAS_BACKEND")
@@ -57,9 +47,8 @@ def start_on_backend(backend: str) -> None:
 
 
 def _is_the_command() -> bool:
-    """Whether this process is the command itself (the console script, or
-    `python -m advtrain.cli`), which can restart as itself; not a test
-    runner or a notebook calling the app in process."""
+    """Whether this process is the command (console script or `python -m
+    advtrain.cli`), not a test runner or notebook calling the app."""
     started = Path(sys.argv[0])
     if started.stem == "advtrain" and started.suffix in ("", ".exe"):
         return True

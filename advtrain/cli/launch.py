@@ -1,28 +1,11 @@
 """`advtrain launch`: N local workers under MultiWorkerMirroredStrategy.
 
-Each worker is an `advtrain run` process with its own `TF_CONFIG` naming
-the same cluster of loopback addresses, so the multi-worker path (collective
-all-reduce, data sharding, chief-only writes) can be exercised on one
-machine exactly as it runs on several. Worker 0 is the chief: it writes the
-run folder; the others write into a temporary folder they remove.
-
-The launcher owns its workers:
-
-* each starts in its own process group (`start_new_session`), so a Ctrl-C
-  in the terminal reaches the launcher only, and the launcher can stop a
-  worker with everything it started;
-* SIGTERM or SIGINT to the launcher is forwarded to every worker; they
-  checkpoint at a step they agree on (`advtrain.train.preemption`) and exit 75;
-  a worker still running `_SHUTDOWN_GRACE` seconds later is killed, as is
-  every worker when the launcher itself ends (`finally`);
-* a worker outlives a launcher that was killed by at most a moment: it
-  watches its parent (`advtrain.train.preemption.watch_launcher`);
-* a worker that dies is named (index, pid, exit code or signal) in one
-  line with the command that resumes; the others, which would block in a
-  collective, are stopped; with `max_restarts` all workers are started
-  again from the last checkpoint;
-* workers' output goes to log files (TensorFlow's C++ messages included);
-  the chief's progress lines are echoed, and of a failed worker one line.
+Each worker is an `advtrain run` process with a `TF_CONFIG` naming the same
+loopback cluster; worker 0, the chief, writes the run folder. The launcher
+owns its workers: each in its own process group; SIGTERM/SIGINT forwarded
+(they checkpoint and exit 75), stragglers killed after `_SHUTDOWN_GRACE`;
+a dead worker named in one line and the others stopped (or all restarted,
+`max_restarts`); output to log files, the chief's progress echoed.
 """
 
 from __future__ import annotations
@@ -140,10 +123,8 @@ def tf_configs(addresses: list[str]) -> list[str]:
 
 
 def exit_code(results: list[WorkerResult]) -> int:
-    """The launcher's exit code: 0 when every worker finished, 3 when they
-    finished on a collapsed run (no sound epoch), 75 when they stopped on a
-    signal after checkpointing, else the first failure's code (1 for a worker
-    killed by a signal)."""
+    """0 when all finished, else the first failure's code (1 for a signal),
+    else 75 when they checkpointed on a signal, else 3 (a collapsed run)."""
     codes = [r.exit_code for r in results]
     if all(c == 0 for c in codes):
         return 0
@@ -167,22 +148,10 @@ def launch(
 ) -> list[WorkerResult]:
     """Runs `recipe` on `workers` local processes; returns their results.
 
-    The recipe is validated and the run folder chosen here, once, so every
-    worker agrees on it; each worker then runs `advtrain run RECIPE --set
-    runtime.strategy=multi_worker --output DIR` with its TF_CONFIG. The
-    chief's output is echoed; each worker's full output (TensorFlow's
-    messages included) goes to a log file, kept when something failed
-    (in DIR/launch-logs once DIR holds the run) or with `debug`, which also
-    echoes it.
-
-    When a worker dies, one line names it and the others are stopped;
-    with `max_restarts` > 0 all workers are then started again, resuming
-    from the last checkpoint, up to that many times. SIGTERM or SIGINT to
-    the launcher stops the workers after a checkpoint (exit code 75).
-
-    Raises:
-        RecipeError: bad recipe or override, fewer than 2 workers, or an
-            output folder that cannot be used.
+    The run folder is chosen once, here; each worker runs `advtrain run
+    RECIPE --set runtime.strategy=multi_worker --output DIR`. Logs are kept
+    (in DIR/launch-logs) when something failed, or with `debug`, which
+    also echoes them.
 
     Example:
 
@@ -286,8 +255,8 @@ class _Stop:
 
 
 def _attempt(command, workers, out, resume, logs, tag, stop, echo, debug, timeout):
-    """Starts the workers once and waits for them; returns their results,
-    the lost worker (as words) or None, and leftover temporary folders."""
+    """Starts the workers once and waits: (results, the lost worker in
+    words or None, leftover temporary folders)."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
     configs = tf_configs(addresses)
     scratch = Path(tempfile.mkdtemp(prefix="advtrain-launch-"))
@@ -441,8 +410,8 @@ def _last_checkpoint(out: Path) -> str:
 
 
 def _keep_logs(logs: Path, out: Path, keep: bool) -> Optional[Path]:
-    """Moves the logs into the run folder (once it holds a run) or leaves
-    them in their temporary folder; deletes them when not `keep`."""
+    """The logs moved into the run folder (if it holds a run), left where
+    they are, or (not `keep`) deleted."""
     if not keep:
         shutil.rmtree(logs, ignore_errors=True)
         return None
@@ -457,8 +426,7 @@ def _keep_logs(logs: Path, out: Path, keep: bool) -> Optional[Path]:
 
 
 def _run_folder(recipe, output: Optional[Path]) -> Path:
-    """The run folder, as `run_folder.resolve_output_dir` picks it, chosen
-    once for all workers (without importing TensorFlow here)."""
+    """The run folder, chosen once for all workers."""
     output = output_dir(recipe, output).resolve()
     check_run_dir(output, recipe)
     return output

@@ -1,15 +1,8 @@
 """`advtrain profile`: is a recipe input-bound or compute-bound?
 
-Three timings on the recipe's own data, model, attack and runtime:
-
-* the input pipeline alone (batches pulled from tf.data, no model);
-* the training step alone, on one cached batch repeated (no input work);
-* both together, as `advtrain run` trains.
-
-Each is the median over a few timed rounds after a warm-up round (which
-absorbs tracing, compilation and cache filling). Prefetching overlaps the
-pipeline with the step, so a run goes at the pace of the slower of the two;
-the report says which, by how much, and what to change.
+The input pipeline alone, the step alone (one cached batch repeated) and
+both, each the median of a few rounds after a warm-up; the report says
+which part sets the pace, by how much, and what to change.
 """
 
 from __future__ import annotations
@@ -182,8 +175,7 @@ class ProfileReport:
 
 
 def cpu_has_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether the CPU has bfloat16 arithmetic (AVX512-BF16 or AMX-BF16),
-    by its flags in /proc/cpuinfo; False where that file is missing."""
+    """Whether /proc/cpuinfo lists AVX512-BF16 or AMX-BF16."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -195,37 +187,25 @@ def cpu_has_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return False
 
 
-class _EpochTimer:
-    def __init__(self):
-        import keras
-
-        timer = self
-
-        class Callback(keras.callbacks.Callback):
-            def on_epoch_begin(self, epoch, logs=None):
-                timer.start = time.perf_counter()
-
-            def on_epoch_end(self, epoch, logs=None):
-                timer.seconds.append(time.perf_counter() - timer.start)
-
-        self.start = 0.0
-        self.seconds: list[float] = []
-        self.callback = Callback()
-
-
 def _time_fit(model, dataset, steps: int, rounds: int) -> float:
     """Median seconds per step over `rounds` epochs of `steps`, after one
     warm-up epoch."""
-    timer = _EpochTimer()
+    import keras
+
+    starts, seconds = [], []
+    timer = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda *_: starts.append(time.perf_counter()),
+        on_epoch_end=lambda *_: seconds.append(time.perf_counter() - starts[-1]),
+    )
     model.fit(
         dataset,
         epochs=rounds + 1,
         steps_per_epoch=steps,
         verbose=0,
-        callbacks=[timer.callback],
+        callbacks=[timer],
         shuffle=False,
     )
-    return statistics.median(timer.seconds[1:]) / steps
+    return statistics.median(seconds[1:]) / steps
 
 
 def _time_input(dataset, steps: int, rounds: int) -> float:
@@ -249,11 +229,9 @@ def profile(
     """Times input, step and both for `recipe`; echoes and returns a report.
 
     Args:
-        recipe: a validated `Recipe`.
-        steps: steps per timed round; default the smallest multiple of the
-            steps per host call that is at least 20.
-        rounds: timed rounds per measurement (after one warm-up round).
-        echo: receives the report lines.
+        steps: steps per timed round (rounded up to whole host calls;
+            default >= 20).
+        rounds: timed rounds per measurement, after one warm-up.
 
     Example:
 
@@ -342,8 +320,7 @@ def _time_steps(model, stream, steps: int, rounds: int) -> tuple[float, float]:
 
 
 def _recipe_settings(recipe, model) -> dict:
-    """The report's fields that come from the recipe as written (and the
-    step its model resolved `attack.reuse_gradient` to)."""
+    """The report's fields from the recipe and the model's resolved step."""
     from advtrain.data import cache_mode, has_augmentation
 
     attack = recipe.attack

@@ -1,20 +1,6 @@
-"""`advtrain show`: what a recipe would run, without running it.
-
-Prints the resolved recipe, the data it reads, the runtime, the model's
-input adapter chain, the batch plan and the learning-rate schedule of each
-training phase, computed by the same functions `advtrain run` uses
-(`advtrain.train.runtime.plan_batches`, `advtrain.recipe.run.build_run_model`,
-`advtrain.train.runtime.make_optimizer`). It writes nothing: no run folder, no
-download (ImageNet weights are not fetched; the backbone is built at the
-size they would set), no TFDS preparation (a data set that is not prepared
-yet is named and the data-dependent sections are skipped).
-
-Example:
-
-```python
-from advtrain.recipe.loader import load_recipe
-show(load_recipe("advtrain/recipes/quickstart.yaml", ["train.epochs=3"]))
-```
+"""`advtrain show`: what a recipe would run, computed by the functions
+`advtrain run` uses, writing and downloading nothing (pretrained weights
+are left out at the size they set; unprepared TFDS data is named).
 """
 
 from __future__ import annotations
@@ -32,12 +18,8 @@ _SCHEDULE_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def show(recipe: Recipe, *, echo: Echo = print) -> None:
-    """Prints what `advtrain run` would do with `recipe` (see module doc).
-
-    Raises:
-        RecipeError: the recipe cannot run here (unknown backbone, batch
-            larger than the data, missing data ...), as `run` would.
-    """
+    """Prints what `advtrain run` would do with `recipe`; refuses what
+    `run` would refuse."""
     from advtrain.recipe.build import (
         build_run_model,
         recipe_plan,
@@ -111,9 +93,7 @@ def _weights_line(weights: Optional[str]) -> str:
 
 
 def _without_downloads(recipe: Recipe, splits) -> Recipe:
-    """The recipe with pretrained weights left out, at the input size they
-    would set, and no weights file loaded: the same architecture, built
-    without touching the network or the file."""
+    """The recipe without its weights, at the input size they would set."""
     from advtrain.models.classifier import backbone_input_size
 
     cfg = recipe.model
@@ -128,11 +108,8 @@ def _without_downloads(recipe: Recipe, splits) -> Recipe:
 
 
 def schedule_lines(recipe: Recipe, plan) -> list[str]:
-    """Each training phase and its learning rate at a few of its steps.
-
-    A phase compiles a fresh optimizer (`advtrain.train.loop.fit_phases`),
-    so its schedule starts over at the phase's first step.
-    """
+    """Each phase and its learning rate at a few steps (each phase's
+    fresh optimizer starts its schedule over)."""
     from advtrain.recipe.build import recipe_optimizer, recipe_phases
 
     lines = []
@@ -165,12 +142,8 @@ def _schedule(optimizer: keras.optimizers.Optimizer) -> Callable[[int], float]:
 
 
 def unprepared_data(cfg: DataConfig) -> Optional[str]:
-    """Why the recipe's data cannot be read without writing, or None.
-
-    TFDS-backed sources (gtsrb, tfds, mnist without data.path) prepare the
-    data set on first use, which downloads and writes; show only reads a
-    prepared one.
-    """
+    """Why the recipe's data cannot be read without writing (a TFDS data
+    set not prepared yet), or None."""
     if cfg.source == "gtsrb" and cfg.image_size is not None:
         name = "gtsrb"
     elif cfg.source == "tfds" and cfg.tfds_name:

@@ -1,10 +1,5 @@
-"""The adversarial examples an evaluation found, to look at.
-
-`evaluate(..., return_examples=True)` returns them as `AdversarialExamples`:
-per example the clean input, its label, the worst-case adversarial input,
-the attack that broke it and the model's label there. `plot_examples`
-draws a few as a PNG grid (clean, adversarial, perturbation), and
-`log_examples` puts the same grid in TensorBoard.
+"""The adversarial examples an evaluation found (`return_examples=True`),
+and their grid (clean, adversarial, perturbation) as a PNG or in TensorBoard.
 """
 
 from __future__ import annotations
@@ -19,45 +14,26 @@ import numpy as np
 
 from advtrain.utils.io import atomic_path
 
-# A run's grid: this many images, drawn from a seeded subset of at most
-# `GRID_CANDIDATES` examples (so the evaluation holds no more than that).
+# A run's grid: this many images, from a seeded subset of this many.
 GRID_SIZE = 8
 GRID_CANDIDATES = 256
 
-# The arrays an `AdversarialExamples` holds (and its .npz file), in order.
 FIELDS = ("x", "y", "x_adv", "attack", "predicted", "robust", "index")
 
-# What `AdversarialExamples.attack` says for an example the model got wrong
-# before any attack.
 CLEAN = "clean"
 
 
 @dataclasses.dataclass
 class AdversarialExamples:
-    """Worst-case adversarial inputs with per-example verdicts.
-
-    For each example evaluated, in evaluation order, `x_adv` is the input
-    of the first attack, in the order the evaluation runs them (its listed
-    attacks, then AutoAttack's cascade: APGD-CE, APGD-T, FAB-T, Square), that
-    made the model wrong; `attack` names it. An example that no attack
-    broke (`robust`) holds the last attack's point and `attack` "". An
-    example wrong before any attack holds `x_adv = x` and `attack`
-    "clean". The eps sweep's attacks do not count (they are not the
-    threat model).
+    """Worst-case adversarial inputs with per-example verdicts, in
+    evaluation order: `x_adv` is the point of the first attack (in the
+    order they run) that made the model wrong, which `attack` names; an
+    example no attack broke (`robust`) holds the last attack's point and
+    `attack` ""; one wrong unattacked holds `x` and `attack` "clean".
 
     Attributes:
-        x: the clean inputs, `(N, H, W, C)`.
-        y: the labels, `(N,)`.
-        x_adv: the adversarial inputs, like `x`.
-        attack: the attack that broke each example ("" when none did,
-            "clean" when it was wrong unattacked), as the result's attack
-            names ("fgsm", "pgd", "apgd_ce", "apgd_t", "square", ...).
-        predicted: the model's label on `x_adv`, `(N,)`.
-        robust: right on `x` and under every attack, `(N,)`.
-        index: each example's position among those evaluated (after the
-            `max_examples` subset, if any), `(N,)`.
-        eps: the threat model's radius.
-        norm: the threat model's norm, "inf" or "2".
+        predicted: the model's label on `x_adv`.
+        index: each example's position among those evaluated.
 
     Example:
 
@@ -114,11 +90,9 @@ class AdversarialExamples:
 
 
 class ExampleRecorder:
-    """Builds `AdversarialExamples` while an evaluation runs: per batch the
-    clean verdicts and each attack's points (`start`, `attacked`, `keep`),
-    then the cascade's points for the examples still standing (`standing`,
-    `cascade`). `limit` keeps a seeded random subset of that many
-    examples (as `seeded_subset` draws one); None keeps every example."""
+    """Builds `AdversarialExamples` during an evaluation: per batch
+    `start`, `attacked`, `keep`; then `standing` and `cascade`. `limit`
+    keeps a seeded random subset of that many examples."""
 
     def __init__(
         self,
@@ -145,8 +119,7 @@ class ExampleRecorder:
         }
 
     def attacked(self, name: str, x_adv: np.ndarray, predicted: np.ndarray) -> None:
-        """One attack's points on the batch: taken for the examples that
-        were still right (the first attack to break one keeps it)."""
+        """One attack's points, for the examples still right."""
         b = self.batch
         right = b["attack"] == ""
         b["x_adv"][right] = x_adv[right]
@@ -178,14 +151,12 @@ class ExampleRecorder:
         return self.parts[0]
 
     def standing(self) -> np.ndarray:
-        """The cascade rows (positions among the examples still right
-        after the listed attacks) whose points the cascade should return."""
+        """The cascade rows (among the examples left standing) to return."""
         rows = self._merged()["row"]
         return rows[rows >= 0]
 
     def cascade(self, points: dict[str, np.ndarray]) -> None:
-        """The cascade's `x_adv`, `predicted` and `attack` for `standing()`'s
-        rows, in that order (`run_cascade`'s `points`)."""
+        """The cascade's `x_adv`, `predicted`, `attack` for `standing()`."""
         kept = self._merged()
         mine = np.flatnonzero(kept["row"] >= 0)
         for name in ("x_adv", "predicted", "attack"):
@@ -248,10 +219,8 @@ def examples_figure(
     class_names: Optional[Sequence[str]] = None,
     title: str = "",
 ):
-    """A matplotlib figure, one row per example: the clean image, the
-    adversarial image and the perturbation `x_adv - x` mapped from
-    [-eps, eps] to [0, 1] (grey: no change; for L2, from the image's
-    largest change), titled with the true and the predicted labels."""
+    """A figure, a row per example: clean, adversarial, and `x_adv - x`
+    mapped from [-eps, eps] (L2: the largest change) to [0, 1]."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -304,8 +273,7 @@ def log_examples(
     class_names: Optional[Sequence[str]] = None,
     name: str = "adversarial_examples",
 ) -> None:
-    """Writes `examples_figure` to TensorBoard as image `name` at `step`
-    (`tf.summary.image` in `logdir`)."""
+    """Writes `examples_figure` to TensorBoard in `logdir` at `step`."""
     import matplotlib.pyplot as plt
     import tensorflow as tf
 

@@ -1,12 +1,4 @@
-"""`write_report`: a run's `report.md`, `training_curves.png` and
-`adversarial_examples.png`.
-
-The report is plain Markdown that renders on GitHub and in any editor: the
-headline numbers, the sanity checks, the training curves and eps sweep
-(PNG files beside it), a grid of adversarial examples, the per-class
-table, the BatchNorm gap, timing, and the resolved recipe at the end, so
-one file says what was run and how far its numbers can be trusted.
-"""
+"""`write_report`: a run's `report.md` (Markdown) and its PNG figures."""
 
 from __future__ import annotations
 
@@ -25,10 +17,8 @@ CURVES = (
     ("co_guard_pgd_accuracy", "PGD (guard batch)"),
 )
 
-# The grid of adversarial examples beside report.md.
 EXAMPLES_PNG = "adversarial_examples.png"
 
-# Report label of each attack evaluation can run, in report order.
 ATTACK_LABELS = {
     "fgsm": "FGSM accuracy",
     "pgd": "PGD accuracy",
@@ -38,29 +28,21 @@ ATTACK_LABELS = {
     "square": "Square accuracy (gradient-free)",
 }
 
-# Labels of AutoAttack's members in the cascade rows.
 CASCADE_LABELS = {
     "apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square",
 }  # fmt: skip
 
 
 def robustness_headline(metrics: Mapping[str, Any]) -> tuple[str, str]:
-    """The headline as (label, value): the worst case per example, what it
-    is over, the 95% interval and the number of examples.
-
-    Example: ("robust accuracy (worst case over clean, FGSM, PGD,
-    AutoAttack (APGD-CE, APGD-T, FAB-T, Square), standard budget; eps=0.3
-    inf)",
-    "84.70% (95% CI 82.3-86.8%, 1000 examples)").
-    """
+    """(label, value), e.g. ("robust accuracy (worst case over clean, FGSM,
+    PGD, AutoAttack (...); eps=0.3 inf)", "84.70% (95% CI 82.3-86.8%, 1000
+    examples)")."""
     over, value = headline_parts(metrics)
     return f"robust accuracy (worst case over {over})", value
 
 
 def headline_parts(metrics: Mapping[str, Any]) -> tuple[str, str]:
-    """What the worst case is over (attacks, ensemble, budget, eps, and a
-    warning when AutoAttack did not run), and its value with the 95%
-    interval and the number of examples."""
+    """(what the worst case is over, its value with the 95% interval)."""
     metrics = {  # metrics.json written before 0.3 named it differently
         "robust_accuracy": metrics.get("robust_accuracy_worst"),
         "robust_accuracy_over": metrics.get("robust_accuracy_worst_over"),
@@ -325,22 +307,14 @@ def write_report(
     plots: bool = True,
     examples: Optional[Any] = None,
 ) -> Path:
-    """Writes `report.md` (and `training_curves.png`) into `run_dir`.
+    """Writes `report.md` (and its figures) into `run_dir`; returns its path.
 
     Args:
-        run_dir: the run folder; `eps_sweep.png` there is linked if present.
-        recipe: the resolved recipe as a plain dict (`name`, `description`
-            and every section), printed as YAML at the end.
+        recipe: the resolved recipe as a dict, printed at the end.
         metrics: what `run` writes to metrics.json.
-        history: per-epoch logs (`accuracy`, `adv_accuracy`, ...).
-        class_names: names for the per-class table (default: indices).
-        plots: write and link `training_curves.png`, and
-            `adversarial_examples.png` when `examples` are given.
-        examples: an `AdversarialExamples` to draw (a few, e.g.
-            `examples.pick(8, seed)`), or None.
-
-    Returns:
-        The path of `report.md`.
+        history: per-epoch logs.
+        plots: write and link the figures.
+        examples: a few `AdversarialExamples` to draw, or None.
 
     Example:
 

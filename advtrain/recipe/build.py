@@ -1,7 +1,5 @@
 """The recipe turned into the library's keyword arguments: the one place
-recipe keys meet library arguments (data, runtime, batch plan, phases,
-optimizer, attack, training model, evaluation).
-"""
+recipe keys meet library arguments."""
 
 from __future__ import annotations
 
@@ -27,11 +25,8 @@ from advtrain.utils.progress import Echo
 
 
 def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
-    """The training attack a recipe's attack section describes (None for
-    `method: none`): the shared keys, the method's own keys that are set
-    (null: the method's default) and `options`. A value or a key the
-    `Attack` refuses is a RecipeError naming its key (`attack.steps: fgsm
-    does not take steps; it takes eps, ...`)."""
+    """The attack section's `Attack` (None for `method: none`); what the
+    `Attack` refuses is a RecipeError naming the key."""
     own = {k: v for k, v in _keys(cfg, *METHOD_KEYS).items() if v is not None}
     options = {k: f"attack.options.{k}" for k in cfg.options}
     if cfg.method == "none":
@@ -79,12 +74,10 @@ def _model_arguments(cfg: AttackConfig, attack, ramp: int) -> dict[str, Any]:
 
 
 def _keys(section, *names: str) -> dict[str, Any]:
-    """The recipe keys `names` of `section`, as keyword arguments."""
     return section.model_dump(include=set(names))
 
 
 def recipe_splits(recipe: Recipe):
-    """`load_splits` with the recipe's data keys."""
     from advtrain.data import LOAD_OPTIONS, load_splits
 
     with recipe_keys("data"):
@@ -92,7 +85,6 @@ def recipe_splits(recipe: Recipe):
 
 
 def recipe_runtime(recipe: Recipe):
-    """`make_runtime` with the recipe's runtime keys."""
     from advtrain.train.runtime import make_runtime
 
     with recipe_keys("runtime"):
@@ -100,7 +92,6 @@ def recipe_runtime(recipe: Recipe):
 
 
 def recipe_plan(recipe: Recipe, runtime, train_size: int):
-    """`plan_batches` with the recipe's train keys."""
     from advtrain.train.runtime import PLAN_KEYS, plan_batches
 
     with recipe_keys("train"):
@@ -108,7 +99,6 @@ def recipe_plan(recipe: Recipe, runtime, train_size: int):
 
 
 def recipe_phases(recipe: Recipe, epochs: int) -> list:
-    """`phases` with the recipe's model keys."""
     from advtrain.models.freezing import phases
 
     return phases(
@@ -119,20 +109,18 @@ def recipe_phases(recipe: Recipe, epochs: int) -> list:
 
 
 def recipe_optimizer(recipe: Recipe, plan, lr_factor: float = 1.0):
-    """`make_optimizer` for a phase whose learning rate is `lr_factor` x
-    the plan's."""
+    """`make_optimizer` at `lr_factor` x the plan's learning rate."""
     from advtrain.train.runtime import OPTIMIZER_KEYS, make_optimizer
 
     phase_plan = dataclasses.replace(plan, learning_rate=plan.learning_rate * lr_factor)
     return make_optimizer(phase_plan, **_keys(recipe.train, *OPTIMIZER_KEYS))
 
 
-# The model keys of `phases`.
 _PHASE_KEYS = ("head_only_epochs", "freeze", "top_k", "finetune_lr_factor")
 
 
 def input_options(recipe: Recipe, training: bool = False) -> dict[str, Any]:
-    """`make_input`'s data keys (`advtrain.data.INPUT_OPTIONS`)."""
+    """`make_input`'s data keys."""
     from advtrain.data import INPUT_OPTIONS
 
     options = _keys(recipe.data, *INPUT_OPTIONS)
@@ -180,12 +168,9 @@ def build_run_model(
     total_steps: Optional[int] = None,
     steps_per_epoch: Optional[int] = None,
 ) -> tuple[keras.Model, keras.Model]:
-    """The classifier (backbone or `model.builder`, BatchNorm policy
-    applied) and the training model around it, as `run` and `profile`
-    build them. Call it inside the runtime's strategy scope.
-    `total_steps` (epochs x steps per epoch) sets `momentum: auto`;
-    `steps_per_epoch` sets the length of `attack.eps_ramp_epochs`.
-    """
+    """The classifier (BatchNorm policy applied) and the training model
+    around it, in the strategy's scope. `total_steps` sets `momentum: auto`,
+    `steps_per_epoch` the length of `attack.eps_ramp_epochs`."""
     from advtrain.models.batchnorm.policy import apply_batchnorm_policy
     from advtrain.models.classifier import build_classifier
 
@@ -221,7 +206,6 @@ def build_run_model(
 
 
 def evaluation_keys(recipe: Recipe) -> dict[str, Any]:
-    """`evaluate_robustness`'s keyword arguments from the recipe."""
     keys = recipe.eval.model_dump(exclude={"sanity_examples"})
     return {**keys, "default_eps": recipe.attack.eps}
 
@@ -252,8 +236,7 @@ def recipe_sanity_checks(
             max_examples=cfg.sanity_examples,
             strategy=strategy,
         )
-    # Free: it reads the evaluation's own cascade, so it runs even when the
-    # PGD-based checks are off (sanity_examples: 0).
+    # Free (it reads the evaluation's cascade): runs even with no examples.
     masking = masking_check(evaluation or {})
     if masking is not None:
         checks.append(masking)
@@ -262,14 +245,8 @@ def recipe_sanity_checks(
     return checks
 
 
-# ---------------------------------------------------------------- model.builder
 def load_builder(spec: str, key: str = "model.builder") -> Callable:
-    """Imports "package.module:function" and returns the function.
-
-    Raises:
-        ValueError: one line naming `key`: bad format, module not
-            importable, no such attribute, or not callable.
-    """
+    """Imports "package.module:function"; a failure is one line naming `key`."""
     if not isinstance(spec, str) or spec.count(":") != 1:
         raise ValueError(
             f"{key}: expected 'package.module:function'. Received: {spec!r}"
@@ -305,17 +282,9 @@ def build_from_builder(
     num_classes: int,
     cfg: ModelConfig,
 ) -> keras.Model:
-    """Builds the recipe's model with `model.builder`.
-
-    The function is called as `fn(image_shape, num_classes, model_cfg)`
-    when it takes parameters, else as `fn()`. It must return a
-    `keras.Model` mapping [0, 1] pixels to `num_classes` float32 logits;
-    advtrain's preprocessing and head are not added.
-
-    Raises:
-        ValueError: naming `model.builder`, when the function cannot be
-            imported, fails, or returns something else.
-    """
+    """The model `model.builder` returns: `fn(image_shape, num_classes,
+    model_cfg)`, or `fn()` when it takes no parameters; a `keras.Model` from
+    [0, 1] pixels to `num_classes` logits (nothing added)."""
     fn = load_builder(spec)
     unsupported = {
         "freeze": cfg.freeze != "all_trainable",

@@ -1,14 +1,6 @@
-"""Which recipe key filled which library argument.
-
-The library names its own arguments (`weights: ...`, `batch_size: ...`);
-a recipe user set keys (`model.weights`, `train.batch_size`). `recipe_keys`
-is the one translation, used two ways where the recipe calls the library:
-
-- around the call: an `ArgumentError` about an argument the section filled
-  is re-raised as a `RecipeError` naming its key;
-- as the `names` a library function shows in its advice or path errors
-  (`settle_batchnorm`, `check_data_paths`).
-"""
+"""Which recipe key filled which library argument: the one translation of
+the library's `ArgumentError` (`batch_size: ...`) into a `RecipeError`
+naming the key (`train.batch_size: ...`)."""
 
 from __future__ import annotations
 
@@ -19,8 +11,8 @@ from advtrain.utils.errors import ArgumentError
 
 
 class RecipeKeys(Mapping[str, str]):
-    """The recipe key each library argument was filled from: the keys of
-    one section (`recipe_keys`), plus arguments filled from elsewhere."""
+    """Recipe key by library argument; a context that renames the
+    argument of an `ArgumentError` raised inside it."""
 
     def __init__(self, section: str, elsewhere: Mapping[str, str]):
         model = Recipe
@@ -47,10 +39,8 @@ class RecipeKeys(Mapping[str, str]):
 
 
 def recipe_keys(section: str, **elsewhere: str) -> RecipeKeys:
-    """The keys of the recipe section `section` ("model", "model.batchnorm")
-    by argument name; `elsewhere` adds arguments filled from another
-    section (`batch_size="train.batch_size"`). An argument that is no key
-    here (`image_shape`, from the data) keeps its own name.
+    """The keys of `section` ("model", "model.batchnorm") by argument name;
+    `elsewhere` adds arguments filled from other keys. Others keep their name.
 
     Example:
 

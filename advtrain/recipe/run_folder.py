@@ -1,9 +1,7 @@
 """The run folder's rules: a new folder, or an unfinished run of the same
 resolved recipe (resumed); anything else is refused before a byte is
-written. And the paths a recipe names, checked before a run starts.
-
-A run folder is one because it holds its resolved recipe (`RECIPE_FILE`),
-written first; it is finished once it holds `FINISHED_FILE`, written last.
+written. A run folder holds `RECIPE_FILE`, written first; it is finished
+once it holds `FINISHED_FILE`, written last.
 """
 
 from __future__ import annotations
@@ -31,12 +29,11 @@ RESUME_COMMAND_ENV = "ADVTRAIN_RESUME_COMMAND"
 
 
 def holds_run(out: Path) -> bool:
-    """Whether `out` holds an advtrain run (finished or not)."""
     return (out / RECIPE_FILE).is_file()
 
 
 def is_finished(out: Path) -> bool:
-    """Whether the run in `out` finished: the one finished-run check."""
+    """The one finished-run check."""
     return (out / FINISHED_FILE).is_file()
 
 
@@ -72,12 +69,8 @@ def resume_hint(run_dir: Path, workers: int = 1) -> str:
 
 
 def saved_recipe_text(out: Path) -> Optional[str]:
-    """The `recipe.yaml` of the run in `out`, or None for a new (missing or
-    empty) folder.
-
-    Raises:
-        RecipeError: `out` is a file, or a non-empty folder without a
-            readable `recipe.yaml`; nothing is written.
+    """The `recipe.yaml` of the run in `out`; None for a new (missing or
+    empty) folder; a RecipeError for a file or a folder holding another thing.
     """
     if out.exists() and not out.is_dir():
         raise RecipeError(f"--output {out}: exists and is not a folder.")
@@ -118,16 +111,8 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def check_run_dir(out: Path, recipe: Recipe) -> bool:
-    """Decides what an output folder may be used for.
-
-    Returns:
-        False for a new (missing or empty) folder, True for an unfinished
-        run of the same resolved recipe, which is resumed.
-
-    Raises:
-        RecipeError: the folder holds something else (not a run, a run of
-            another recipe, a finished run); nothing is written.
-    """
+    """False for a new folder, True for an unfinished run of the same
+    resolved recipe (resumed); a RecipeError for anything else."""
     text = saved_recipe_text(out)
     if text is None:
         return False
@@ -156,14 +141,8 @@ def check_run_dir(out: Path, recipe: Recipe) -> bool:
 def check_recipe_paths(
     recipe: Recipe, output: Optional[PathLike] = None, *, writes: bool = True
 ) -> None:
-    """Checks every path `recipe` names before a run starts: the data
-    section's (`advtrain.utils.io.check_data_paths`), model.weights is a
-    readable weights file, and, when `writes`, the run folder (`output`,
-    else output.dir, else runs/) can be written.
-
-    Raises:
-        FileNotFoundError, ValueError: naming the recipe key (or
-            --output), the path and the problem.
+    """Checks every path `recipe` names before a run starts (the data's,
+    model.weights and, when `writes`, the run folder's); errors name the key.
     """
     data = recipe.data
     check_data_paths(
@@ -198,9 +177,7 @@ def output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
 
 
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
-    """The run folder: new, or an unfinished run of the same resolved recipe
-    (which `run` resumes). Refuses anything else with a RecipeError naming
-    the differing keys (`check_run_dir`)."""
+    """The run folder, checked (`check_recipe_paths`, `check_run_dir`)."""
     output = output_dir(recipe, output)
     check_recipe_paths(recipe, output)
     check_run_dir(output, recipe)

@@ -1,6 +1,4 @@
-"""A saved classifier: loading it safely, and `advtrain eval` on a recipe's
-test split.
-"""
+"""A saved classifier: loading it safely, and evaluating it (`advtrain eval`)."""
 
 from __future__ import annotations
 
@@ -23,13 +21,8 @@ from advtrain.utils.progress import Echo
 
 
 def load_classifier(path: Union[str, Path], safe_mode: bool = True) -> keras.Model:
-    """Loads a saved classifier; `safe_mode` refuses lambda layers.
-
-    Keras's safe mode refuses to deserialise Python bytecode (a `Lambda`
-    layer's function), which would run when loaded. Pass
-    `safe_mode=False` only for files you trust (`advtrain eval
-    --unsafe-load`).
-    """
+    """Loads a saved classifier; `safe_mode` refuses Python code (a Lambda
+    layer's), which would run on load: turn it off only for trusted files."""
     import advtrain.models  # noqa: F401  (registers advtrain's layers)
     from advtrain.utils.io import check_keras_file
 
@@ -57,17 +50,9 @@ def evaluate_saved(
     safe_mode: bool = True,
     save_examples: bool = False,
 ) -> dict[str, Any]:
-    """Evaluates a saved classifier on the recipe's test split.
-
-    `safe_mode=False` loads files that hold Python code (see
-    `load_classifier`); only for trusted files.
-
-    When the model sits in a run folder, the result is also written there
-    as `eval-metrics.json` (the training run's metrics.json is untouched).
-    `save_examples` writes the worst-case adversarial example of every
-    example evaluated beside the model, as `adversarial_examples.npz`
-    (`AdversarialExamples.save`), and says so in one line.
-    """
+    """Evaluates a saved classifier on the recipe's test split; in a run
+    folder, also writes `eval-metrics.json` there. `save_examples` writes
+    each example's worst case beside the model (`EXAMPLES_FILE`)."""
     from advtrain.data import make_input
     from advtrain.evaluation.robustness import evaluate_robustness
 
@@ -109,5 +94,4 @@ def evaluate_saved(
     return metrics
 
 
-# Where `evaluate_saved(save_examples=True)` writes, beside the model.
 EXAMPLES_FILE = "adversarial_examples.npz"

@@ -4,8 +4,11 @@ runtime, eval, output) of plain values; docs/recipes.md describes each key.
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 import re
+import sys
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
@@ -19,7 +22,7 @@ from pydantic import (
 
 from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.train.options import PlanOptions, RuntimeOptions
-from advtrain.utils.errors import BAD_INPUT, did_you_mean
+from advtrain.utils.errors import BAD_INPUT, did_you_mean, one_line
 from advtrain.utils.options import Options, Seed
 
 
@@ -30,6 +33,7 @@ class RecipeError(ValueError):
 
 
 _NAME = re.compile(r"\w[\w.+=-]{0,99}")
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 _Section = Options  # the library's strict option rules
 
@@ -412,8 +416,6 @@ class Recipe(_Section):
     @classmethod
     def _import_plugins_first(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("plugins"):
-            from advtrain.recipe.plugins import import_plugins
-
             import_plugins(data["plugins"])
         return data
 
@@ -453,3 +455,25 @@ class Recipe(_Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def import_plugins(modules: Any) -> None:
+    """Imports each module a recipe's `plugins` names (the current folder
+    searched last, as `python -m` would); a failure names the module."""
+    if not isinstance(modules, list) or not all(
+        isinstance(m, str) and _MODULE.fullmatch(m) for m in modules
+    ):
+        raise ValueError(
+            "plugins: expected a list of module names such as "
+            f"[my_package.attacks]. Received: plugins={modules!r}"
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure is the recipe's
+            raise ValueError(
+                f"plugins: cannot import '{name}' ({type(exc).__name__}: "
+                f"{one_line(exc)})"
+            ) from None

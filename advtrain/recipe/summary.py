@@ -1,6 +1,4 @@
-"""What a run prints: the banner lines before training and the closing
-summary table.
-"""
+"""What a run prints: the banner before training and the summary table."""
 
 from __future__ import annotations
 
@@ -38,13 +36,10 @@ def describe(recipe: Recipe, splits, runtime, plan, echo: Echo) -> None:
 
 
 def _objective(name: str, options: dict[str, Any]) -> str:
-    """The objective and its options, e.g. ` objective=trades beta=1`; ""
-    for the plain adversarial mix."""
     return "" if name == "adversarial" else f" objective={name}" + _pairs(options)
 
 
 def _pairs(options: dict[str, Any]) -> str:
-    """` name=value` for each option, e.g. ` scale=0.5`."""
     return "".join(
         f" {k}={format(v, 'g') if isinstance(v, float) else v}"
         for k, v in options.items()
@@ -52,9 +47,7 @@ def _pairs(options: dict[str, Any]) -> str:
 
 
 def _method_options(attack) -> str:
-    """The method's own settings as the attack runs them, e.g. " alpha=0.375
-    clip_start=False"; a setting left to its method's default that
-    depends on eps says how ("1.25*eps")."""
+    """The method's settings, e.g. " alpha=1.25*eps clip_start=False"."""
     derived = {
         "alpha": "eps" if attack.method == "n_fgsm" else "1.25*eps",
         "noise": "2*eps",
@@ -90,8 +83,7 @@ SUMMARY_KEYS = (
 
 
 def summary_table(metrics: dict[str, Any]) -> str:
-    """A two-column text table: the headline (`robustness_headline`)
-    first, then the secondary numbers."""
+    """A two-column text table: the headline first, then the rest."""
     rows = []
     if "robust_accuracy" in metrics:
         from advtrain.evaluation.report import headline_parts

@@ -1,5 +1,1 @@
-"""Shared foundations of the library: errors and the did-you-mean helper,
-the registry base, atomic file writes, progress lines and downloads.
-
-Nothing here imports another advtrain package.
-"""
+"""Foundations shared by the library; imports no other advtrain package."""

@@ -1,12 +1,6 @@
-"""A quick reachability check before a download, so offline runs fail fast.
-
-TFDS's downloader retries a refused or unresolvable connection ten times
-with exponential backoff (3 min 24 s before it gives up on a name that does
-not resolve); Keras's `get_file` waits out its socket timeout. A name that
-does not resolve, or a host that refuses or ignores a TCP connection for a
-few seconds, will not be there a few minutes later either, so advtrain asks
-once, quickly, and stops with the offline instructions instead.
-"""
+"""A quick reachability check before a download, so offline runs fail fast
+(TFDS retries an unresolvable name for 3 min 24 s, Keras's `get_file` waits
+out its socket timeout)."""
 
 from __future__ import annotations
 
@@ -53,11 +47,8 @@ def _endpoint(url: str) -> tuple[str, int]:
 
 
 def check_reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Raises OSError (one line) unless `url`'s host accepts a TCP connection.
-
-    The host is the proxy's when `http_proxy` / `https_proxy` apply to the
-    URL. Sends nothing: a resolved name and an accepted connection are all
-    it asks.
+    """Raises OSError (one line) unless `url`'s host (or its proxy) accepts
+    a TCP connection; sends nothing.
 
     Example:
 

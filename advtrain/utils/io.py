@@ -1,10 +1,6 @@
-"""Atomic file writes, and up-front checks on the paths users hand in.
-
-The checks run before anything heavy is imported or anything is written,
-so a bad path costs a second and leaves no run folder behind. Each raises
-one line naming the argument (or the label its caller passes: an option, a
-recipe key), the path and what is wrong with it: `FileNotFoundError` for a
-path that is not there, `ValueError` otherwise.
+"""Atomic file writes, and up-front checks on the paths users hand in:
+one line naming the argument (or the caller's label for it), the path and
+the problem; `FileNotFoundError` for a missing path, else `ValueError`.
 """
 
 from __future__ import annotations
@@ -27,12 +23,8 @@ _FOLDER_SOURCES = ("mnist", "gtsrb", "folder")
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
-    """Yields a temporary path beside `path`; renames it into place on
-    success, removes it on failure. A crash never leaves a truncated `path`.
-
-    The temporary name keeps the suffix, so writers that dispatch on it
-    (`.keras`, `.weights.h5`, `.png`) still work.
-    """
+    """A temporary path beside `path` (same suffix), renamed into place on
+    success and removed on failure: never a truncated `path`."""
     path = Path(path)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
@@ -57,16 +49,8 @@ def atomic_write_json(path: PathLike, data: Any) -> Path:
 
 
 def check_writable_dir(path: PathLike, what: str) -> None:
-    """Refuses a folder that cannot be created and written: under a file,
-    under /proc, /sys or /dev, or under a folder without write access.
-
-    Args:
-        path: the folder (it may not exist yet).
-        what: the argument it came from, e.g. "output_dir".
-
-    Raises:
-        ValueError: naming `what`, the path and the problem.
-    """
+    """Refuses a folder (existing or not) that cannot be created and
+    written: under a file, a system folder, or a read-only one."""
     path = Path(path)
     real = Path(os.path.realpath(path))
     for system in _SYSTEM_DIRS:
@@ -89,9 +73,8 @@ def check_writable_dir(path: PathLike, what: str) -> None:
 
 
 def check_readable_file(path: PathLike, what: str) -> Path:
-    """Refuses a path that is missing, a folder, empty or unreadable; a
-    `.h5` must start with the HDF5 signature, a `.keras` must be one (see
-    `check_keras_file`)."""
+    """Refuses a missing, empty or unreadable file, a `.h5` without the
+    HDF5 signature and a `.keras` that is not one."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{what} {path}: is a folder, expected a file.")
@@ -149,16 +132,8 @@ def check_data_paths(
     cache: str = "auto",
     names: Optional[Mapping[str, str]] = None,
 ) -> None:
-    """Checks the paths `advtrain.data.load_splits` and `make_input` take
-    (keyword arguments named like theirs): `path` exists for the sources
-    that read it, `tfds_data_dir` and the `cache` file prefix's folder can
-    be written. Errors name each argument as `names` maps it (a caller's
-    label for it, e.g. an option), else by its own name.
-
-    Raises:
-        FileNotFoundError: `path` (or the cache's folder) is not there.
-        ValueError: a path that is the wrong kind or cannot be written.
-    """
+    """Checks the paths `load_splits` and `make_input` take (their keyword
+    names); errors name each argument as `names` maps it."""
     names = names or {}
     if path is not None and source in (*_FOLDER_SOURCES, "arrays"):
         what = names.get("path", "path")

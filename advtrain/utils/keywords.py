@@ -1,7 +1,4 @@
-"""The options a registered function or class takes by keyword, and the one
-check that a mapping of options names only those (an attack's `options`,
-an objective's keyword arguments).
-"""
+"""The keywords a function takes, and the checks that given ones are known."""
 
 from __future__ import annotations
 
@@ -43,20 +40,9 @@ def check_options(
     reserved: Iterable[str] = (),
     received: str = "options",
 ) -> dict[str, Any]:
-    """`options` as a dict, if each name is one `owner` accepts.
-
-    Args:
-        owner: what takes the options, for the message ("attack 'pgd'").
-        options: a mapping of option names to values.
-        accepted: the names `owner` accepts; None accepts any name.
-        reserved: names `owner` takes as arguments of their own, never as
-            options (they would be passed twice).
-        received: the name `options` came in as ("attack.options").
-
-    Raises:
-        TypeError: naming the first option `owner` does not accept, the
-            closest accepted name and all of them.
-    """
+    """`options` as a dict, if each name is one `owner` accepts (None:
+    any), none `reserved` (arguments of their own); else a TypeError.
+    `received` is the name `options` came in as ("attack.options")."""
     if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
         raise TypeError(
             f"{received} must map option names to values. "
@@ -80,18 +66,8 @@ def check_options(
 
 
 def check_keywords(owner: str, given: Mapping[str, Any], accepted: Iterable[str]):
-    """Refuses a keyword argument `owner` does not take, as Keras refuses
-    "Unrecognized keyword arguments": a TypeError naming it, the closest
-    accepted name and all of them.
-
-    Example:
-
-    ```python
-    check_keywords("evaluate", {"pgd_stpes": 3}, ("pgd_steps", "fgsm"))
-    # TypeError: evaluate got an unknown keyword argument 'pgd_stpes'. Did
-    # you mean 'pgd_steps'? It takes: pgd_steps, fgsm. Received: pgd_stpes=3
-    ```
-    """
+    """A TypeError naming a keyword argument `owner` does not take, the
+    closest it does and all of them (as Keras's "Unrecognized keyword")."""
     accepted = list(accepted)
     for name, value in given.items():
         if name not in accepted:

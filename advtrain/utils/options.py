@@ -1,6 +1,4 @@
-"""Strict typed options (pydantic) and their one-line error messages: the
-base the library's option groups and the recipe's sections share.
-"""
+"""Strict typed options (pydantic) and their one-line error messages."""
 
 from __future__ import annotations
 
@@ -21,12 +19,9 @@ _BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
 
 class Options(BaseModel):
-    """Strict typed options: unknown names, wrong types (YAML's `yes` is not
-    1, 2.5 is not an int), NaN/Inf, control characters and huge integers
-    are refused, one line each (`format_validation_error`)."""
+    """Refuses unknown names, wrong types (YAML's `yes` is not 1, 2.5 not
+    an int), NaN/Inf, control characters and huge integers."""
 
-    # strict: YAML's `yes` is not 1 and 2.5 is not an int; allow_inf_nan:
-    # every float here is a finite quantity.
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False
     )
@@ -52,20 +47,11 @@ _TYPE_TAG = re.compile(r"(float|int|str|bool|none|[a-z-]+\[.*\])")
 def _known_keys(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
     for part in path:
         field = model.model_fields.get(part)
-        if field is None:
-            return []
-        annotation = field.annotation
-        sub = _submodel(annotation)
-        if sub is None:
+        sub = field.annotation if field is not None else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
             return []
         model = sub
     return list(model.model_fields)
-
-
-def _submodel(annotation: Any) -> Optional[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return None
 
 
 def _format_error(
@@ -111,11 +97,8 @@ def format_validation_error(
     renamed: Optional[dict[str, str]] = None,
 ) -> str:
     """One line for a pydantic error: `SOURCE: invalid value for 'KEY': WHY.
-    Received: KEY=VALUE`, or `SOURCE: unknown key 'KEY'. Did you mean ...`.
-    The one formatter for recipes, their overrides and `advtrain.fit`'s
-    keyword arguments: `source` names where the values came from, `schema`
-    is the model validated (its keys are the ones an unknown key is
-    compared with), `renamed` maps old keys to a note on their new name."""
+    Received: KEY=VALUE` or `SOURCE: unknown key 'KEY'. Did you mean ...`;
+    `schema` is the model validated, `renamed` old keys' notes."""
     errors = exc.errors(include_url=False)
     # Prefer an unknown-key error: it usually explains the others.
     errors.sort(key=lambda e: e["type"] != "extra_forbidden")

@@ -1,14 +1,6 @@
-"""Live progress for training epochs and evaluation attacks.
-
-Beyond `keras.utils.Progbar` (which writes ANSI codes to logs too): plain,
-rate-limited lines off a terminal, and one `--quiet` for training and eval.
-
-On a terminal (stdout is a TTY) a task is one line redrawn in place: a bar,
-steps done, the latest metrics, elapsed time and an estimate of the time
-left. Elsewhere (CI, a log file, a pipe) the same facts come as plain
-lines, at most one every `PLAIN_INTERVAL_S` seconds, so logs stay short and
-carry no control characters. `set_quiet(True)` (the CLI's `--quiet`)
-silences both; the per-epoch lines and summaries are not progress and stay.
+"""Live progress; more than `keras.utils.Progbar`, which writes ANSI codes
+and a line per update into logs: off a terminal, plain lines at most one
+per `PLAIN_INTERVAL_S`, and one `--quiet` for training and evaluation.
 
 Example:
 
@@ -32,7 +24,7 @@ from typing import Optional, TextIO
 
 import keras
 
-# Where progress and status lines go: `print`, `typer.echo`, a list's append.
+# Where status lines go: `print`, `typer.echo`, a list's append.
 Echo = Callable[[str], None]
 
 # Plain (non-TTY) mode: seconds between two lines of one task.
@@ -54,8 +46,7 @@ def is_quiet() -> bool:
 
 
 def _interval_from_env() -> float:
-    # ADVTRAIN_PROGRESS_INTERVAL: seconds between plain lines (0: every
-    # update), for logs that want more or fewer lines.
+    # ADVTRAIN_PROGRESS_INTERVAL: seconds between plain lines (0: all).
     raw = os.environ.get("ADVTRAIN_PROGRESS_INTERVAL", "")
     try:
         return max(0.0, float(raw)) if raw else PLAIN_INTERVAL_S
@@ -78,15 +69,10 @@ class Progress:
     """Progress of one task of `total` units (None: unknown).
 
     Args:
-        label: what runs, e.g. "epoch 3/10" or "evaluating (fgsm, pgd)".
-        total: units in the task, or None when unknown.
-        unit: the units' name ("steps", "batches").
-        stream: where to write (default: sys.stdout at creation).
-        interactive: redraw one line in place; default: whether `stream`
-            is a TTY.
-        keep: on a terminal, leave the last state on screen at `close`
-            (else the line is cleared, e.g. for an epoch line to follow);
-            in plain mode, write a last line at `close`.
+        label: what runs, e.g. "epoch 3/10".
+        interactive: redraw one line in place (default: `stream` is a TTY).
+        keep: at `close`, leave the last state (terminal) or write it
+            (plain); else the live line is cleared.
     """
 
     def __init__(
@@ -116,6 +102,7 @@ class Progress:
         self._done = 0
         self._extra = ""
         self._drawn = False
+        self._written = None  # plain mode: the (done, extra) last written
 
     def update(self, done: int, extra: str = "") -> None:
         """Records `done` units finished; `extra` is shown after them."""
@@ -139,7 +126,7 @@ class Progress:
             elif self._drawn:
                 self.stream.write("\n")
             self.stream.flush()
-        elif self.keep:
+        elif self.keep and self._written != (self._done, self._extra):
             self._write(self.line(time.perf_counter()))
         self._drawn = False
 
@@ -174,6 +161,7 @@ class Progress:
             self._drawn = True
         else:
             self.stream.write(text + "\n")
+            self._written = (self._done, self._extra)
         self.stream.flush()
 
 
@@ -182,16 +170,8 @@ _SHOWN = ("loss", "accuracy", "adv_accuracy")
 
 
 class EpochProgress(keras.callbacks.Callback):
-    """A live step bar for each training epoch (see `Progress`).
-
-    The bar is cleared when the epoch ends, so put this callback before
-    the one that prints the epoch's line (`advtrain.train.callbacks.ProgressLine`).
-    With `steps_per_execution > 1` it moves once per host call.
-
-    Args:
-        epochs: the run's total epochs, for the "epoch 3/10" label.
-        stream: passed to `Progress` (default sys.stdout).
-        interactive: passed to `Progress` (default: whether it is a TTY).
+    """A live step bar for each training epoch, cleared at its end: put it
+    before the callback that prints the epoch's line.
 
     Example:
 

@@ -47,6 +47,28 @@ def test_plain_lines_are_rate_limited(monkeypatch):
     assert stream.getvalue() == ""
 
 
+def test_plain_keep_writes_the_last_state_once(monkeypatch):
+    # Written at the last update already: close adds no twin line.
+    stream = io.StringIO()
+    bar = Progress("fab_t on 9 examples", 2, unit="batches", stream=stream, keep=True)
+    bar.update(1, "0 broken")
+    bar.update(2, "0 broken")
+    bar.close()
+    assert [line.split("  ")[1] for line in stream.getvalue().splitlines()] == [
+        "1/2 batches (50%)",
+        "2/2 batches (100%)",
+    ]
+    # Rate-limited away: close writes the last state.
+    monkeypatch.setenv("ADVTRAIN_PROGRESS_INTERVAL", "3600")
+    stream = io.StringIO()
+    bar = Progress("x", 2, unit="batches", stream=stream, keep=True)
+    bar.update(1)
+    bar.update(2)
+    bar.close()
+    assert stream.getvalue().startswith("x  2/2 batches (100%)")
+    assert len(stream.getvalue().splitlines()) == 1
+
+
 def test_terminal_mode_redraws_one_line_and_clears_it():
     stream = io.StringIO()
     bar = Progress("epoch 1/3", 2, stream=stream, interactive=True)
