@@ -15,6 +15,7 @@ recipe.attack.eps
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from typing import Annotated, Any, Literal, Optional, Union
@@ -539,17 +540,21 @@ class Recipe(_Section):
     def _tensorflow_only_output(self) -> Recipe:
         # A TF Serving SavedModel needs TensorFlow's tracing: off by default
         # on JAX (the resolved recipe says so), refused when asked for.
+        # TensorBoard's logs need tf.summary: off where TensorFlow is not
+        # installed (the resolved recipe says so), as the recipes ask for
+        # them.
         output = self.output
-        if self.runtime.backend == "tensorflow" or not output.export_saved_model:
-            return self
-        if "export_saved_model" in output.model_fields_set:
-            raise ValueError(
-                "output.export_saved_model: the SavedModel export runs on "
-                "TensorFlow only; set it false or runtime.backend: "
-                "tensorflow (model.keras loads on every backend). Received: "
-                "output.export_saved_model=true, runtime.backend=jax"
-            )
-        output.export_saved_model = False
+        if self.runtime.backend != "tensorflow" and output.export_saved_model:
+            if "export_saved_model" in output.model_fields_set:
+                raise ValueError(
+                    "output.export_saved_model: the SavedModel export runs on "
+                    "TensorFlow only; set it false or runtime.backend: "
+                    "tensorflow (model.keras loads on every backend). Received: "
+                    "output.export_saved_model=true, runtime.backend=jax"
+                )
+            output.export_saved_model = False
+        if importlib.util.find_spec("tensorflow") is None:
+            output.tensorboard = False
         return self
 
     @field_validator("name")

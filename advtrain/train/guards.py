@@ -14,8 +14,8 @@ from typing import Any, Optional, Union
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from advtrain import backend
 from advtrain.attacks import pgd
 from advtrain.attacks.common import check_count
 from advtrain.utils.io import atomic_path
@@ -51,8 +51,9 @@ def first_nonfinite_variable(
     variables = [v for v in state if "float" in str(v.dtype)]
     if not variables:
         return None
-    finite = tf.stack([tf.reduce_all(tf.math.is_finite(v.value)) for v in variables])
-    bad = np.flatnonzero(~np.asarray(finite))
+    ops = keras.ops
+    finite = ops.stack([ops.all(ops.isfinite(v.value)) for v in variables])
+    bad = np.flatnonzero(~ops.convert_to_numpy(finite))
     return str(variables[bad[0]].path) if bad.size else None
 
 
@@ -163,8 +164,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
                 f"max_gap must be in (0, 1] or None. Received: max_gap={max_gap!r}"
             )
         check_count("steps", steps)
-        self.x = tf.convert_to_tensor(x, tf.float32)
-        self.y = tf.convert_to_tensor(np.asarray(y).reshape(-1), tf.int64)
+        self.x = np.asarray(x, np.float32)
+        self.y = np.asarray(y).reshape(-1).astype(np.int32)
         if self.x.shape[0] == 0 or self.x.shape[0] != self.y.shape[0]:
             raise ValueError(
                 "x and y must hold the same number (>= 1) of examples. "
@@ -212,14 +213,16 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
                 self.seed,
             )
 
-            @tf.function
             def measure(x, y):
                 model_fn = lambda z: target(z, training=False)  # noqa: E731
                 x_adv = pgd(model_fn, x, y, eps=eps, steps=steps, norm=norm, seed=seed)
-                hits = tf.equal(tf.argmax(model_fn(x_adv), axis=-1), y)
-                return tf.reduce_mean(tf.cast(hits, tf.float32))
+                hits = keras.ops.equal(keras.ops.argmax(model_fn(x_adv), axis=-1), y)
+                return keras.ops.mean(keras.ops.cast(hits, "float32"))
 
-            self._measure = measure
+            signature = [(self.x.shape, "float32"), (self.y.shape, "int32")]
+            self._measure = backend.compile_function(
+                measure, signature, target.variables
+            )
         return float(self._measure(self.x, self.y))
 
     def _optimizer_slots(self) -> list:
