@@ -217,14 +217,16 @@ def test_recipe_without_tensorflow_trains_and_evaluates(tmp_path):
 
     out = tmp_path / "run"
     recipe = _tiny_recipe(tmp_path, "jax")
-    sets = ["--set", "train.epochs=3"]
+    sets = ["--set", "train.epochs=10", "--set", "attack.eps=0.02"]
     run_console(tmp_path, "run", recipe, "--output", out, *sets, KERAS_BACKEND="jax")
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["examples"] == 32
     assert 0.0 <= metrics["robust_accuracy"] <= metrics["clean_accuracy"] <= 1.0
+    # 47% measured (seed 0); labels out of step with the images give 16%.
+    assert metrics["clean_accuracy"] >= 0.3, metrics
     with open(out / "history.csv") as rows:
         losses = [float(row["clean_loss"]) for row in csv.DictReader(rows)]
-    assert len(losses) == 3 and losses[2] < losses[1] < losses[0], losses
+    assert len(losses) == 10 and losses[-1] < losses[0], losses
 
 
 @pytest.mark.skipif(
