@@ -20,7 +20,8 @@ model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
                           keras.layers.Dense(10)])
 x, y = np.zeros((4, 8, 8, 1), "float32"), np.zeros(4, "int64")
 try:
-    advtrain.fit(model, (x, y), batch_size=2, echo=None)
+    advtrain.fit(model, (x, y), batch_size=2, echo=None,
+                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 except ImportError as exc:
     print("error:", exc)
 else:
