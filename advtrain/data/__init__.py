@@ -1,4 +1,4 @@
-"""Datasets as `tf.data` pipelines of raw pixels and integer labels.
+"""Datasets of raw pixels and integer labels, batched for `Model.fit`.
 
 `load_splits(source, **options)` returns unbatched train / validation / test
 datasets whose elements are `(image, label)`: images are uint8 (0..255) or
@@ -8,37 +8,24 @@ and `make_distributed_input(...)` does so per replica under a strategy. The
 options are keyword arguments named like the recipe's data keys
 (`LOAD_OPTIONS`, `INPUT_OPTIONS`).
 
+The datasets are `tf.data` pipelines where TensorFlow is installed. Without
+it (Keras on JAX alone) the in-memory sources (`digits`, `mnist` from IDX
+files, `register_source` functions built on `splits_from_arrays`) hold
+numpy arrays and `make_input` batches them with numpy
+(`advtrain.data.batches`); the others say in one line what to install.
+
 Sources: `digits` (ships with scikit-learn), `mnist` (IDX files or TFDS),
 `gtsrb` (TFDS builder over the official archives), `arrays` (`.npy` files
 streamed from disk), `folder` (one folder per class), `tfds` (any TFDS
 image classification dataset), and those registered with
 `register_source`.
 
-Importing this package registers the `gtsrb` TFDS builder, so
-`tfds.builder("gtsrb")` finds advtrain's.
+With TensorFlow, importing this package registers the `gtsrb` TFDS
+builder, so `tfds.builder("gtsrb")` finds advtrain's.
 """
 
-import keras
-
-from advtrain._tfimport import import_tensorflow
-
-# On Keras's TensorFlow backend `import advtrain` imported it already; on
-# JAX this is its first import: quietly, as there.
-try:
-    import_tensorflow()
-except ModuleNotFoundError as exc:
-    if exc.name != "tensorflow":
-        raise
-    raise ModuleNotFoundError(
-        "advtrain.data (the tf.data input of recipes and advtrain.fit) needs "
-        "TensorFlow, which is not installed: pip install tensorflow. "
-        f"Received: KERAS_BACKEND={keras.backend.backend()}",
-        name="tensorflow",
-    ) from None
-
-from advtrain.data import gtsrb  # noqa: E402, F401  (registers the TFDS builder)
-from advtrain.data.errors import DataError  # noqa: E402
-from advtrain.data.pipeline import (  # noqa: E402
+from advtrain.data.errors import DataError, tensorflow_or_none
+from advtrain.data.pipeline import (
     AUGMENT_DEFAULTS,
     INPUT_OPTIONS,
     DataSplits,
@@ -49,11 +36,14 @@ from advtrain.data.pipeline import (  # noqa: E402
     make_input,
     make_replica_input,
 )
-from advtrain.data.sources import (  # noqa: E402
+from advtrain.data.sources import (
     LOAD_OPTIONS,
     register_source,
     sources,
 )
+
+if tensorflow_or_none() is not None:
+    from advtrain.data import gtsrb  # noqa: F401  (registers the TFDS builder)
 
 __all__ = [
     "AUGMENT_DEFAULTS",

@@ -1,6 +1,10 @@
-"""The error the data sources raise for data they cannot use."""
+"""The data package's errors, and its one way to reach TensorFlow."""
 
 from __future__ import annotations
+
+import importlib.util
+from types import ModuleType
+from typing import Optional
 
 from advtrain.utils.errors import ArgumentError
 
@@ -17,3 +21,24 @@ class DataError(ValueError):
 class DataArgumentError(DataError, ArgumentError):
     """A `DataError` about the value of a named argument (`path`,
     `tfds_name`, `image_size`): "argument: message", as `ArgumentError`."""
+
+
+def tensorflow_or_none() -> Optional[ModuleType]:
+    """TensorFlow, imported quietly, where it is installed; else None (the
+    sources then hold numpy arrays, `advtrain.data.batches`)."""
+    if importlib.util.find_spec("tensorflow") is None:
+        return None
+    from advtrain._tfimport import import_tensorflow
+
+    import_tensorflow()
+    import tensorflow
+
+    return tensorflow
+
+
+def needs_tensorflow(what: str, received: str) -> DataError:
+    """The one-line error for a part of the data that needs TensorFlow."""
+    return DataError(
+        f"{what} needs TensorFlow (tf.data), which is not installed: pip "
+        f"install tensorflow. Received: {received}"
+    )

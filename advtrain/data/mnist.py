@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from advtrain.data.errors import DataError
+from advtrain.data.errors import DataError, needs_tensorflow
 from advtrain.data.pipeline import DataSplits
 from advtrain.data.sources import register_source
 from advtrain.data.splits import splits_from_arrays
@@ -195,6 +195,10 @@ def mnist_splits(
         limit_test=limit_test,
     )
     if path is None:
+        from advtrain.data.pipeline import tf
+
+        if tf is None:
+            raise needs_tensorflow("mnist without data.path (TFDS)", "path=None")
         from advtrain.data.tfds_source import load_tfds_splits
 
         return load_tfds_splits(

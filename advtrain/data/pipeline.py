@@ -5,7 +5,9 @@ float32 pixels in [0, 1] for `Model.fit`; `make_distributed_input` does the
 same per input pipeline under a `tf.distribute` strategy, each pipeline
 reading its own shard and batching with the per-replica batch. Decoding,
 augmentation and shuffling all run in tf.data on the host CPU, in parallel
-(AUTOTUNE), with prefetch so the device never waits on them.
+(AUTOTUNE), with prefetch so the device never waits on them. Without
+TensorFlow the splits are in-memory `Examples`, batched by numpy
+(`advtrain.data.batches`).
 """
 
 from __future__ import annotations
@@ -13,16 +15,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
-import tensorflow as tf
-
+from advtrain.data.batches import ArrayBatches, Examples
+from advtrain.data.errors import tensorflow_or_none
 from advtrain.data.sources import LOAD_OPTIONS, sources
+
+tf = tensorflow_or_none()
 
 
 @dataclasses.dataclass
 class DataSplits:
-    """Unbatched `(image, label)` datasets and what the model needs to know.
+    """Unbatched `(image, label)` datasets (`Examples` where TensorFlow
+    is not installed) and what the model needs to know.
 
     `skipped` counts corrupt examples left out under `on_corrupt: skip`.
     `train_fn`, for sources that draw their order inside the source (the
@@ -30,9 +35,9 @@ class DataSplits:
     start over; `fresh_train()` returns one (or `train`).
     """
 
-    train: tf.data.Dataset
-    test: tf.data.Dataset
-    val: Optional[tf.data.Dataset]
+    train: Any
+    test: Any
+    val: Any
     num_classes: int
     image_shape: tuple[int, int, int]
     train_size: int
@@ -40,9 +45,9 @@ class DataSplits:
     val_size: int = 0
     class_names: Optional[list[str]] = None
     skipped: int = 0
-    train_fn: Optional[Callable[[], tf.data.Dataset]] = None
+    train_fn: Optional[Callable[[], Any]] = None
 
-    def fresh_train(self) -> tf.data.Dataset:
+    def fresh_train(self) -> Any:
         """The training examples, as a stream whose sequence of epochs
         depends only on the seeds: what a resumed run needs."""
         return self.train_fn() if self.train_fn is not None else self.train
@@ -184,7 +189,7 @@ def _shuffle_buffer(ds: tf.data.Dataset, requested: int) -> int:
 
 
 def make_input(
-    ds: tf.data.Dataset,
+    ds: Any,
     *,
     batch_size: int,
     training: bool,
@@ -194,11 +199,14 @@ def make_input(
     deterministic: bool = False,
     augment: Optional[dict[str, Any]] = None,
     source: Optional[str] = None,
-) -> tf.data.Dataset:
+) -> Any:
     """Batches `ds` with the global batch size, ready for `Model.fit`.
 
     Args:
-        ds: unbatched `(image, label)` elements.
+        ds: unbatched `(image, label)` elements: a `tf.data.Dataset`, or
+            `Examples`, batched as `ArrayBatches` (`cache`,
+            `shuffle_buffer` and `deterministic` do not apply: the arrays
+            are in memory, shuffled whole, in order of the seed).
         batch_size: the global batch; a strategy splits it across replicas.
         training: shuffle, augment and drop the last partial batch.
         seed: shuffle and augmentation seed.
@@ -217,6 +225,14 @@ def make_input(
                        source="digits", augment={"brightness": 0.1})
     ```
     """
+    if isinstance(ds, Examples):
+        return ArrayBatches(
+            ds,
+            batch_size=batch_size,
+            training=training,
+            seed=seed,
+            augment=augment_options(augment),
+        )
     options = tf.data.Options()
     options.deterministic = deterministic or not training
     ds = ds.with_options(options)
@@ -249,12 +265,9 @@ def make_input(
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-DatasetOrFn = Union[tf.data.Dataset, Callable[[], tf.data.Dataset]]
-
-
 def make_replica_input(
-    ds: DatasetOrFn,
-    input_context: tf.distribute.InputContext,
+    ds: Any,
+    input_context: Any,
     *,
     global_batch: int,
     training: bool,
@@ -297,8 +310,8 @@ def make_replica_input(
 
 
 def make_distributed_input(
-    ds_or_fn: DatasetOrFn,
-    strategy: tf.distribute.Strategy,
+    ds_or_fn: Any,
+    strategy: Any,
     *,
     global_batch: int,
     training: bool,
@@ -306,7 +319,7 @@ def make_distributed_input(
     repeat: bool = False,
     skip_steps: int = 0,
     **input_options: Any,
-) -> tf.distribute.DistributedDataset:
+) -> Any:
     """Feeds every replica its own examples, batched per replica.
 
     Each input pipeline (one per worker) keeps every n-th example of `ds`

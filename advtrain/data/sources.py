@@ -45,7 +45,16 @@ class SourceRegistry(Registry):
 
     def get(self, name: str) -> Callable[..., Any]:
         if name not in self._entries and name in _BUILTIN_MODULES:
-            importlib.import_module(_BUILTIN_MODULES[name])
+            try:
+                importlib.import_module(_BUILTIN_MODULES[name])
+            except ModuleNotFoundError as exc:
+                if not (exc.name or "").startswith("tensorflow"):
+                    raise
+                from advtrain.data.errors import needs_tensorflow
+
+                raise needs_tensorflow(
+                    f"data source {name}", f"source={name}"
+                ) from None
         return super().get(name)
 
     def names(self) -> list[str]:

@@ -2,7 +2,8 @@
 
 `hold_out` draws the test and validation indices the sources that have no
 split of their own use; `splits_from_arrays` turns in-memory arrays into
-`DataSplits`; `require` is the one-line error for a missing argument.
+`DataSplits` (tf.data where TensorFlow is installed, else `Examples`);
+`require` is the one-line error for a missing argument.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 from typing import Optional, TypeVar
 
 import numpy as np
-import tensorflow as tf
 
+from advtrain.data.batches import Examples
 from advtrain.data.errors import DataArgumentError
-from advtrain.data.pipeline import DataSplits
+from advtrain.data.pipeline import DataSplits, tf
 
 T = TypeVar("T")
 
@@ -94,6 +95,8 @@ def splits_from_arrays(
     x_test, y_test = limit(test[0], limit_test), limit(test[1], limit_test)
 
     def to_ds(x, y):
+        if tf is None:
+            return Examples(x, y)
         return tf.data.Dataset.from_tensor_slices((x, y))
 
     return DataSplits(

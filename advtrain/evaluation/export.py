@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Union
 
 import keras
-import tensorflow as tf
 
 SIGNATURE = "serving_default"
 
@@ -37,6 +36,8 @@ def export_saved_model(
     out["probabilities"]
     ```
     """
+    import tensorflow as tf  # here: advtrain run imports this on JAX too
+
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path}: exists and is not a folder.")

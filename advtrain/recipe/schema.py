@@ -5,6 +5,7 @@ runtime, eval, output) of plain values; docs/recipes.md describes each key.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 import re
@@ -421,18 +422,23 @@ class Recipe(_Section):
 
     @model_validator(mode="after")
     def _tensorflow_only_output(self) -> Recipe:
-        # Off by default on JAX, refused when asked for.
+        # A TF Serving SavedModel needs TensorFlow's tracing: off by default
+        # on JAX (the resolved recipe says so), refused when asked for.
+        # TensorBoard's logs need tf.summary: off where TensorFlow is not
+        # installed (the resolved recipe says so), as the recipes ask for
+        # them.
         output = self.output
-        if self.runtime.backend == "tensorflow" or not output.export_saved_model:
-            return self
-        if "export_saved_model" in output.model_fields_set:
-            raise ValueError(
-                "output.export_saved_model: the SavedModel export runs on "
-                "TensorFlow only; set it false or runtime.backend: "
-                "tensorflow (model.keras loads on every backend). Received: "
-                "output.export_saved_model=true, runtime.backend=jax"
-            )
-        output.export_saved_model = False
+        if self.runtime.backend != "tensorflow" and output.export_saved_model:
+            if "export_saved_model" in output.model_fields_set:
+                raise ValueError(
+                    "output.export_saved_model: the SavedModel export runs on "
+                    "TensorFlow only; set it false or runtime.backend: "
+                    "tensorflow (model.keras loads on every backend). Received: "
+                    "output.export_saved_model=true, runtime.backend=jax"
+                )
+            output.export_saved_model = False
+        if importlib.util.find_spec("tensorflow") is None:
+            output.tensorboard = False
         return self
 
     @field_validator("name")

@@ -18,9 +18,8 @@ from typing import Any, Optional, Union
 import keras
 import numpy as np
 import pydantic
-import tensorflow as tf
 
-from advtrain.data.streaming import array_batches
+from advtrain.data.errors import tensorflow_or_none
 from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.models.batchnorm.policy import (
     SETTLE_KEYS,
@@ -44,6 +43,8 @@ from advtrain.utils.options import format_validation_error
 from advtrain.utils.progress import Echo
 
 ModelOrBuilder = Union[keras.Model, Callable[[], keras.Model]]
+
+tf = tensorflow_or_none()  # None: `fit` needs it, the BatchNorm settle not
 
 # Held-out examples for the BatchNorm gap.
 _GAP_EXAMPLES = 512
@@ -409,16 +410,20 @@ def _gap_examples(source: Any) -> Optional[tuple[np.ndarray, np.ndarray]]:
         if isinstance(x, (dict, list, tuple)):
             return None
         return np.asarray(x[:_GAP_EXAMPLES]), np.asarray(y[:_GAP_EXAMPLES])
-    if not isinstance(source, tf.data.Dataset):
+    if isinstance(source, keras.utils.PyDataset):
+        tensor = np.ndarray
+    elif tf is not None and isinstance(source, tf.data.Dataset):
+        tensor = tf.Tensor
+    else:
         return None
     xs, ys, count = [], [], 0
     for batch in source:
         if not isinstance(batch, tuple) or len(batch) < 2:
             return None
-        if not all(isinstance(t, tf.Tensor) for t in batch[:2]):
+        if not all(isinstance(t, tensor) for t in batch[:2]):
             return None
-        xs.append(batch[0].numpy())
-        ys.append(batch[1].numpy())
+        xs.append(np.asarray(batch[0]))
+        ys.append(np.asarray(batch[1]))
         count += len(ys[-1]) if ys[-1].ndim else 1
         if count >= _GAP_EXAMPLES:
             break
@@ -527,6 +532,12 @@ def _training_data(
     reshuffling that one drew the first order and training the second,
     so N replicas trained on a different order than one device.
     """
+    if tf is None:
+        raise ImportError(
+            "advtrain.fit's input (tf.data) needs TensorFlow, which is not "
+            "installed: pip install tensorflow, or use AdversarialModel.fit. "
+            f"Received: KERAS_BACKEND={keras.backend.backend()}"
+        )
     if callable(data) and not isinstance(data, tf.data.Dataset):
         return _dataset_function(data, batch_size, seed)
     if isinstance(data, tf.data.Dataset):
@@ -543,6 +554,8 @@ def _training_data(
                 "x and y must hold the same number of examples. "
                 f"Received: len(x)={len(x)}, len(y)={len(y)}"
             )
+        from advtrain.data.streaming import array_batches
+
         ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed, repeat=True)
         return ds.skip, len(x), batch_size
     raise TypeError(
