@@ -198,7 +198,7 @@ def mnist_splits(
         from advtrain.data.pipeline import tf
 
         if tf is None:
-            raise needs_tensorflow("mnist without data.path (TFDS)", "path=None")
+            raise needs_tensorflow("mnist from TFDS (no path given)", "path=None")
         from advtrain.data.tfds_source import load_tfds_splits
 
         return load_tfds_splits(
