@@ -38,7 +38,6 @@ from advtrain.models.attack_then_train import train_step_after_attack
 from advtrain.models.eps_ramp import EpsRamp
 from advtrain.models.input_checks import (
     InputChecks,
-    fit_label_shape,
     model_input_checks,
     warn_if_probability_output,
 )
@@ -235,20 +234,27 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return self.classifier(inputs, training=training)
 
     def fit(self, *args, **kwargs):
-        """`keras.Model.fit`, after the labels' shape is checked against the
-        compiled loss (a `LabelError` before Keras builds anything) and, on
-        the first call, `batchnorm_momentum="auto"` gives BN layers still
-        at 0.99 the momentum of this call's length (epochs x steps)."""
+        """`keras.Model.fit`, on training data checked against the attack's
+        pixel range and the compiled loss (`advtrain.models.input_checks`)
+        and, on the first call, `batchnorm_momentum="auto"` gives BN layers
+        still at 0.99 the momentum of this call's length (epochs x steps)."""
         arguments = fit_arguments(*args, **kwargs)
-        shape = fit_label_shape(arguments)
-        if self.check_inputs and shape is not None:
-            model_input_checks(self).check_label_shape(shape)
+        if arguments is None:  # Keras's own fit reports the bad arguments
+            return super().fit(*args, **kwargs)
+        checks = model_input_checks(self)
+        arguments["x"] = checks.checked(arguments["x"], arguments.get("y"))
         if not self._batchnorm_momentum_set:
             self._batchnorm_momentum_set = True
             momentum = self.batchnorm_momentum
             if set_momentum_for_fit(self.classifier, momentum, arguments):
                 self.train_function = None  # traced with the old momentum
-        return super().fit(*args, **kwargs)
+        with checks.clean_errors():
+            return super().fit(**arguments)
+
+    def train_on_batch(self, x, y=None, *args, **kwargs):
+        """`keras.Model.train_on_batch`, on a batch checked on the host."""
+        model_input_checks(self).check_batch((x, y))
+        return super().train_on_batch(x, y, *args, **kwargs)
 
     # ------------------------------------------------------------ hooks
 
@@ -379,14 +385,13 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
     def _train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         warn_if_probability_output(self.classifier, getattr(self, "loss", None))
-        x, y, stats = self._attach_input_checks(x, y)
         am.begin_step(self.metrics)
         attack = self.training_attack()
         if self.reuse_gradient_step and self.adv_weight > 0:
             logs = train_step_reusing_gradient(self, attack, x, y, sample_weight)
         else:
             logs = train_step_after_attack(self, attack, x, y, sample_weight)
-        return {**logs, **stats}
+        return logs
 
     def _test_step(self, data):
         """Clean loss and metrics as Keras computes them, plus the attack's

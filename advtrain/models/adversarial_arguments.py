@@ -186,6 +186,7 @@ def fit_arguments(*args, **kwargs) -> Optional[dict[str, Any]]:
     """`keras.Model.fit`'s arguments by name; None when they do not bind
     (Keras's own fit reports that)."""
     try:
-        return inspect.signature(keras.Model.fit).bind(None, *args, **kwargs).arguments
+        bound = inspect.signature(keras.Model.fit).bind(None, *args, **kwargs)
     except TypeError:
         return None
+    return {k: v for k, v in bound.arguments.items() if k != "self"}

@@ -319,9 +319,9 @@ def _checked_phases(phases: Optional[list[Phase]], epochs: int) -> list[Phase]:
 
 def _label_checked(stream, net, classifier, loss):
     """(`stream(skip)` of the training batches, their `InputChecks`): an
-    `AdversarialModel` checks its batches itself; a plain model's labels
-    are checked in the stream, against the loss and the model's output
-    (shapes now, values per batch; `advtrain.models.input_checks`)."""
+    `AdversarialModel` checks its data itself; a plain model's labels are
+    checked in the stream against the loss and the model's output
+    (`advtrain.models.input_checks`)."""
     from advtrain.models.input_checks import (
         InputChecks,
         label_kind,
@@ -334,18 +334,9 @@ def _label_checked(stream, net, classifier, loss):
         labels=label_kind(loss),
         loss_name=loss_name(loss),
     )
-    spec = stream(0).element_spec
-    if not checks.active or not isinstance(spec, tuple) or len(spec) not in (2, 3):
+    if net is not classifier:  # AdversarialModel: its fit checks the data
         return stream, checks
-    checks.check_label_shape(spec[1].shape)
-    if net is not classifier:  # AdversarialModel: its step checks the batch
-        return stream, checks
-
-    def checked(x, y, *weights):
-        x, y, _ = checks.attach(x, y)
-        return (x, y, *weights)
-
-    return lambda skip: stream(skip).map(checked), checks
+    return lambda skip: checks.checked(stream(skip)), checks
 
 
 # ---------------------------------------------------------------- batchnorm
