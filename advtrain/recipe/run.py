@@ -303,8 +303,8 @@ def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
         + f" triggers {cfg.co_guard_action}"
     )
     guard = CatastrophicOverfittingGuard(
-        x.numpy(),
-        y.numpy(),
+        keras.ops.convert_to_numpy(x),
+        keras.ops.convert_to_numpy(y),
         eps=recipe.attack.eps,
         norm=recipe.attack.norm,
         steps=cfg.co_guard_pgd_steps,
