@@ -218,12 +218,18 @@ def test_recipe_without_tensorflow_trains_and_evaluates(tmp_path):
     out = tmp_path / "run"
     recipe = _tiny_recipe(tmp_path, "jax")
     sets = ["--set", "train.epochs=10", "--set", "attack.eps=0.02"]
+    # The catastrophic-overfitting guard's batch comes from the numpy input.
+    sets += ["--set", "train.co_guard=true", "--set", "train.co_guard_examples=32"]
+    sets += ["--set", "train.co_guard_pgd_steps=1"]
     run_console(tmp_path, "run", recipe, "--output", out, *sets, KERAS_BACKEND="jax")
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["examples"] == 32
     assert 0.0 <= metrics["robust_accuracy"] <= metrics["clean_accuracy"] <= 1.0
     # 47% measured (seed 0); labels out of step with the images give 16%.
     assert metrics["clean_accuracy"] >= 0.3, metrics
+    guard = metrics["co_guard"]  # measured every epoch, PGD accuracy rising
+    assert [row["epoch"] for row in guard["pgd_accuracy"]] == list(range(1, 11))
+    assert guard["best_accuracy"] > guard["pgd_accuracy"][0]["accuracy"], guard
     with open(out / "history.csv") as rows:
         losses = [float(row["clean_loss"]) for row in csv.DictReader(rows)]
     assert len(losses) == 10 and losses[-1] < losses[0], losses
