@@ -1,14 +1,9 @@
 """`AdversarialModel`: a keras.Model that trains on clean and adversarial loss.
 
-The model reads as Keras's own trainer: `train_step` picks one of two
-steps, each one screen long. Its parts live beside it:
-`adversarial_arguments` (the rules on the arguments),
-`adversarial_metrics` (the metrics it adds and when each is logged),
-`reuse_gradient` (the gradient-reusing step and when it runs),
-`input_checks` (the in-graph checks on every training batch) and
-`trainers` (what differs per Keras backend: the gradients, the state
-handling, TensorFlow's fused BatchNorm kernel). The steps are written in
-`keras.ops` and train on TensorFlow and JAX.
+`train_step` picks one of two steps (`reuse_gradient`,
+`attack_then_train`); the argument rules, metrics, input checks and the
+per-backend trainers live beside it. Written in `keras.ops`: it trains
+on TensorFlow and JAX.
 """
 
 from __future__ import annotations
@@ -24,23 +19,17 @@ from advtrain.models.adversarial_arguments import (
     check_hooks,
     check_keywords_known,
     checked_arguments,
-    constructor_arguments,
     fit_arguments,
+    init_keywords,
     renamed_config,
     set_momentum_for_fit,
 )
-from advtrain.models.adversarial_metrics import (
-    OptionalAccuracy,
-    OptionalMean,
-    replicas_in_sync,
+from advtrain.models.attack_then_train import (
+    ramp_scale,
+    scaled_attack,
+    train_step_after_attack,
 )
-from advtrain.models.attack_then_train import train_step_after_attack
-from advtrain.models.eps_ramp import EpsRamp
-from advtrain.models.input_checks import (
-    InputChecks,
-    model_input_checks,
-    warn_if_probability_output,
-)
+from advtrain.models.input_checks import model_input_checks, warn_if_probability_output
 from advtrain.models.reuse_gradient import (
     REUSE_GRADIENT_BYPASSES,
     choose_step,
@@ -48,7 +37,7 @@ from advtrain.models.reuse_gradient import (
 )
 from advtrain.models.trainers import AdversarialTrainer
 
-__all__ = ["AdversarialModel", "replicas_in_sync"]
+__all__ = ["AdversarialModel"]
 
 
 @keras.saving.register_keras_serializable(package="advtrain")
@@ -56,25 +45,17 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
     """Wraps a classifier; `fit` minimises a clean/adversarial loss mix.
 
     loss = (1 - adv_weight) * clean_loss + adv_weight * adversarial_loss,
-    with the compiled loss (`from_logits=True`: the classifier returns
-    logits), keeping Keras semantics: loss scaling, sample weights,
-    compiled metrics (on the clean batch), `tf.distribute` reductions,
-    `steps_per_execution`, `.keras` saving. The step (`step_note` says
-    which and why) is the gradient-reusing one for plain FGSM with a clean
-    term (`advtrain.models.reuse_gradient`), else the attack in inference
-    mode, then one training pass (`advtrain.models.attack_then_train`).
-    Every training batch's pixels and labels are checked in the graph
-    (`advtrain.models.input_checks`: one-line `PixelRangeError`,
-    `LabelError`). Logged beside the compiled metrics, where a step feeds
-    them: `clean_loss`, `adv_loss`, `adv_accuracy`, `zero_grad_fraction`
-    (`advtrain.models.adversarial_metrics`).
+    with the compiled loss (`from_logits=True`), keeping Keras semantics:
+    loss scaling, sample weights, compiled metrics (clean batch),
+    `tf.distribute` reductions, `.keras` saving. `step_note` says which
+    step runs and why. `fit` checks the training data's pixels and labels
+    (`PixelRangeError`, `LabelError`). Logged where a step feeds them:
+    `clean_loss`, `adv_loss`, `adv_accuracy`, `zero_grad_fraction`.
 
     Research code overrides the hooks `generate_adversarial` and
-    `adversarial_loss` (built from `compute_loss`, `reduce_per_example`
-    and `track_losses`, so it is right on any number of replicas);
-    `TRADES` is built that way. The gradient-reusing step bypasses them
-    (and `attack_model_fn`, `attack_loss_scale`): a subclass overriding
-    one gets the inference-mode step.
+    `adversarial_loss` (as `TRADES` does); the gradient-reusing step
+    bypasses them (`REUSE_GRADIENT_BYPASSES`), so a subclass overriding
+    one gets the attack-then-train step.
 
     Args:
         classifier: a Keras model mapping [0, 1] pixels to logits.
@@ -87,21 +68,15 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         reuse_gradient: "auto" (default): the gradient-reusing step exactly
             for plain FGSM, 0 < adv_weight < 1 and no bypassed hook
             overridden; True forces it (FGSM or FGSM-RS); False never.
-            Called `fused` before 0.3.
-        fused_batchnorm: on TensorFlow, compute the classifier's plain
-            BatchNormalization layers with TensorFlow's fused kernel while
-            a train or test step runs (`advtrain.models.batchnorm.fused`:
-            the same results, faster); the layers stay Keras's own, so a
-            saved classifier loads without advtrain. False: Keras's ops.
+        fused_batchnorm: on TensorFlow, plain BatchNormalization layers use
+            the fused kernel while a step runs; they stay Keras's own.
         batchnorm_momentum: "auto" (default): on the first `fit`, BN layers
             still at Keras's 0.99 get the run length's momentum; a number
-            sets every BN layer; None keeps them
-            (`advtrain.models.batchnorm.policy`).
+            sets every BN layer; None keeps them.
         eps_ramp_steps: 0 (default) or the optimizer steps over which the
-            training attack's eps and step sizes grow from ~0 to their
-            values (`advtrain.models.eps_ramp`); evaluation uses full eps.
-        check_inputs: check every training batch's pixels and labels (see
-            above); False skips the checks.
+            training attack's eps and step sizes grow from ~0 to full
+            (`ramp_scale`); evaluation uses the full eps.
+        check_inputs: check the training data's pixels and labels.
 
     Example:
 
@@ -134,17 +109,13 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         **kwargs: Any,
     ):
         check_keywords_known(
-            type(self).__name__, kwargs, constructor_arguments(type(self))
+            type(self).__name__, kwargs, init_keywords(type(self), keras.Model)
         )
         super().__init__(**kwargs)
-        # Arguments, checked before anything is built.
-        check_hooks(type(self))
-        attack = checked_arguments(
-            attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
-        )
-        self.reuse_gradient_step, self._step_reason = self._choose_step(
-            reuse_gradient, attack, adv_weight
-        )
+        attack, (self.reuse_gradient_step, self._step_reason) = self._checked(
+            attack, adv_weight, attack_mode, reuse_gradient, batchnorm_momentum,
+            eps_ramp_steps,
+        )  # fmt: skip
         self.classifier = classifier
         self.attack = attack
         self.adv_weight = float(adv_weight)
@@ -153,21 +124,17 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         self.reuse_gradient = reuse_gradient
         self.eps_ramp_steps = eps_ramp_steps
         self.check_inputs = bool(check_inputs)
-        # BatchNorm: the fused kernel while a step runs (TensorFlow's
-        # trainer); the momentum on the first `fit`, which knows its length.
         self.fused_batchnorm = bool(fused_batchnorm)
         self.batchnorm_momentum = batchnorm_momentum
+        # The momentum is set on the first `fit`, which knows its length.
         self._batchnorm_momentum_set = batchnorm_momentum is None
-        # State the steps use: the attack's random stream, the input checks
-        # (rebuilt once compiled), the metrics.
         self.seed_generator = keras.random.SeedGenerator(seed)
-        self._input_checks = InputChecks()
         # The step's own loss tracker (replaces Keras's, see `metrics`).
         self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.clean_loss_tracker = OptionalMean(name="clean_loss")
-        self.adv_loss_tracker = OptionalMean(name="adv_loss")
-        self.adv_accuracy = OptionalAccuracy(name="adv_accuracy")
-        self.zero_grad_tracker = OptionalMean(name="zero_grad_fraction")
+        self.clean_loss_tracker = am.OptionalMean(name="clean_loss")
+        self.adv_loss_tracker = am.OptionalMean(name="adv_loss")
+        self.adv_accuracy = am.OptionalAccuracy(name="adv_accuracy")
+        self.zero_grad_tracker = am.OptionalMean(name="zero_grad_fraction")
 
     @classmethod
     def check_arguments(
@@ -180,38 +147,37 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         eps_ramp_steps: int = 0,
         **kwargs: Any,
     ) -> None:
-        """Applies the constructor's rules to these arguments without
-        building a model: a recipe checks its attack section this way when
-        it loads. A bad value is an `advtrain.utils.errors.ArgumentError`
-        naming the argument.
-        """
+        """Applies the constructor's rules without building a model; a bad
+        value is an `ArgumentError` naming the argument."""
         check_keywords_known(
             f"{cls.__name__}.check_arguments",
             kwargs,
             ["attack", "adv_weight", "attack_mode", "reuse_gradient"]
             + ["batchnorm_momentum", "eps_ramp_steps"],
         )
-        check_hooks(cls)
-        attack = checked_arguments(
-            attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
-        )
-        cls._choose_step(reuse_gradient, attack, adv_weight)
+        cls._checked(
+            attack, adv_weight, attack_mode, reuse_gradient, batchnorm_momentum,
+            eps_ramp_steps,
+        )  # fmt: skip
 
     @classmethod
-    def _choose_step(cls, reuse_gradient, attack, adv_weight) -> tuple[bool, str]:
-        """(gradient-reusing step or not, why), for this class."""
+    def _checked(
+        cls, attack, adv_weight, attack_mode, reuse_gradient, momentum, ramp
+    ) -> tuple[Optional[Attack], tuple[bool, str]]:
+        """(the `Attack`, (gradient-reusing step or not, why)) for this class."""
+        check_hooks(cls)
+        attack = checked_arguments(attack, adv_weight, attack_mode, ramp, momentum)
         overridden = [
             h
             for h in REUSE_GRADIENT_BYPASSES
             if getattr(cls, h) is not getattr(AdversarialModel, h)
         ]
-        return choose_step(reuse_gradient, attack, adv_weight, cls.__name__, overridden)
+        step = choose_step(reuse_gradient, attack, adv_weight, cls.__name__, overridden)
+        return attack, step
 
     @property
     def step_note(self) -> str:
-        """Which training step runs and why, in one line (the run header
-        prints it).
-        """
+        """Which training step runs and why, in one line."""
         if self.reuse_gradient_step:
             what = "gradient-reusing step, 2 forward + 2 backward passes"
         elif self.attack is None or self.adv_weight == 0:
@@ -221,23 +187,20 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return f"{what} ({self._step_reason})"
 
     def training_attack(self) -> Optional[Attack]:
-        """The attack the training step runs at `optimizer.iterations`:
-        `attack` scaled by the eps ramp (`advtrain.models.eps_ramp`), which
-        the step passes to `generate_adversarial`; `attack` itself without
-        a ramp."""
+        """The attack the training step passes to `generate_adversarial`:
+        `attack` scaled by the eps ramp at `optimizer.iterations`."""
         if not self.eps_ramp_steps or self.attack is None:
             return self.attack
-        ramp = EpsRamp(self.eps_ramp_steps)
-        return ramp.scaled(self.attack, ramp.scale(self.optimizer.iterations))
+        scale = ramp_scale(self.optimizer.iterations, self.eps_ramp_steps)
+        return scaled_attack(self.attack, scale)
 
     def call(self, inputs, training=False):
         return self.classifier(inputs, training=training)
 
     def fit(self, *args, **kwargs):
-        """`keras.Model.fit`, on training data checked against the attack's
-        pixel range and the compiled loss (`advtrain.models.input_checks`)
-        and, on the first call, `batchnorm_momentum="auto"` gives BN layers
-        still at 0.99 the momentum of this call's length (epochs x steps)."""
+        """`keras.Model.fit` on training data checked against the attack's
+        pixel range and the compiled loss; the first call sets the
+        BatchNorm momentum for its length (`batchnorm_momentum`)."""
         arguments = fit_arguments(*args, **kwargs)
         if arguments is None:  # Keras's own fit reports the bad arguments
             return super().fit(*args, **kwargs)
@@ -272,10 +235,9 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
     def generate_adversarial(self, x, y, attack=None):
         """Returns adversarial examples for `(x, y)`; override for research.
 
-        `attack` is the step's attack: the training step passes
-        `training_attack()` (eps-ramped), the test step `self.attack`; None
-        means `self.attack`. The default runs it on `attack_model_fn`, with
-        the loss scale of a mixed-precision optimizer, and stops gradients.
+        `attack` is the step's attack (`training_attack()` in training,
+        `self.attack` in testing and when None); the default runs it on
+        `attack_model_fn` and stops gradients.
 
         Example:
 
@@ -305,17 +267,12 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
     def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
         """The training loss; default `(1 - w) * clean + w * adversarial`.
 
-        `y_pred` is None when `adv_weight == 1` (and the subclass does not
-        set `needs_clean_logits`); `y_pred_adv` is None when it is 0.
-
-        Under `tf.distribute` each replica returns its share of the global
-        batch's loss and the shares' gradients are summed. So build the loss
-        from shares: `compute_loss(...)` (the compiled loss plus
-        regularisation losses) and `reduce_per_example(values,
-        sample_weight)` for a per-example term of your own. A plain
-        `ops.mean` is the mean over one replica's examples and counts
-        N times under N replicas. Log parts with `track_losses`. Written
-        in `keras.ops`, it trains on TensorFlow and JAX.
+        `y_pred` is None when `adv_weight == 1` (unless the class sets
+        `needs_clean_logits`); `y_pred_adv` is None when it is 0. Each
+        replica returns its share of the global batch's loss: build it from
+        `compute_loss(...)` and `reduce_per_example(values, sample_weight)`
+        (a plain `ops.mean` counts N times under N replicas); log parts
+        with `track_losses`.
 
         Example:
 
@@ -347,13 +304,10 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
     def reduce_per_example(self, values, sample_weight=None):
-        """This replica's share of the batch mean of a per-example term:
-        `sum(values * sample_weight) / global_batch` (the global batch is
-        this replica's times `num_replicas_in_sync`). Summed over replicas,
-        as the gradients are, it is the mean over the whole batch, and it
-        adds to `compute_loss` like for like. `values` has one value per
-        example (further axes averaged first); `sample_weight` is None or
-        one weight per example.
+        """This replica's share of the batch mean of a per-example term,
+        `sum(values * sample_weight) / global_batch`: it adds to
+        `compute_loss` like for like. `values` has one value per example
+        (further axes averaged first).
 
         Example:
 
@@ -365,13 +319,8 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return am.batch_mean_share(values, sample_weight)
 
     def track_losses(self, clean=None, adv=None) -> None:
-        """Logs `clean_loss` / `adv_loss` from loss shares.
-
-        Pass the values as they enter the loss (from `compute_loss` or
-        `reduce_per_example`, i.e. this replica's share); the logs show the
-        per-example mean, the same on 1 or N replicas. A metric no step
-        feeds is not logged.
-        """
+        """Logs `clean_loss` / `adv_loss` from loss shares (as they enter
+        the loss); the logs show the per-example mean on any replica count."""
         if clean is not None:
             am.track_share(self.clean_loss_tracker, clean)
         if adv is not None:
@@ -379,8 +328,7 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
 
     # ------------------------------------------------------------ steps
 
-    # `train_step` and `test_step` are the backend trainer's
-    # (`advtrain.models.trainers`), in the backend's signature, around these.
+    # The backend trainer's `train_step` / `test_step` call these.
 
     def _train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -388,15 +336,12 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         am.begin_step(self.metrics)
         attack = self.training_attack()
         if self.reuse_gradient_step and self.adv_weight > 0:
-            logs = train_step_reusing_gradient(self, attack, x, y, sample_weight)
-        else:
-            logs = train_step_after_attack(self, attack, x, y, sample_weight)
-        return logs
+            return train_step_reusing_gradient(self, attack, x, y, sample_weight)
+        return train_step_after_attack(self, attack, x, y, sample_weight)
 
     def _test_step(self, data):
-        """Clean loss and metrics as Keras computes them, plus the attack's
-        `adv_loss` / `adv_accuracy` on the same batch (full eps), so
-        validation reports robust accuracy (`val_adv_accuracy`)."""
+        """Clean loss and metrics, plus the full-eps attack's `adv_loss` /
+        `adv_accuracy` on the same batch."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         am.begin_step(self.metrics)
         y_pred = self(x, training=False)
@@ -428,9 +373,7 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return others if own is None else [own, *others]
 
     def get_metrics_result(self):
-        """Keras's metric results, without the metrics that no step of the
-        current phase feeds (`advtrain.models.adversarial_metrics`).
-        """
+        """Keras's metric results, without the optional metrics not fed."""
         return am.logged(self.metrics, super().get_metrics_result(), self._in_step())
 
     # ------------------------------------------------------------ config
@@ -453,8 +396,7 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """The model `get_config` describes; a config saved by 0.2 (key
-        "fused") loads too."""
+        """The model `get_config` describes (a 0.2 config loads too)."""
         config = renamed_config(config)
         config["classifier"] = keras.saving.deserialize_keras_object(
             config["classifier"], custom_objects=custom_objects

@@ -1,6 +1,6 @@
 """The rules on `AdversarialModel`'s arguments, checked before anything is
-built (the constructor, `AdversarialModel.check_arguments`, and a recipe
-as it loads), and the arguments of its `fit`."""
+built (the constructor and `AdversarialModel.check_arguments`), and the
+arguments of its `fit`."""
 
 from __future__ import annotations
 
@@ -13,17 +13,16 @@ import keras
 
 from advtrain.attacks import Attack, attack_settings
 from advtrain.utils.errors import ArgumentError
-from advtrain.utils.keywords import check_keywords
+from advtrain.utils.keywords import check_keywords, keyword_names
 
 ATTACK_MODES = ("inference", "train")
 # What `keras.Model.__init__` takes besides a model's own arguments.
 KERAS_KEYWORDS = ("name", "dtype", "trainable", "autocast", "activity_regularizer")
-# Keywords of 0.2 and their 0.3 names: refused from Python, mapped in the
-# config of a model saved by 0.2.
+# Keywords of 0.2 and their 0.3 names: refused from Python, mapped in a
+# saved 0.2 config.
 RENAMED = {"fused": "reuse_gradient"}
-# The fields of 0.2's `Attack` (one dataclass for every method): the attack
-# of a model saved by 0.2 lists them all, most filled in with defaults the
-# method never took; its config drops those.
+# The fields of 0.2's one `Attack` dataclass: a saved 0.2 attack lists them
+# all; its config drops those its method does not take.
 ATTACK_FIELDS_0_2 = (
     "alpha", "steps", "step_size", "random_start", "restarts", "clip_start",
     "noise", "zero_quantile", "queries", "options",
@@ -31,9 +30,8 @@ ATTACK_FIELDS_0_2 = (
 
 
 def check_keywords_known(owner: str, given: dict, accepted: Iterable[str]) -> None:
-    """Refuses a keyword `owner`'s constructor does not take, as the
-    registries do (a TypeError with did-you-mean); a keyword renamed since
-    0.2 gets one line naming its new name."""
+    """A TypeError (with did-you-mean) for a keyword `owner` does not
+    take; one naming the new name for a keyword renamed since 0.2."""
     for old, new in RENAMED.items():
         if old in given:
             raise TypeError(
@@ -61,7 +59,7 @@ def renamed_config(config: dict) -> dict:
 
 def _attack_without_0_2_fields(attack: dict) -> dict:
     """A saved attack config without the 0.2 fields its method does not
-    take (`options` merged in first)."""
+    take."""
     attack = {**attack, **(attack.get("options") or {})}
     attack.pop("options", None)
     takes = attack_settings(
@@ -127,9 +125,8 @@ def _check_ramp(eps_ramp_steps, attack: Optional[Attack]) -> None:
 
 
 def check_hooks(cls: type) -> None:
-    """An override of `generate_adversarial` takes the step's attack
-    (`attack`, or `**kwargs`): the training step passes it the eps-ramped
-    one. A TypeError naming the class otherwise."""
+    """A TypeError unless `cls.generate_adversarial` takes the step's
+    `attack` (or `**kwargs`)."""
     parameters = inspect.signature(cls.generate_adversarial).parameters
     if "attack" in parameters or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
@@ -143,25 +140,39 @@ def check_hooks(cls: type) -> None:
     )
 
 
-def constructor_arguments(cls: type) -> list[str]:
-    """The names `cls`'s constructor and its bases' up to `keras.Model`
-    take (for the did-you-mean of an unknown keyword)."""
+_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def init_keywords(
+    cls: type, stop: type, skip: int = 1, passed_on: bool = False
+) -> list[str]:
+    """The keyword names of each `__init__` from `cls` up to `stop`
+    (excluded), after each one's first `skip` parameters; with `passed_on`,
+    only as far as each `__init__` takes `**kwargs` to pass on."""
     names: list[str] = []
     for klass in cls.__mro__:
-        if klass is keras.Model:
+        if klass is stop:
             break
-        if "__init__" in vars(klass):
-            parameters = inspect.signature(klass.__init__).parameters
-            names += [n for n in parameters if n not in ("self", "kwargs", *names)]
+        if "__init__" not in vars(klass):
+            continue
+        parameters = list(inspect.signature(klass.__init__).parameters.values())
+        names += [
+            p.name
+            for p in parameters[skip:]
+            if p.kind in _BY_KEYWORD and p.name not in names
+        ]
+        if passed_on and not any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+        ):
+            break
     return names
 
 
 def set_momentum_for_fit(
     classifier: keras.Model, momentum: Any, arguments: Optional[dict]
 ) -> bool:
-    """Sets `classifier`'s BatchNorm momentum per `momentum` (the model's
-    `batchnorm_momentum`) for the run `arguments` (`fit_arguments`)
-    describes, warning once with what changed; True once it is set."""
+    """Sets `classifier`'s BatchNorm momentum per `momentum` for the `fit`
+    call `arguments` describes, warning with what changed; True once set."""
     from advtrain.models.batchnorm.policy import (
         MOMENTUM_RULES,
         fit_total_steps,
@@ -172,7 +183,7 @@ def set_momentum_for_fit(
     if momentum in MOMENTUM_RULES:
         if arguments is None:
             return False  # Keras's own fit reports the bad arguments
-        names = inspect.signature(fit_total_steps).parameters
+        names = keyword_names(fit_total_steps)
         steps = fit_total_steps(**{k: v for k, v in arguments.items() if k in names})
     note = set_momentum(classifier, momentum, steps)
     if note:

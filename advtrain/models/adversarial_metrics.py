@@ -1,24 +1,11 @@
-"""The metrics `AdversarialModel` adds to the compiled ones, and the rule
-that logs each only where a step feeds it.
+"""The metrics `AdversarialModel` adds to the compiled ones, each logged
+only where a step feeds it.
 
-`clean_loss`, `adv_loss`, `adv_accuracy` and `zero_grad_fraction` are
-`OptionalMetric`s: a step that has nothing to say about one (no attack in
-training, a loss hook that logs no parts, a multi-step attack's gradient)
-must not log it as 0, in its per-batch logs or in the epoch's. The train
-and test steps feed different sets (`val_grad_align_loss` must not exist),
-so the rule reads the metric itself, never the phase:
-
-* inside a step's graph (`compute_metrics`), a metric is logged when the
-  step being traced called its `update_state` (`fed`, set at trace time;
-  no cost per batch);
-* eagerly (Keras's end-of-epoch and end-of-evaluation
-  `get_metrics_result`), when it holds any update since its last reset
-  (`count > 0`). Keras resets every metric when training or evaluation
-  begins, so this is the set the phase that just ran fed.
-
-Both give the same keys, so the step's logs and `get_metrics_result` agree
-whichever of the two Keras reports, with no mode flag and no assumption
-about which Keras method runs validation.
+An `OptionalMetric` a step does not feed (no attack in training, a loss
+hook that logs no parts) is not logged as 0. Inside a traced step it is
+logged when that step called its `update_state` (`fed`, set at trace
+time); eagerly (`get_metrics_result`) when it holds an update since its
+last reset. Both give the same keys, with no mode flag.
 """
 
 from __future__ import annotations
@@ -94,8 +81,7 @@ def logged(metrics: Iterable[Any], results: dict, in_step: bool) -> dict:
 
 
 def batch_mean_share(values, sample_weight=None):
-    """This replica's share of the batch mean of a per-example term
-    (`AdversarialModel.reduce_per_example`)."""
+    """`AdversarialModel.reduce_per_example`."""
     values = ops.cast(values, "float32")
     rank = len(values.shape)
     if rank == 0:

@@ -1,20 +1,41 @@
 """`AdversarialModel`'s default training step: the attack, then one
-training pass over the clean and adversarial batch together.
+training pass over the clean and adversarial batch together; and the eps
+ramp that scales the step's attack.
 
-The attack runs through the model's hooks (`generate_adversarial`, with
-the classifier in `attack_mode`, inference by default: no BatchNorm
-update, no dropout) and its result is a constant of the step
-(`stop_gradient`); the loss comes from the `adversarial_loss` hook. For
-FGSM a step costs 3 forward + 3 backward passes. Written in `keras.ops`;
-the gradients, the optimizer and the attack's state updates go through
-the model's backend trainer (`advtrain.models.trainers`).
+The attack runs through the model's hooks (`generate_adversarial`, the
+classifier in `attack_mode`) and its result is a constant of the step;
+the loss comes from `adversarial_loss`. For FGSM a step costs 3 forward +
+3 backward passes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from keras import ops
 
+from advtrain.attacks import Attack
 from advtrain.models import adversarial_metrics as am
+
+
+def ramp_scale(iteration: Any, steps: int) -> Any:
+    """The eps ramp's float32 scale at 0-based optimizer step `iteration`:
+    `min(1, (iteration + 1) / steps)`. Computed from the step counter
+    alone, so a resumed run continues the same ramp."""
+    t = ops.cast(iteration, "float32") + 1.0
+    return ops.minimum(1.0, t / float(steps))
+
+
+def scaled_attack(attack: Attack, scale: Any) -> Attack:
+    """`attack` with eps, and alpha, step_size and noise where its method
+    has them set, times `scale` (the largest perturbation is
+    `scale * eps`)."""
+    changes = {"eps": attack.eps * scale}
+    for name in ("alpha", "step_size", "noise"):
+        value = attack.settings.get(name)
+        if value is not None:
+            changes[name] = value * scale
+    return attack.replace(**changes)
 
 
 def train_step_after_attack(model, attack, x, y, sample_weight) -> dict:
@@ -49,11 +70,8 @@ def train_step_after_attack(model, attack, x, y, sample_weight) -> dict:
 
 
 def _forward(model, x, x_adv):
-    """Training-mode logits for the clean and adversarial batches.
-
-    Both go through one forward pass: one BatchNorm update per step and
-    better device utilisation than two half-size passes.
-    """
+    """Training-mode logits for the clean and adversarial batches, in one
+    forward pass (one BatchNorm update per step)."""
     if x_adv is None:
         return model(x, training=True), None
     if model.adv_weight == 1.0 and not model.needs_clean_logits:

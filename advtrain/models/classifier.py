@@ -1,10 +1,8 @@
 """Classifier = input adapter -> preprocess -> backbone -> pooling -> logits.
 
-The model takes raw pixels in [0, 1] at the dataset's native size and
-channel count. Grayscale-to-RGB, resizing to the backbone's input size and
-the backbone's own preprocessing are layers of the model, so eps, step
-sizes and clipping are in pixel units whatever the backbone, and a saved
-`.keras` file serves raw images.
+The model takes raw [0, 1] pixels at the dataset's native shape; channel
+mapping, resizing and the backbone's preprocessing are layers of it, so
+eps is in pixel units whatever the backbone.
 """
 
 from __future__ import annotations
@@ -43,11 +41,10 @@ def backbone_input_size(
 ) -> tuple[int, int]:
     """The (height, width) the backbone named `backbone` sees.
 
-    `input_size` when set (it must reach the backbone's minimum);
-    otherwise the native size, scaled up with its aspect ratio kept when
-    its short side is below the minimum: to the backbone's default size
-    when pretrained weights are loaded (the scale they were trained at),
-    else to the minimum (cheapest).
+    `input_size` when set (at least the backbone's minimum); else the
+    native size, scaled up (aspect kept) when its short side is below the
+    minimum: to the default size with pretrained weights, else to the
+    minimum.
     """
     spec = backbone_spec(backbone)
     if input_size is not None:
@@ -84,30 +81,23 @@ def build_classifier(
 ) -> keras.Model:
     """Builds a classifier taking raw pixels and returning float32 logits.
 
-    Layers: `pixels` (float32 in [0, 1], the dataset's native shape) ->
-    `to_channels` (grayscale to RGB, when needed) -> `resize` (when the
-    backbone needs another size, see `backbone_input_size`) -> `preprocess`
-    (the backbone's mode) -> backbone (the one nested model) -> `pool` ->
-    `dropout` (when `dropout`) -> `logits`.
-
-    Freezing and the BatchNorm policy are applied afterwards by
-    `advtrain.models.freezing.apply_phase` and
-    `advtrain.models.batchnorm.policy.apply_batchnorm_policy`.
+    Layers: `pixels` -> `to_channels` (when needed) -> `resize` (when
+    needed, `backbone_input_size`) -> `preprocess` -> backbone (the one
+    nested model) -> `pool` -> `dropout` (when set) -> `logits`.
 
     Args:
         image_shape: the dataset's native (height, width, channels).
         num_classes: number of logits.
         backbone: a registered backbone name (`advtrain.backbones`).
-        weights: None (random), "imagenet", or a weights file (see
-            `advtrain.models.weights`).
+        weights: None (random), "imagenet", or a weights file
+            (`advtrain.models.weights`).
         input_size: (height, width) the backbone sees; None: derived.
-        width: base width of the builders that take one (small_cnn...).
+        width: base width of the builders that take one.
         dropout: dropout rate before the logits (0: no dropout layer).
 
     Raises:
-        ArgumentError: (a ValueError) naming the argument: unknown
-            backbone, input size below the backbone's minimum, or weights
-            that cannot be fetched or loaded.
+        ArgumentError: naming the argument (unknown backbone, input size
+            below the minimum, weights that cannot be fetched or loaded).
 
     Example:
 
@@ -169,7 +159,7 @@ def classifier_head(model: keras.Model) -> list[keras.layers.Layer]:
 
 
 def describe(model: keras.Model) -> Optional[str]:
-    """One line: input adapter and backbone, for the run's start banner."""
+    """One line: the input adapter and the backbone."""
     parts = []
     for layer in model.layers:
         if layer.name == "to_channels":

@@ -1,37 +1,19 @@
 """Freezing policy and the two-phase fine-tuning schedule.
 
-What "frozen" means here, and why it is enforced with `trainable` rather
-than `backbone(x, training=False)`: in Keras 3 the `training` value of the
-outer call (True under `fit`) reaches nested layers, so a `training=False`
-written into a functional graph does not keep a nested BatchNormalization
-in inference mode once it is trainable (keras-team/keras#20285). A BN layer
-whose own `trainable` is False, on the other hand, always normalises with
-its moving statistics and never updates them. So:
+Freezing uses `trainable`, not `backbone(x, training=False)`: in Keras 3
+the outer call's `training` reaches nested layers (keras-team/keras#20285),
+while a BN layer with `trainable=False` always runs in inference mode.
 
-- `frozen`: the whole backbone is non-trainable; its BN layers run in
-  inference mode; only the head trains.
-- `top_k`: the top `k` backbone layers that hold weights (counted from the
-  output, BN layers included in the count) train with the head; the rest
-  is frozen. BN layers among the top `k` stay frozen unless
-  `model.batchnorm.trainable: true`.
-- `all_trainable`: everything trains; BN layers too unless
-  `model.batchnorm.trainable: false`.
+- `frozen`: the backbone is non-trainable; only the head trains.
+- `top_k`: the top `k` backbone layers with weights (BN included) train
+  with the head; their BN layers only with `bn_trainable`.
+- `all_trainable`: everything trains; BN layers unless `bn_trainable` is
+  False.
 
-The schedule: `phases(epochs, head_only_epochs=..., freeze=...)` splits
-training into a head-only warmup of `head_only_epochs` epochs and a
-fine-tune phase under `freeze` at `learning_rate * finetune_lr_factor`.
-The runner calls, per phase:
-
-```python
-for phase in phases(epochs, head_only_epochs=2, freeze="top_k", top_k=10):
-    apply_phase(classifier, phase)
-    model.compile(optimizer=make_optimizer(lr * phase.lr_factor), ...)
-    model.fit(..., initial_epoch=phase.start_epoch, epochs=phase.end_epoch)
-```
-
-`compile` must run after `apply_phase`: a compiled train step keeps the
-trainable set it was built with. A fresh optimizer per phase is intended
-(the set of trained variables changes).
+`phases` splits training into a head-only warmup and a fine-tune phase at
+`lr * finetune_lr_factor`. Per phase: `apply_phase`, then `compile` (a
+compiled step keeps its trainable set) with a fresh optimizer, then
+`fit(initial_epoch=phase.start_epoch, epochs=phase.end_epoch)`.
 """
 
 from __future__ import annotations
@@ -41,7 +23,7 @@ from typing import Literal, Optional
 
 import keras
 
-from advtrain.models.batchnorm.policy import walk_layers
+from advtrain.models.batchnorm.walk import sublayers, walk_layers
 
 FreezeMode = Literal["all_trainable", "frozen", "top_k"]
 
@@ -57,9 +39,8 @@ class Phase:
         end_epoch: epoch to stop at, for `fit(epochs=...)`.
         freeze: the freeze mode during this phase.
         top_k: backbone layers with weights trained under `top_k`.
-        bn_trainable: whether backbone BN layers train (resolved from
-            `model.batchnorm.trainable`).
-        lr_factor: multiply the recipe's learning rate by this.
+        bn_trainable: whether backbone BN layers train.
+        lr_factor: multiply the base learning rate by this.
     """
 
     name: str
@@ -76,7 +57,7 @@ class Phase:
 
 
 def resolve_bn_trainable(freeze: str, bn_trainable: Optional[bool]) -> bool:
-    """`model.batchnorm.trainable` with None resolved for `freeze`."""
+    """`bn_trainable` with None resolved for `freeze`."""
     if freeze == "frozen":
         return False
     if bn_trainable is None:
@@ -93,16 +74,12 @@ def phases(
     finetune_lr_factor: float = 0.1,
     bn_trainable: Optional[bool] = None,
 ) -> list[Phase]:
-    """The training schedule: `epochs` (the recipe's `train.epochs`) and
-    the recipe's model keys, with its defaults (`bn_trainable` is
-    `model.batchnorm.trainable`).
+    """The training schedule over `epochs`.
 
-    - `head_only_epochs == 0` or `freeze == "frozen"`: one phase, "train",
-      under `freeze` at the recipe's learning rate.
-    - otherwise: "warmup", `min(head_only_epochs, epochs)` head-only epochs
-      at the recipe's learning rate, then "finetune" for the remaining
-      epochs under `freeze` at `learning_rate * finetune_lr_factor`
-      (omitted when no epoch remains).
+    With `head_only_epochs == 0` or `freeze == "frozen"`: one phase,
+    "train". Otherwise "warmup" (`min(head_only_epochs, epochs)` head-only
+    epochs), then "finetune" for the rest under `freeze` at
+    `lr * finetune_lr_factor` (omitted when no epoch remains).
 
     Example:
 
@@ -126,14 +103,9 @@ def phases(
 
 
 def get_backbone(model: keras.Model) -> keras.Model:
-    """The backbone inside a classifier built by `build_classifier`.
-
-    Accepts the classifier or a model wrapping it in a `classifier`
-    attribute (AdversarialModel). The backbone is the one nested model.
-    """
-    inner = getattr(model, "classifier", None)
-    if isinstance(inner, keras.Model):
-        model = inner
+    """The backbone (the one nested model) of a `build_classifier` model,
+    or of a model wrapping it in `classifier` (AdversarialModel)."""
+    model = _classifier(model)
     nested = [layer for layer in model.layers if isinstance(layer, keras.Model)]
     if len(nested) != 1:
         raise ValueError(
@@ -143,14 +115,18 @@ def get_backbone(model: keras.Model) -> keras.Model:
     return nested[0]
 
 
+def _classifier(model: keras.Model) -> keras.Model:
+    inner = getattr(model, "classifier", None)
+    return inner if isinstance(inner, keras.Model) else model
+
+
 def _weighted_layers(backbone: keras.Model) -> list[keras.layers.Layer]:
     # Leaf layers with weights an optimizer could train (BN included, fixed
-    # preprocessing such as EfficientNet's Normalization not), input to
-    # output. Only meaningful while the backbone is trainable.
+    # preprocessing not), input to output, while the backbone is trainable.
     return [
         layer
         for layer in walk_layers(backbone)
-        if not getattr(layer, "_layers", None)
+        if not sublayers(layer)
         and (
             layer.trainable_weights
             or isinstance(layer, keras.layers.BatchNormalization)
@@ -164,20 +140,11 @@ def apply_freeze(
     top_k: int = 0,
     bn_trainable: Optional[bool] = None,
 ) -> list[str]:
-    """Sets the backbone's trainable flags; the head stays trainable.
-
-    Args:
-        model: the classifier (or a model wrapping it).
-        freeze: "all_trainable", "frozen" or "top_k".
-        top_k: under "top_k", how many weighted backbone layers train.
-        bn_trainable: whether BN layers among the trained ones train; None
-            resolves as `resolve_bn_trainable`.
-
-    Returns:
-        Names of the backbone layers left trainable.
-
-    Recompile the model afterwards.
-    """
+    """Sets the backbone's trainable flags (the head stays trainable);
+    returns the names of the backbone layers left trainable. `top_k`: how
+    many weighted layers train under "top_k"; `bn_trainable`: whether BN
+    layers among them train (None: `resolve_bn_trainable`). Recompile
+    afterwards."""
     if freeze not in ("all_trainable", "frozen", "top_k"):
         raise ValueError(
             f"freeze must be all_trainable, frozen or top_k. Received: freeze={freeze}"
@@ -185,8 +152,7 @@ def apply_freeze(
     if freeze == "top_k" and top_k < 1:
         raise ValueError(f"freeze=top_k needs top_k >= 1. Received: {top_k}")
     bn_trainable = resolve_bn_trainable(freeze, bn_trainable)
-    inner = getattr(model, "classifier", None)
-    classifier = inner if isinstance(inner, keras.Model) else model
+    classifier = _classifier(model)
     backbone = get_backbone(classifier)
     classifier.trainable = True
     if freeze == "frozen":
@@ -208,18 +174,5 @@ def apply_freeze(
 
 def apply_phase(model: keras.Model, phase: Phase) -> list[str]:
     """Applies a `Phase`'s freezing; returns the trainable backbone layers.
-
-    Recompile afterwards, with learning rate `lr * phase.lr_factor`.
-
-    Example:
-
-    ```python
-    for phase in phases(5, head_only_epochs=2, freeze="all_trainable"):
-        apply_phase(classifier, phase)
-        classifier.compile(keras.optimizers.Adam(1e-3 * phase.lr_factor),
-                           loss, metrics)
-        classifier.fit(ds, initial_epoch=phase.start_epoch,
-                       epochs=phase.end_epoch)
-    ```
-    """
+    Recompile afterwards, at learning rate `lr * phase.lr_factor`."""
     return apply_freeze(model, phase.freeze, phase.top_k, phase.bn_trainable)

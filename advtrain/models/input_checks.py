@@ -1,17 +1,12 @@
 """`InputChecks`: training data that fits what the model and its attack assume.
 
-Pixels: an attack's eps and clipping are in its pixel range `[clip_min,
-clip_max]`; 0-255 pixels would make eps 255 times too small. Labels: a
-sparse cross-entropy takes integer classes in [0, num_classes), a
-categorical one one-hot rows as wide as the logits. A failed check is one
-line (`PixelRangeError`, `LabelError`, both `ValueError`s).
-
-The checks run on the data, not in the training step, so they are the same
-on every backend: arrays are checked on the host before training (a strided
-sample of a large one), each `PyDataset` or generator batch on the host as
-it is produced, and a `tf.data.Dataset` by a `map` that reduces each batch
-in its graph and hands the ranges to the host. A bad batch never reaches the
-step. A `tf.distribute` distributed dataset is not checked.
+Pixels must lie in the attack's `[clip_min, clip_max]` (eps is in those
+units); labels must suit the loss (sparse: classes in [0, num_classes);
+categorical: one-hot rows as wide as the logits). A failed check is one
+line (`PixelRangeError`, `LabelError`, both `ValueError`s). The checks run
+on the data, the same on every backend: arrays before training (a strided
+sample of a large one), `PyDataset`/generator batches as produced, a
+`tf.data.Dataset` through a `map`. A distributed dataset is not checked.
 """
 
 from __future__ import annotations
@@ -43,8 +38,8 @@ class LabelError(ValueError):
 
 def label_kind(loss: Any) -> Optional[str]:
     """ "sparse" or "categorical" for Keras's cross-entropy losses (object,
-    function or name); None for any other loss, and for a sparse loss with
-    an `ignore_class` (its labels may lie outside the class range)."""
+    function or name); None for any other, and for a sparse loss with an
+    `ignore_class`."""
     losses = keras.losses
     if isinstance(loss, losses.SparseCategoricalCrossentropy):
         return SPARSE if loss.get_config().get("ignore_class") is None else None
@@ -107,12 +102,10 @@ class InputChecks:
     """The checks on one model's training data.
 
     Args:
-        pixel_range: the attack's `(clip_min, clip_max)`; None (or both None)
-            skips the pixel check, a None bound skips that side.
-        logits_shape: the model's output shape (`output_shape`), None when
-            unknown.
-        labels: "sparse", "categorical" (`label_kind`) or None: no label
-            check.
+        pixel_range: the attack's `(clip_min, clip_max)`; None skips the
+            pixel check, a None bound that side.
+        logits_shape: the model's output shape, None when unknown.
+        labels: "sparse", "categorical" (`label_kind`) or None (no check).
         loss_name: names the loss in the messages.
 
     Example:
@@ -184,8 +177,7 @@ class InputChecks:
         return parts
 
     def _checked_dataset(self, dataset):
-        """`dataset` with each batch's ranges reduced in its graph and
-        checked on the host before the batch goes on."""
+        """`dataset` with each batch's ranges checked on the host."""
         import tensorflow as tf
 
         spec = dataset.element_spec
@@ -223,9 +215,7 @@ class InputChecks:
             raise error
 
     def check_label_shape(self, shape) -> None:
-        """Raises `LabelError` when labels of `shape` do not suit the loss:
-        one-hot rows for a sparse loss, class indices for a categorical
-        one."""
+        """Raises `LabelError` when labels of `shape` do not suit the loss."""
         if self.labels is None or getattr(shape, "rank", 0) is None:
             return
         shape = tuple(None if d is None else int(d) for d in shape)
@@ -281,8 +271,8 @@ class InputChecks:
 
     @contextlib.contextmanager
     def clean_errors(self) -> Iterator[None]:
-        """Inside, a check that failed in a data pipeline (which wraps the
-        error in its own) raises its one-line error."""
+        """Inside, a check that failed in a data pipeline raises its own
+        one-line error, not the pipeline's wrapper."""
         self.failed = None
         try:
             yield
@@ -290,14 +280,6 @@ class InputChecks:
             if self.failed is None:
                 raise
             raise self.failed from None
-
-    # The backend trainers (advtrain.models.trainers) still call these from
-    # the time the checks ran in the step; they have nothing left to do.
-    def attach(self, x, y, xla: bool = False):
-        return x, y, {}
-
-    def check_logs(self, logs: dict) -> dict:
-        return logs
 
 
 class _CheckedPyDataset(keras.utils.PyDataset):
@@ -349,9 +331,8 @@ def _number(value: Optional[float], none: str = "None") -> str:
 
 
 def model_input_checks(model) -> InputChecks:
-    """The checks for a compiled `AdversarialModel`: the attack's pixel
-    range (when it runs in training), the compiled loss's labels, the
-    logits; none with `check_inputs=False`."""
+    """The checks for a compiled `AdversarialModel` (none with
+    `check_inputs=False`)."""
     if not model.check_inputs:
         return InputChecks()
     attack = model.attack

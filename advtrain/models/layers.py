@@ -10,12 +10,9 @@ from keras import ops
 class BackbonePreprocess(keras.layers.Layer):
     """Maps [0, 1] pixels to a backbone's input space, inside the model.
 
-    Modes follow `keras.applications.imagenet_utils.preprocess_input` on
-    0..255 RGB images: "caffe" (RGB->BGR, ImageNet mean subtracted), "tf"
-    ([-1, 1]), "torch" (ImageNet mean/std), "none" (unchanged), and
-    "pixels255" (0..255 RGB, for models that normalise inside, such as
-    EfficientNet). Being a layer, it is saved with the model and attacks
-    differentiate through it, so eps stays in [0, 1] pixel units.
+    Modes follow `keras.applications.imagenet_utils.preprocess_input`:
+    "caffe", "tf", "torch", "none" (unchanged) and "pixels255" (0..255,
+    for models that normalise inside, such as EfficientNet).
 
     Example:
 
@@ -85,10 +82,9 @@ class ToChannels(keras.layers.Layer):
 class ResizeTo(keras.layers.Layer):
     """Resizes images to (height, width), bilinear, inside the model.
 
-    Used instead of `keras.layers.Resizing`, whose `call` defaults to
-    `training=True`: as the first layer to resolve `training`, it would put
-    every later BatchNormalization in training mode when the model is
-    called as `model(x)`.
+    Not `keras.layers.Resizing`: its `call` defaults to `training=True`,
+    which would put every later BatchNormalization in training mode when
+    the model is called as `model(x)`.
 
     Example:
 

@@ -1,16 +1,10 @@
 """The gradient-reusing training step of `AdversarialModel`, and when it runs.
 
-For plain FGSM from the clean point with a clean loss term
-(0 < adv_weight < 1), the clean training pass's own backward pass already
-holds the input gradient FGSM needs: the step takes it from there, so it
-costs 2 forward + 2 backward passes instead of 3 + 3 (Goodfellow et al.'s
-formulation, and NSL's). The attack then sees training-mode BatchNorm
-(batch statistics), and the step calls none of the model's attack hooks
-(`REUSE_GRADIENT_BYPASSES`).
-
-Written in `keras.ops`; the gradients and the optimizer go through the
-model's backend trainer (`advtrain.models.trainers`). ("fused" in advtrain
-means TensorFlow's fused BatchNorm kernel only.)
+For plain FGSM with a clean loss term (0 < adv_weight < 1), the clean
+pass's backward pass already holds FGSM's input gradient: the step costs
+2 forward + 2 backward passes instead of 3 + 3 (Goodfellow et al.). The
+attack sees training-mode BatchNorm, and the step calls none of the
+model's attack hooks (`REUSE_GRADIENT_BYPASSES`).
 """
 
 from __future__ import annotations
@@ -26,8 +20,7 @@ from advtrain.models import adversarial_metrics as am
 from advtrain.utils.errors import ArgumentError
 
 # The hooks the gradient-reusing step does not call: a subclass overriding
-# one never gets that step (refused with reuse_gradient=True, not chosen by
-# "auto").
+# one never gets that step.
 REUSE_GRADIENT_BYPASSES = (
     "generate_adversarial",
     "adversarial_loss",
@@ -43,17 +36,9 @@ def choose_step(
     owner: str = "AdversarialModel",
     overridden: Sequence[str] = (),
 ) -> tuple[bool, str]:
-    """(whether to train with the gradient-reusing step, why).
-
-    Args:
-        reuse_gradient: "auto", True or False, as the model was given it.
-        attack: the training attack; adv_weight: the model's.
-        owner: the model's class name, for the messages.
-        overridden: the `REUSE_GRADIENT_BYPASSES` hooks `owner` overrides.
-
-    Raises:
-        ArgumentError: a `reuse_gradient` that cannot be honoured.
-    """
+    """(whether to train with the gradient-reusing step, why), for the
+    model class `owner` that overrides the hooks `overridden`; an
+    `ArgumentError` for a `reuse_gradient` that cannot be honoured."""
     if (
         reuse_gradient is not True
         and reuse_gradient is not False
@@ -106,13 +91,9 @@ def _check_forced(owner: str, attack: Optional[Attack], overridden) -> None:
 
 
 def train_step_reusing_gradient(model, attack: Attack, x, y, sample_weight) -> dict:
-    """One training step of `model` (an `AdversarialModel`) with `attack`
-    stepped from the clean pass's input gradient; returns the step's logs.
-
-    BatchNorm sees both batches in training mode (statistics updated twice
-    per step). Each loss is scaled for mixed precision on its own; the
-    weight gradients are mixed as the loss is: (1 - w) clean + w adv.
-    """
+    """One training step of `model` with `attack` stepped from the clean
+    pass's input gradient; returns the logs. BatchNorm statistics update
+    twice per step; the weight gradients mix as (1 - w) clean + w adv."""
     w = model.adv_weight
     x = as_float_tensor(x)  # the attack's own check: float pixels
 

@@ -1,16 +1,11 @@
 """Where backbone weights come from: the `weights` argument.
 
-- `imagenet`: Keras downloads the file once into `$KERAS_HOME/models/`
-  (default `~/.keras/models/`) and reads it from there afterwards. Without
-  network the download fails within seconds (a quick connection check
-  before it, when the file is not cached) and the run stops with one
-  `ArgumentError` line naming the file, the folder to place it in, and the
-  alternatives.
-- a path: built without weights, then loaded. `.weights.h5` or `.keras`
-  files saved by Keras 3 from the whole classifier (same backbone, input
-  and class count) or from the backbone alone; legacy `.h5` files, such as
-  the ImageNet files Keras caches, into the backbone.
-- null: random initialisation.
+- "imagenet": Keras downloads the file once into `$KERAS_HOME/models/`;
+  offline, a quick check fails within seconds with one `ArgumentError`
+  line naming the file and the folder to place it in.
+- a path: a Keras 3 `.weights.h5` / `.keras` file of the whole classifier
+  or of the backbone, or a legacy `.h5` for the backbone.
+- None: random initialisation.
 """
 
 from __future__ import annotations
@@ -26,6 +21,8 @@ from typing import Optional
 import keras
 
 from advtrain.backbones.registry import BackboneSpec
+from advtrain.models.batchnorm.fused import switch_batchnorm
+from advtrain.models.batchnorm.walk import batchnorm_layers
 from advtrain.utils.downloads import check_reachable
 from advtrain.utils.errors import ArgumentError, one_line
 
@@ -42,12 +39,8 @@ _QUOTED = 160
 
 
 def keras_models_dir() -> str:
-    """The folder Keras caches application weights in.
-
-    Keras has no public accessor for its home; its documented setting is
-    the `KERAS_HOME` environment variable, else `~/.keras` (`/tmp/.keras`
-    when the home folder is not writable), as Keras resolves it.
-    """
+    """The folder Keras caches application weights in (`$KERAS_HOME`,
+    else `~/.keras`, resolved as Keras does; it has no public accessor)."""
     home = os.environ.get("KERAS_HOME")
     if home is None:
         base = os.path.expanduser("~")
@@ -134,17 +127,10 @@ def build_backbone(
     weights: Optional[str] = None,
     **options,
 ) -> keras.Model:
-    """Builds the backbone, fetching pretrained weights when named.
-
-    `options` are the model keys the builder takes (e.g. `width`); see
-    `BackboneSpec.build`. A weights path is not loaded here but by
-    `load_weights_file`, once the whole classifier exists (the file may
-    hold the classifier).
-
-    Raises:
-        ArgumentError: pretrained weights unknown for this backbone, or
-            their download failed.
-    """
+    """Builds the backbone, fetching pretrained weights when named (a
+    weights path is loaded later, by `load_weights_file`). `options` go to
+    `BackboneSpec.build`. An `ArgumentError` for unknown pretrained weights
+    or a failed download."""
     if not is_pretrained_name(weights):
         return spec.build(input_shape, weights=None, **options)
     if weights not in spec.pretrained:
@@ -178,38 +164,26 @@ def build_backbone(
 def _strict_load(model: keras.Model, path: str) -> None:
     """Loads `path` whether it was saved with fused or Keras BatchNorm.
 
-    Keras keys a layer's weights in a `.keras` file by its class name, so
-    a file written with `FusedBatchNormalization` (advtrain's default)
-    does not match a model built with Keras's BatchNormalization, and the
-    other way round. The two classes hold the same variables: on a
-    mismatch the BatchNorm layers take the other class for the load and
-    get their own back afterwards.
+    A `.keras` file keys a layer's weights by its class name; on a
+    mismatch each BatchNorm layer takes the other class (same variables)
+    for the load and gets its own back afterwards.
     """
     try:
         _load_exactly(model, path)
     except (ValueError, KeyError):
-        if not _swap_batchnorm_classes(model):
+        layers = batchnorm_layers(model)
+        plain = [
+            layer for layer in layers if type(layer) is keras.layers.BatchNormalization
+        ]
+        fused = switch_batchnorm(layers, fused=False)
+        switch_batchnorm(plain, fused=True)
+        if not (plain or fused):
             raise
         try:
             _load_exactly(model, path)
         finally:
-            _swap_batchnorm_classes(model)
-
-
-def _swap_batchnorm_classes(model: keras.Model) -> int:
-    from advtrain.models.batchnorm.fused import FusedBatchNormalization
-    from advtrain.models.batchnorm.policy import batchnorm_layers
-
-    other = {
-        keras.layers.BatchNormalization: FusedBatchNormalization,
-        FusedBatchNormalization: keras.layers.BatchNormalization,
-    }
-    swapped = 0
-    for layer in batchnorm_layers(model):
-        if type(layer) in other:
-            layer.__class__ = other[type(layer)]
-            swapped += 1
-    return swapped
+            switch_batchnorm(plain, fused=False)
+            switch_batchnorm(fused, fused=True)
 
 
 def _load_exactly(model: keras.Model, path: str) -> None:
@@ -230,13 +204,9 @@ def _load_exactly(model: keras.Model, path: str) -> None:
 def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str) -> str:
     """Loads `path` into the classifier or its backbone; returns which.
 
-    A Keras 3 file (`.weights.h5`, `.keras`) is tried on the whole
-    classifier first, then on the backbone; a legacy `.h5` (the ImageNet
-    files in `~/.keras/models/`) goes to the backbone.
-
-    Raises:
-        ArgumentError: missing file, unknown suffix, or weights that fit
-            neither (naming `weights`).
+    A Keras 3 file is tried on the classifier, then on the backbone; a
+    legacy `.h5` goes to the backbone. An `ArgumentError` naming `weights`
+    for a missing file, an unknown suffix or weights that fit neither.
     """
     file = Path(path).expanduser()
     if not file.is_file():

@@ -8,7 +8,7 @@ import tensorflow as tf
 from advtrain.attacks import Attack
 from advtrain.attacks.fgsm import fgsm_random_start, n_fgsm, zerograd
 from advtrain.models import AdversarialModel
-from advtrain.models.eps_ramp import EpsRamp
+from advtrain.models.attack_then_train import scaled_attack
 from advtrain.recipe.loader import load_recipe
 from advtrain.recipe.schema import RecipeError
 
@@ -83,7 +83,7 @@ def test_attack_fields_reach_the_new_methods_and_the_ramp_scales_noise():
     np.testing.assert_allclose(attack(model_fn, X, Y), X + 0.05, atol=1e-6)
     assert attack.single_step and not attack.fusable
     assert Attack("zerograd", eps=0.1).single_step
-    half = EpsRamp.scaled(Attack("n_fgsm", eps=0.3, noise=0.2), 0.5)
+    half = scaled_attack(Attack("n_fgsm", eps=0.3, noise=0.2), 0.5)
     assert (half.eps, half.noise) == pytest.approx((0.15, 0.1))
     with pytest.raises(ValueError, match="zero_quantile"):
         Attack("zerograd", eps=0.1, zero_quantile=1.0)

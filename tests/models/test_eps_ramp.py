@@ -8,7 +8,7 @@ from helpers import dense_classifier
 
 from advtrain.attacks import Attack
 from advtrain.models import AdversarialModel
-from advtrain.models.eps_ramp import EpsRamp
+from advtrain.models.attack_then_train import ramp_scale, scaled_attack
 from advtrain.recipe.build import build_training_model
 from advtrain.recipe.loader import recipe_from_dict
 from advtrain.recipe.schema import RecipeError
@@ -49,16 +49,15 @@ def batch(digits):
 
 
 def test_scale_grows_linearly_then_stays_at_one():
-    ramp = EpsRamp(RAMP)
-    got = [float(ramp.scale(t)) for t in (0, 1, 3, 10)]
+    got = [float(ramp_scale(t, RAMP)) for t in (0, 1, 3, 10)]
     assert got == pytest.approx([0.25, 0.5, 1.0, 1.0])
 
 
 def test_scaled_attack_scales_eps_and_set_step_sizes_only():
-    scaled = EpsRamp.scaled(Attack("fgsm_rs", eps=0.3, alpha=0.375), 0.5)
+    scaled = scaled_attack(Attack("fgsm_rs", eps=0.3, alpha=0.375), 0.5)
     assert float(scaled.eps) == pytest.approx(0.15)
     assert float(scaled.alpha) == pytest.approx(0.1875)
-    assert EpsRamp.scaled(Attack("pgd", eps=0.3), 0.5).step_size is None
+    assert scaled_attack(Attack("pgd", eps=0.3), 0.5).step_size is None
 
 
 def test_training_perturbation_is_scale_times_eps_evaluation_is_full(batch):

@@ -1,31 +1,10 @@
-"""BatchNormalization on TensorFlow's fused kernel.
+"""BatchNormalization on TensorFlow's fused kernel (`FusedBatchNormV3`).
 
-Keras 3 computes BatchNorm from separate ops (mean, variance, then
-`tf.nn.batch_normalization`) on every backend. TensorFlow has one fused
-kernel for it (`FusedBatchNormV3`, oneDNN on CPUs, cuDNN on GPUs) that
-tf-keras 2 used by default; on this project's CPU it makes a small BN CNN
-train markedly faster (`scripts/bench_step` measures it side by side).
-
-`FusedBatchNormalization` is a `keras.layers.BatchNormalization` whose
-`call` uses that kernel where it applies (TensorFlow backend, 4-D NHWC
-inputs, no mask, no renorm, not synchronized) and falls back to Keras's
-own computation elsewhere. Its semantics are Keras's: normalisation by
-the biased batch variance, moving statistics updated as
-`moving = momentum * moving + (1 - momentum) * batch` with the biased
-variance (the kernel's Bessel-corrected variance is converted back), the
-same variables, so weights and checkpoints move freely between the two.
-Float16/bfloat16 inputs go into the kernel as they are (it accumulates in
-float32) instead of being upcast first.
-
-`fused_kernel(layers)` computes the plain Keras BatchNormalization layers
-among `layers` with this class while its block runs and gives them their
-class back after: `AdversarialModel`'s TensorFlow trainer runs every
-train and test step inside it (`fused_batchnorm=True`, the default), so
-the user's model trains fast and still saves as plain Keras layers that
-load without advtrain. `fuse_batchnorm(model)` switches the layers for
-good (the recipe policy, `policy.apply_batchnorm_policy(fused_kernel=True)`).
-TensorFlow is imported only where the kernel runs: on another backend the
-class computes as Keras's own layer.
+Keras 3 computes BatchNorm from separate ops on every backend; TensorFlow's
+fused kernel (oneDNN, cuDNN) trains a BN CNN markedly faster
+(`scripts/bench_step`). `FusedBatchNormalization` keeps Keras's semantics
+and variables, so weights move freely between the two classes;
+`switch_batchnorm` moves layers between them.
 """
 
 from __future__ import annotations
@@ -45,8 +24,10 @@ _FUSED_DTYPES = ("float16", "bfloat16", "float32")
 class FusedBatchNormalization(keras.layers.BatchNormalization):
     """`keras.layers.BatchNormalization` computed by `FusedBatchNormV3`.
 
-    Same arguments, variables and results as the Keras layer (to float
-    rounding); see the module docstring for where the fused kernel is used.
+    The kernel runs on TensorFlow for 4-D NHWC inputs without mask, renorm
+    or synchronization; elsewhere Keras's own computation does. Same
+    arguments, variables and results (to float rounding): the biased batch
+    variance, Keras's moving-average update.
 
     Example:
 
@@ -127,35 +108,42 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         return ops.cast(outputs, self.compute_dtype)
 
 
-def fuse_batchnorm(model: keras.layers.Layer) -> int:
-    """Switches every plain Keras BatchNormalization layer of `model` to
-    `FusedBatchNormalization`, in place; returns how many it switched.
+def switch_batchnorm(
+    layers: Iterable[keras.layers.Layer], fused: bool
+) -> list[keras.layers.Layer]:
+    """Switches the plain Keras BatchNormalization layers among `layers` to
+    `FusedBatchNormalization` (`fused=True`), or the fused ones back
+    (`fused=False`), in place; returns the layers it switched.
 
-    Only layers whose class is exactly `keras.layers.BatchNormalization`
-    change (subclasses keep their own `call`); variables, names and
-    weights stay as they are. Call it before `compile`/`fit`: a traced step
-    keeps the layers it was traced with.
+    Subclasses keep their class; variables, names and weights stay. Switch
+    before `compile`/`fit`: a traced step keeps the layers it traced.
+    """
+    plain, other = keras.layers.BatchNormalization, FusedBatchNormalization
+    source, target = (plain, other) if fused else (other, plain)
+    switched = [layer for layer in layers if type(layer) is source]
+    for layer in switched:
+        layer.__class__ = target
+    return switched
+
+
+def fuse_batchnorm(model: keras.layers.Layer) -> int:
+    """Switches `model`'s plain Keras BatchNormalization layers, nested
+    ones included, to the fused kernel for good; returns how many.
 
     Example:
 
     ```python
-    base = keras.applications.ResNet50(weights=None)
-    fuse_batchnorm(base)  # 53
+    fuse_batchnorm(keras.applications.ResNet50(weights=None))  # 53
     ```
     """
-    switched = 0
-    for layer in batchnorm_layers(model):
-        if type(layer) is keras.layers.BatchNormalization:
-            layer.__class__ = FusedBatchNormalization
-            switched += 1
-    return switched
+    return len(switch_batchnorm(batchnorm_layers(model), fused=True))
 
 
 @contextlib.contextmanager
 def fused_kernel(layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
     """Inside, the plain Keras BatchNormalization layers among `layers`
-    compute with the fused kernel; on exit they are plain Keras layers
-    again (what a traced step computes stays as it was traced).
+    compute with the fused kernel; on exit they are plain again, so the
+    model still saves as Keras layers.
 
     Example:
 
@@ -164,13 +152,8 @@ def fused_kernel(layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
         logs = train_function(iterator)
     ```
     """
-    switched = [
-        layer for layer in layers if type(layer) is keras.layers.BatchNormalization
-    ]
-    for layer in switched:
-        layer.__class__ = FusedBatchNormalization
+    switched = switch_batchnorm(layers, fused=True)
     try:
         yield
     finally:
-        for layer in switched:
-            layer.__class__ = keras.layers.BatchNormalization
+        switch_batchnorm(switched, fused=False)

@@ -1,6 +1,4 @@
-"""The BatchNorm policy's typed options, shared by `advtrain.fit`
-(`batchnorm=`) and the recipe's `model.batchnorm` section.
-"""
+"""The BatchNorm policy's typed options (`advtrain.fit(batchnorm=...)`)."""
 
 from __future__ import annotations
 
@@ -13,31 +11,19 @@ from advtrain.utils.options import Options
 
 
 class BatchNormOptions(Options):
-    """BatchNorm policy (advtrain.models.batchnorm.policy, advtrain.models.freezing).
+    """BatchNorm policy (`advtrain.models.batchnorm.policy`, docs/batchnorm.md).
 
-    momentum: the BatchNormalization layers' momentum, nested ones
-        included (advtrain.models.batchnorm.policy; docs/batchnorm.md):
-        auto (default) gives the layers still at Keras's default 0.99 a
-        momentum chosen from the run's length, so the moving average spans
-        about 5% of its training steps, clamped to [0.9, 0.99], and keeps
-        a momentum someone set; a number sets every layer; None keeps each
-        layer's own.
-    trainable: whether the backbone's BN layers train while the backbone
-        (or its top_k layers) does. Trained BN uses batch statistics and
-        updates its moving statistics; frozen BN runs in inference mode and
-        nothing in it changes. None (default) means: trained under
-        freeze=all_trainable, frozen under top_k; freeze=frozen always
-        freezes them.
-    recalibrate: after training, re-estimate the moving statistics of the
-        trained BN layers on recalibrate_batches clean training batches:
-        auto (default) when the measured gap exceeds gap_threshold, true
-        always, false never. metrics.json reports the gap before and after.
-    gap_threshold: warn when train-mode and inference-mode accuracy differ
-        by more than this.
-    fused_kernel: compute the plain Keras BatchNormalization layers with
-        TensorFlow's fused kernel (advtrain.models.batchnorm.fused): the
-        same results to float rounding, faster training (scripts/bench_step
-        measures it). false keeps Keras's own computation.
+    momentum: "auto" (default: layers still at Keras's 0.99 follow the
+        run's length), a number for every layer, or None (keep).
+    trainable: whether the backbone's BN layers train while it does; None:
+        trained under freeze=all_trainable, frozen under top_k.
+    recalibrate: after training, re-estimate the trained BN layers'
+        statistics on recalibrate_batches clean batches: "auto" (when the
+        gap exceeds gap_threshold), true or false.
+    gap_threshold: warn when train- and inference-mode accuracy differ by
+        more than this.
+    fused_kernel: compute plain Keras BN layers with TensorFlow's fused
+        kernel (same results to float rounding, faster).
     """
 
     momentum: Union[float, str, None] = "auto"

@@ -1,34 +1,13 @@
 """BatchNorm policy: momentum from the run's length, recalibration and the
-train/inference accuracy gap.
+train/inference accuracy gap (docs/batchnorm.md).
 
-Keras BatchNormalization keeps exponential moving averages of the batch
-mean and variance (`moving = momentum * moving + (1 - momentum) * batch`).
-With the default momentum 0.99 the averages need a few hundred steps to
-forget their initial values, so a short run ends with moving statistics
-that lag the weights: the model is accurate in training mode (batch
-statistics) and poor in inference mode (moving statistics). The policy,
-the same for recipes, `advtrain.fit` and `AdversarialModel` (they only
-map their arguments onto it and echo its lines; docs/batchnorm.md):
-
-1. before training, `apply_batchnorm_policy`: the fused kernel
-   (`advtrain.models.batchnorm.fused`) and the momentum (`set_momentum`),
-   one of
-   - "auto" (the default everywhere): the BN layers still at Keras's
-     default 0.99 get the run-length momentum (`auto_momentum`: the moving
-     average spans about 5% of the training steps, clamped to
-     [0.9, 0.99]); a layer set to anything else is someone's choice and
-     keeps it;
-   - a number in (0, 1) for every BN layer, or None to keep them all;
-2. train;
-3. `settle_batchnorm`: measure `bn_gap` on held-out data; recalibrate the
-   moving statistics on clean training data (`recalibrate_batchnorm`)
-   when the gap exceeds the threshold (or always / never), measure again,
-   echo the gap and return both measurements; `bn_gap_warning` advises
-   from the actual setting when a gap remains.
-
-Which BN layers train at all is the freezing policy's business
-(`advtrain.models.freezing`): a BN layer with `trainable=False` runs in
-inference mode even when the model is called with `training=True`.
+With Keras's default momentum 0.99 a short run ends with moving statistics
+that lag the weights: accurate in training mode, poor in inference mode.
+Before training, `apply_batchnorm_policy` sets the fused kernel and the
+momentum ("auto": layers still at 0.99 get `auto_momentum` of the run's
+length; a number; None keeps them). After training, `settle_batchnorm`
+measures `bn_gap`, recalibrates when it is large and says so. Which BN
+layers train at all is `advtrain.models.freezing`'s business.
 """
 
 from __future__ import annotations
@@ -46,19 +25,12 @@ from advtrain.models.batchnorm.walk import batchnorm_layers, walk_layers
 from advtrain.utils.errors import ArgumentError
 from advtrain.utils.progress import Echo
 
-# The momentum rule (see the module docstring); a number or None is the
-# other choice.
 MOMENTUM_RULES = ("auto",)
-# Momentum words of earlier versions, and the word that replaced them. A
-# saved 0.2 `AdversarialModel` config holds "adapt": its `from_config`
-# maps it; everywhere else an old word is refused with one line.
+# Momentum words of 0.2: a saved 0.2 config is mapped, anything else refused.
 RENAMED_MOMENTUM = {"adapt": "auto"}
-# `apply_batchnorm_policy`'s and `settle_batchnorm`'s policy keywords,
-# named as the recipe's `model.batchnorm` keys and `BatchNormOptions`.
-POLICY_KEYS = ("momentum", "fused_kernel")
+# `settle_batchnorm`'s policy keywords, as `BatchNormOptions` names them.
 SETTLE_KEYS = ("recalibrate", "gap_threshold", "recalibrate_batches")
-# Keras's own BatchNormalization momentum: "auto" treats a layer still at
-# this value as not chosen by anyone.
+# "auto" treats a layer still at Keras's default as not chosen by anyone.
 KERAS_DEFAULT_MOMENTUM = 0.99
 # Share of the run's steps the moving average spans, and the clamp.
 HORIZON_FRACTION = 0.05
@@ -88,31 +60,12 @@ def check_momentum(momentum: Any, name: str = "momentum") -> None:
     )
 
 
-def set_batchnorm_momentum(model: keras.layers.Layer, momentum: float) -> int:
-    """Sets `momentum` on every BN layer of `model`; returns how many.
-
-    Call it before `compile`/`fit`: a traced train step keeps the momentum
-    it was traced with.
-    """
-    if momentum is None or isinstance(momentum, str):
-        raise ArgumentError(
-            "momentum", f"must be a number in (0, 1). Received: momentum={momentum!r}"
-        )
-    check_momentum(momentum)
-    layers = batchnorm_layers(model)
-    for layer in layers:
-        layer.momentum = float(momentum)
-    return len(layers)
-
-
 def auto_momentum(total_steps: Optional[int]) -> float:
     """BN momentum for a run of `total_steps` training steps.
 
-    The moving average's horizon `1 / (1 - momentum)` is 5% of the run,
-    clamped to momentum [0.9, 0.99] (0.99 is Keras's default, right for
-    runs of 2,000 steps and more). Runs under ~45 steps go below 0.9 (not
-    below 0.5) so the initial statistics weigh at most 1% at the end.
-    Unknown length (None): 0.9.
+    The moving average spans 5% of the run, clamped to [0.9, 0.99]; runs
+    under ~45 steps go lower (not below 0.5) so the initial statistics
+    weigh at most 1% at the end. Unknown length (None): 0.9.
 
     Example:
 
@@ -140,24 +93,18 @@ def set_momentum(
     momentum: Union[str, float, None],
     total_steps: Optional[int] = None,
 ) -> Optional[str]:
-    """Sets the BN momentum by the policy's rule (module docstring):
-    "auto" gives the layers still at Keras's default 0.99 the momentum that
-    suits the run's length `total_steps` (epochs x steps per epoch; None:
-    unknown) and keeps the others; a number sets every layer; None keeps
-    them all. Returns a one-line note saying what "auto" changed, or None
-    when nothing did (or for a number or None).
+    """Sets the BN momentum: "auto" gives the layers still at 0.99 the
+    momentum for a run of `total_steps` (None: unknown); a number sets
+    every layer; None keeps them. Returns a one-line note when "auto"
+    changed layers, else None.
 
-    Example:
-
-    ```python
-    note = set_momentum(classifier, "auto", total_steps=3 * 22)  # 0.99 -> 0.9
-    ```
     """
     check_momentum(momentum)
     if momentum == "auto":
         return _follow_run_length(model, total_steps)
     if momentum is not None:
-        set_batchnorm_momentum(model, momentum)
+        for layer in batchnorm_layers(model):
+            layer.momentum = float(momentum)
     return None
 
 
@@ -169,14 +116,8 @@ def apply_batchnorm_policy(
     fused_kernel: bool = True,
 ) -> Optional[str]:
     """The policy before training: with `fused_kernel`, plain Keras BN
-    layers switch to the fused kernel; then `set_momentum`. Returns its
-    note (None unless "auto" changed layers).
-
-    The keywords are `POLICY_KEYS`, the recipe's `model.batchnorm` keys,
-    with the same defaults. `trainable` is applied by
-    `advtrain.models.freezing.apply_phase`, which decides what trains;
-    recalibration and the gap report run after training
-    (`settle_batchnorm`). Call it before `compile`/`fit`.
+    layers switch to the fused kernel for good; then `set_momentum`, whose
+    note it returns. Call it before `compile`/`fit`.
 
     Example:
 
@@ -223,8 +164,7 @@ def fit_total_steps(
     validation_split: float = 0.0,
 ) -> Optional[int]:
     """The training steps a `keras.Model.fit` call with these arguments
-    runs, or None when its data has no known length (a generator, a
-    repeated dataset without `steps_per_epoch`)."""
+    runs, or None when its data has no known length."""
     tf = sys.modules.get("tensorflow")  # a tf.data.Dataset needs it loaded
     steps = steps_per_epoch
     if steps is None:
@@ -267,30 +207,11 @@ def recalibrate_batchnorm(
 ) -> int:
     """Re-estimates BN moving mean and variance from clean training data.
 
-    Each batch is passed through the model in training mode with the
-    recalibrated layers at momentum 0, so after the pass their moving
-    statistics are that batch's statistics; the new moving mean and
-    variance are the plain average of those over the batches (every batch
-    weighs the same, unlike the exponential moving average of training).
-    Everything else in the model is left as it was: weights, momentum,
-    trainable flags, and the layers not recalibrated.
-
-    Args:
-        model: the classifier (or a model wrapping it).
-        dataset: an iterable of batches, `x` or `(x, y, ...)`, such as the
-            un-augmented training `tf.data.Dataset`; batches should have
-            the training batch size, since the statistics are per batch.
-        num_batches: how many batches to average (fewer if the data ends).
-        include_frozen: also re-estimate BN layers that are frozen
-            (`trainable=False`, inference mode). Off by default: a frozen
-            pretrained backbone keeps the statistics its head was trained
-            with.
-
-    Returns:
-        The number of batches averaged.
-
-    Raises:
-        ValueError: `num_batches < 1` or the dataset yields no batch.
+    The new statistics are the plain average of the per-batch statistics
+    over up to `num_batches` batches (`x` or `(x, y, ...)`, of the training
+    batch size); nothing else in the model changes. Frozen BN layers only
+    with `include_frozen`. Returns the number of batches averaged; a
+    ValueError for `num_batches < 1` or no batch.
 
     Example:
 
@@ -320,24 +241,33 @@ def recalibrate_batchnorm(
 @contextlib.contextmanager
 def _batch_statistics_mode(layers: list, untouched: list):
     """`layers` trainable at momentum 0 (their moving statistics become
-    each batch's); on exit their settings and the moving statistics of
-    the `untouched` BN layers are restored."""
+    each batch's); on exit their settings, and the `untouched` layers'
+    statistics, are restored."""
     saved = [(layer, layer.momentum, layer.trainable) for layer in layers]
     # A frozen BN layer only computes batch statistics once trainable;
     # setting it on the layer alone leaves its parents as they are.
-    kept = [
-        (layer, layer.moving_mean.numpy(), layer.moving_variance.numpy())
-        for layer in untouched
-    ]
     try:
-        for layer in layers:
-            layer.momentum = 0.0
-            layer.trainable = True
-        yield
+        with _statistics_kept(untouched):
+            for layer in layers:
+                layer.momentum = 0.0
+                layer.trainable = True
+            yield
     finally:
         for layer, momentum, trainable in saved:
             layer.momentum = momentum
             layer.trainable = trainable
+
+
+@contextlib.contextmanager
+def _statistics_kept(layers: list):
+    """On exit, `layers`' moving statistics are as on entry."""
+    kept = [
+        (layer, layer.moving_mean.numpy(), layer.moving_variance.numpy())
+        for layer in layers
+    ]
+    try:
+        yield
+    finally:
         for layer, mean, variance in kept:
             layer.moving_mean.assign(mean)
             layer.moving_variance.assign(variance)
@@ -377,22 +307,11 @@ def bn_gap(
 ) -> dict[str, float]:
     """Accuracy with BN in training mode vs inference mode on one batch set.
 
-    Training mode is what `fit` computes: trainable BN layers normalise with
-    the batch's statistics (frozen ones use their moving statistics either
-    way). Dropout is switched off for both passes, so the gap measures BN
-    alone. No moving statistic changes: they are restored after the
-    training-mode pass.
-
-    Args:
-        model: the classifier, returning logits (or probabilities).
-        x: held-out images, [0, 1] pixels.
-        y: integer labels or one-hot labels.
-        batch_size: split `x` into batches of this size, as in training
-            (train-mode statistics depend on the batch); None: one batch.
-
-    Returns:
-        dict(train_mode_accuracy, inference_mode_accuracy, gap), with
-        gap = train_mode_accuracy - inference_mode_accuracy.
+    `x`, `y`: held-out images and integer or one-hot labels, in batches
+    of `batch_size` as in training (None: one batch). Dropout is off for
+    both passes; the moving statistics are restored afterwards. Returns
+    dict(train_mode_accuracy, inference_mode_accuracy, gap = train -
+    inference).
 
     Example:
 
@@ -406,11 +325,6 @@ def bn_gap(
     if n == 0:
         raise ValueError("bn_gap needs at least one example. Received: 0")
     step = batch_size or n
-    bns = batchnorm_layers(model)
-    saved_stats = [
-        (layer, layer.moving_mean.numpy(), layer.moving_variance.numpy())
-        for layer in bns
-    ]
     dropouts = [
         (layer, layer.rate)
         for layer in walk_layers(model)
@@ -418,18 +332,16 @@ def bn_gap(
     ]
     outputs: dict[bool, list[np.ndarray]] = {True: [], False: []}
     try:
-        for layer, _ in dropouts:
-            layer.rate = 0.0
-        for training in (True, False):
-            for start in range(0, n, step):
-                logits = model(x[start : start + step], training=training)
-                outputs[training].append(keras.ops.convert_to_numpy(logits))
+        with _statistics_kept(batchnorm_layers(model)):
+            for layer, _ in dropouts:
+                layer.rate = 0.0
+            for training in (True, False):
+                for start in range(0, n, step):
+                    logits = model(x[start : start + step], training=training)
+                    outputs[training].append(keras.ops.convert_to_numpy(logits))
     finally:
         for layer, rate in dropouts:
             layer.rate = rate
-        for layer, mean, variance in saved_stats:
-            layer.moving_mean.assign(mean)
-            layer.moving_variance.assign(variance)
     train_acc = _accuracy(np.concatenate(outputs[True]), y)
     infer_acc = _accuracy(np.concatenate(outputs[False]), y)
     return {
@@ -448,12 +360,10 @@ def bn_gap_warning(
 ) -> Optional[str]:
     """A one-line warning when the BN gap exceeds `threshold`, else None.
 
-    The advice follows the actual setting: a lower momentum than the one
-    in use (`momentum`: the layers' momentum, None when unknown),
-    recalibration unless it already ran, and a larger batch when batch
-    statistics are the noisy side or recalibration did not close the gap.
-    It names the settings `momentum`, `recalibrate` and `batch_size` as
-    `names` maps them (how the caller's user sets them), else so.
+    The advice follows the setting: a lower `momentum` than the one in use
+    (None: unknown), recalibration unless it ran, or a larger batch. It
+    names the settings `momentum`, `recalibrate` and `batch_size` as
+    `names` maps them (the caller's names for them).
 
     Example:
 
@@ -522,32 +432,23 @@ def settle_batchnorm(
     names: Optional[Mapping[str, str]] = None,
 ) -> dict[str, Any]:
     """After training: measure the BN gap, recalibrate when the policy
-    says so, measure again; the one settle step of recipes and
-    `advtrain.fit`.
-
-    `recalibrate`: "auto" recalibrates when |gap| > `gap_threshold`, True
-    always, False never. Only a model with trainable BN layers is
-    recalibrated (nothing else would change). `echo` receives one line
-    with the gap (and the recalibration) and the warning line, if any.
+    says so, measure again.
 
     Args:
         model: the classifier.
         x, y: held-out images and labels for `bn_gap`.
-        batch_size: training-mode batch size for `bn_gap`: the
-            per-replica training batch, which each replica's BatchNorm
-            normalised over.
+        batch_size: the per-replica training batch, for `bn_gap`.
         train_batches: clean training batches for `recalibrate_batchnorm`.
-        recalibrate, gap_threshold, recalibrate_batches: the policy
-            (`SETTLE_KEYS`), the recipe's `model.batchnorm` keys.
-        echo: receives the lines (None: silent).
-        names: how the warning names the settings it advises on
-            (`bn_gap_warning`).
+        recalibrate: "auto" (when |gap| > `gap_threshold`), True or False;
+            only trainable BN layers are recalibrated.
+        gap_threshold, recalibrate_batches: the rest of `SETTLE_KEYS`.
+        echo: receives the gap line and the warning, if any (None: silent).
+        names: the settings' names in the warning (`bn_gap_warning`).
 
     Returns:
-        `bn_gap`'s dict for the final weights, plus `recalibrated` (the
-        number of batches averaged, 0 when not recalibrated), `before`
-        (`bn_gap` right after training) and `warning` (None or the line
-        from `bn_gap_warning`).
+        `bn_gap`'s dict for the final weights, plus `recalibrated` (batches
+        averaged, 0 if none), `before` (the gap right after training) and
+        `warning` (None or `bn_gap_warning`'s line).
 
     Example:
 

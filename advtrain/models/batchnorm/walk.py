@@ -1,9 +1,5 @@
 """Finding a model's layers: every sublayer, nested models and custom
-layers' own sublayers included, and its BatchNormalization layers.
-
-Below both the fused kernel (`fused.fuse_batchnorm` switches the layers it
-finds) and the policy (`policy`), which use it.
-"""
+layers' own sublayers included, and its BatchNormalization layers."""
 
 from __future__ import annotations
 
@@ -12,18 +8,21 @@ from collections.abc import Iterator
 import keras
 
 
-def walk_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
-    """Yields every layer below `layer` depth first, in model order.
+def sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """`layer`'s direct sublayers, a custom layer's own included.
 
-    Descends into nested models and into custom layers that own sublayers,
-    which `Model.layers` does not; each layer is yielded once.
+    Keras tracks them in `_layers` for every layer; the public
+    `Model.layers` exists for models only.
     """
+    return list(getattr(layer, "_layers", []))
+
+
+def walk_layers(layer: keras.layers.Layer) -> Iterator[keras.layers.Layer]:
+    """Yields every layer below `layer` once, depth first, in model order."""
     seen: set[int] = set()
 
     def visit(node):
-        # `_layers` is how Keras tracks sublayers of any layer; the public
-        # `Model.layers` stops at the first level.
-        for child in getattr(node, "_layers", []):
+        for child in sublayers(node):
             if id(child) in seen or isinstance(child, keras.layers.InputLayer):
                 continue
             seen.add(id(child))

@@ -1,7 +1,5 @@
-"""Training objectives: the registry (`register_objective`, `objectives`)
-and the objectives beyond the mixed clean/adversarial loss, TRADES and
-GradAlign, each an `AdversarialModel` subclass registered by name.
-"""
+"""Training objectives: the registry and the `AdversarialModel` subclasses
+registered in it (TRADES, GradAlign)."""
 
 from advtrain.models.objectives.registry import (
     objective_options,

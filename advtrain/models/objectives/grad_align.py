@@ -21,26 +21,17 @@ class GradAlign(AdversarialModel):
     """Adversarial training plus a gradient-alignment penalty.
 
     loss = the `AdversarialModel` loss + `grad_align` * mean over examples
-    of (1 - cos(grad_x CE(x), grad_x CE(x + eta))), with eta uniform in the
-    attack's full eps-ball (an eps ramp scales the attack only). The
-    penalty keeps the loss locally linear inside the ball, so a single-step
-    attack stays a good approximation of the worst case: it counters
-    catastrophic overfitting. Both input gradients are taken through
-    `attack_model_fn` and differentiated again (double backpropagation),
-    so a step costs roughly three times a plain FGSM step. Only
-    `adversarial_loss` changes; the attack, the step, metrics and saving
-    are inherited, and the penalty goes through `reduce_per_example`, so
-    it is the same on 1 or N replicas. Logged as `grad_align_loss` (the
+    of (1 - cos(grad_x CE(x), grad_x CE(x + eta))), eta uniform in the
+    attack's full eps-ball. Keeping the loss locally linear counters
+    catastrophic overfitting; the double backpropagation makes a step
+    about three times a plain FGSM step. Logged as `grad_align_loss` (the
     penalty before the weight).
 
     Args:
-        grad_align: the penalty's weight (the paper uses 0.2 for CIFAR-10
-            at eps 8/255 and larger values for larger eps).
-        clip_noise: clip the noisy point `x + eta` to the attack's
-            `[clip_min, clip_max]`, so the second gradient is taken at an
-            image the attack could produce. False (the paper's) leaves it
-            unclipped: on MNIST, where most pixels sit at 0 or 1, half of
-            eta then points outside the pixel range.
+        grad_align: the penalty's weight (the paper: 0.2 for CIFAR-10 at
+            eps 8/255, more for larger eps).
+        clip_noise: clip `x + eta` to the attack's `[clip_min, clip_max]`;
+            False (the paper's) leaves it unclipped.
 
     Example:
 
@@ -99,9 +90,7 @@ class GradAlign(AdversarialModel):
         return loss + self.grad_align * penalty
 
     def _input_gradient(self, x, y):
-        """grad_x of the summed cross-entropy, kept differentiable (the
-        attacks' own helper; the loss scale only rescales the gradient,
-        which the cosine ignores)."""
+        """grad_x of the summed cross-entropy, kept differentiable."""
         return input_gradient(
             self.attack_model_fn, x, y, loss_scale=self.attack_loss_scale()
         )

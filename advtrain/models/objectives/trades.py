@@ -24,14 +24,10 @@ def per_example_kl(p_clean, logits_adv):
 class TRADES(AdversarialModel):
     """Trades accuracy for robustness with a KL term.
 
-    loss = CE(y, f(x)) + beta * KL(f(x) || f(x_adv)), where x_adv maximises
-    the same KL with PGD (`attack.steps`, `attack.step_size`, `attack.eps`).
-    Only the two hooks change; the step, metrics and saving are inherited.
-    The KL term goes through `reduce_per_example`, so the loss is the same
-    on 1 or N replicas; `clean_loss` logs the cross-entropy and `adv_loss`
-    the KL. With `random_start=False` PGD starts at the KL's minimum,
-    where the input gradient is rounding noise: keep the random start
-    (the default) unless the run must be reproducible bit for bit.
+    loss = CE(y, f(x)) + beta * KL(f(x) || f(x_adv)), x_adv maximising the
+    same KL with PGD (the attack's eps, steps, step_size). `clean_loss`
+    logs the cross-entropy, `adv_loss` the KL. Keep PGD's random start:
+    without it PGD starts at the KL's minimum, where the gradient is noise.
 
     Example:
 
@@ -44,8 +40,7 @@ class TRADES(AdversarialModel):
     """
 
     needs_clean_logits = True
-    # The attack method that maximises the KL term, whatever the attack's
-    # own (`register_objective`: a builder checks the attack against it).
+    # The method that maximises the KL, whatever the attack's own.
     attack_method = "pgd"
 
     def __init__(self, classifier, attack=None, beta: float = 6.0, **kwargs: Any):

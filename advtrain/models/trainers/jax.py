@@ -1,25 +1,17 @@
 """`AdversarialModel`'s step on JAX: stateless, as Keras's own JAX trainer.
 
-`train_step(state, data)` binds every variable of the model (trainable,
-non-trainable, optimizer, metrics) to the values in `state` with a
-`keras.StatelessScope`, runs the backend-neutral step inside it and
-returns the updated values. Inside: `value_and_gradients` differentiates
-a loss with `jax.value_and_grad(..., has_aux=True)` in a scope of its own
-and threads its non-trainable and metric updates back out (the BatchNorm
-statistics of the training pass); the optimizer applies the gradients in
-the step's scope, which records its updates; the attack's passes run in a
-scope whose updates are dropped except the attack's random stream (no
-BatchNorm statistics, whatever `attack_mode`). Input checks travel with
-the logs and are read on the host (`advtrain.models.input_checks`).
-(`advtrain.models.trainers` says what a backend module supplies.)
+`train_step(state, data)` binds every variable to `state` in a
+`keras.StatelessScope`, runs the backend-neutral step and returns the new
+values. `value_and_gradients` uses `jax.value_and_grad` in a scope of its
+own and threads the non-trainable updates (BatchNorm statistics) out; the
+attack's passes keep only their random stream's advance and metric
+updates (no BatchNorm statistics, whatever `attack_mode`).
 """
 
 from __future__ import annotations
 
 import jax
 import keras
-
-from advtrain.models.input_checks import model_input_checks
 
 
 def replicas_in_sync() -> int:
@@ -133,25 +125,3 @@ class AdversarialTrainer:
         for variable in kept:
             variable.assign(scope.get_current_value(variable))
         return result
-
-    def _attach_input_checks(self, x, y):
-        # JAX compiles the step with XLA, which has no assertions: the
-        # checks' reductions leave with the logs.
-        return self._input_checks.attach(x, y, xla=True)
-
-    def make_train_function(self, force=False):
-        """Keras's train function, whose failed input checks raise their
-        one-line error on the host after the step."""
-        if self.train_function is not None and not force:
-            return self.train_function
-        super().make_train_function(force=force)
-        # Read by the step when the function traces.
-        checks = self._input_checks = model_input_checks(self)
-        step = self.train_function
-
-        def train_function(state, iterator):
-            logs, state = step(state, iterator)
-            return checks.check_logs(logs), state
-
-        self.train_function = train_function
-        return train_function

@@ -1,7 +1,6 @@
-"""`AdversarialModel`'s step on TensorFlow: `tf.GradientTape`, the
-optimizer's `apply_gradients`, `tf.distribute`'s replicas, the input
-checks' in-graph assertions and the fused BatchNorm kernel while a step
-runs (`advtrain.models.trainers` says what a backend module supplies)."""
+"""`AdversarialModel`'s step on TensorFlow: `tf.GradientTape`,
+`tf.distribute`'s replicas and the fused BatchNorm kernel while a step
+runs."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import tensorflow as tf
 
 from advtrain.models.batchnorm.fused import fused_kernel
 from advtrain.models.batchnorm.walk import batchnorm_layers
-from advtrain.models.input_checks import model_input_checks
 
 
 def replicas_in_sync() -> int:
@@ -59,29 +57,19 @@ class AdversarialTrainer:
         """Runs `generate()` (the attack); its updates stand."""
         return generate()
 
-    def _attach_input_checks(self, x, y):
-        # XLA drops assertions: the checks' reductions leave with the logs.
-        xla = bool(getattr(self, "jit_compile", False)) and not tf.executing_eagerly()
-        return self._input_checks.attach(x, y, xla=xla)
-
     def _fused_layers(self) -> list:
         return batchnorm_layers(self.classifier) if self.fused_batchnorm else []
 
     def make_train_function(self, force=False):
-        """Keras's train function, run with the fused BatchNorm kernel,
-        whose failed input checks raise their one-line error
-        (`advtrain.models.input_checks`)."""
+        """Keras's train function, run with the fused BatchNorm kernel."""
         if self.train_function is not None and not force:
             return self.train_function
         super().make_train_function(force=force)
-        # Read by the step when the function traces.
-        checks = self._input_checks = model_input_checks(self)
         step, layers = self.train_function, self._fused_layers()
 
         def train_function(iterator):
-            with checks.clean_errors(), fused_kernel(layers):
-                logs = step(iterator)
-            return checks.check_logs(logs)
+            with fused_kernel(layers):
+                return step(iterator)
 
         self.train_function = train_function
         return train_function
