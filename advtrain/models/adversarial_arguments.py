@@ -127,10 +127,8 @@ def _check_ramp(eps_ramp_steps, attack: Optional[Attack]) -> None:
 def check_hooks(cls: type) -> None:
     """A TypeError unless `cls.generate_adversarial` takes the step's
     `attack` (or `**kwargs`)."""
-    parameters = inspect.signature(cls.generate_adversarial).parameters
-    if "attack" in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    ):
+    names = keyword_names(cls.generate_adversarial)
+    if names is None or "attack" in names:
         return
     raise TypeError(
         f"{cls.__name__}.generate_adversarial must take the step's attack, "

@@ -18,19 +18,6 @@ from keras import ops
 
 from advtrain.models.trainers import metric_count, replicas_in_sync
 
-__all__ = [
-    "OptionalAccuracy",
-    "OptionalMean",
-    "OptionalMetric",
-    "batch_mean_share",
-    "begin_step",
-    "logged",
-    "replicas_in_sync",
-    "track_loss",
-    "track_share",
-    "track_zero_gradients",
-]
-
 
 class OptionalMetric:
     """A `keras.metrics.Mean`-based metric logged only where a step feeds it.

@@ -54,57 +54,33 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
             return super().call(inputs, training=training, mask=mask)
         import tensorflow as tf
 
-        channels = inputs.shape[-1]
-        scale = (
-            ops.cast(self.gamma, "float32")
-            if self.scale
-            else tf.ones([channels], tf.float32)
-        )
-        offset = (
-            ops.cast(self.beta, "float32")
-            if self.center
-            else tf.zeros([channels], tf.float32)
-        )
+        channels = [inputs.shape[-1]]
+        scale = ops.cast(self.gamma, "float32") if self.scale else tf.ones(channels)
+        offset = ops.cast(self.beta, "float32") if self.center else tf.zeros(channels)
         moving_mean = ops.cast(self.moving_mean, "float32")
         moving_variance = ops.cast(self.moving_variance, "float32")
-        if training and self.trainable:
-            outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
-                inputs,
-                scale,
-                offset,
-                epsilon=self.epsilon,
-                data_format="NHWC",
-                is_training=True,
-            )
-            # The kernel reports the unbiased variance (n / (n - 1) times
-            # the one it normalised with); Keras tracks the biased one.
-            shape = tf.shape(inputs)
-            n = tf.cast(shape[0] * shape[1] * shape[2], tf.float32)
-            variance = variance * ((n - 1.0) / tf.maximum(n, 1.0))
-            momentum = self.momentum
-            self.moving_mean.assign(
-                ops.cast(
-                    moving_mean * momentum + mean * (1.0 - momentum),
-                    self.moving_mean.dtype,
-                )
-            )
-            self.moving_variance.assign(
-                ops.cast(
-                    moving_variance * momentum + variance * (1.0 - momentum),
-                    self.moving_variance.dtype,
-                )
-            )
-        else:
+        kernel = dict(epsilon=self.epsilon, data_format="NHWC")
+        if not (training and self.trainable):
             outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
-                inputs,
-                scale,
-                offset,
-                mean=moving_mean,
-                variance=moving_variance,
-                epsilon=self.epsilon,
-                data_format="NHWC",
-                is_training=False,
-            )
+                inputs, scale, offset, mean=moving_mean, variance=moving_variance,
+                is_training=False, **kernel,
+            )  # fmt: skip
+            return ops.cast(outputs, self.compute_dtype)
+        outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            inputs, scale, offset, is_training=True, **kernel
+        )
+        # The kernel reports the unbiased variance (n / (n - 1) times the one
+        # it normalised with); Keras tracks the biased one.
+        shape = tf.shape(inputs)
+        n = tf.cast(shape[0] * shape[1] * shape[2], tf.float32)
+        variance = variance * ((n - 1.0) / tf.maximum(n, 1.0))
+        momentum = self.momentum
+        for variable, moving, batch in (
+            (self.moving_mean, moving_mean, mean),
+            (self.moving_variance, moving_variance, variance),
+        ):
+            update = moving * momentum + batch * (1.0 - momentum)
+            variable.assign(ops.cast(update, variable.dtype))
         return ops.cast(outputs, self.compute_dtype)
 
 

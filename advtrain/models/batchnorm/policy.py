@@ -212,12 +212,6 @@ def recalibrate_batchnorm(
     batch size); nothing else in the model changes. Frozen BN layers only
     with `include_frozen`. Returns the number of batches averaged; a
     ValueError for `num_batches < 1` or no batch.
-
-    Example:
-
-    ```python
-    recalibrate_batchnorm(classifier, train_ds, num_batches=50)
-    ```
     """
     if num_batches < 1:
         raise ValueError(
@@ -312,13 +306,6 @@ def bn_gap(
     both passes; the moving statistics are restored afterwards. Returns
     dict(train_mode_accuracy, inference_mode_accuracy, gap = train -
     inference).
-
-    Example:
-
-    ```python
-    report = bn_gap(classifier, x_val[:512], y_val[:512], batch_size=64)
-    message = bn_gap_warning(report["gap"])
-    ```
     """
     x = np.asarray(x)
     n = len(x)
@@ -364,12 +351,6 @@ def bn_gap_warning(
     (None: unknown), recalibration unless it ran, or a larger batch. It
     names the settings `momentum`, `recalibrate` and `batch_size` as
     `names` maps them (the caller's names for them).
-
-    Example:
-
-    ```python
-    bn_gap_warning(0.31, momentum=0.99)  # "... momentum: 0.9 ..."
-    ```
     """
     if abs(gap) <= threshold:
         return None

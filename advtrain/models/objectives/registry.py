@@ -36,13 +36,7 @@ def register_objective(name: str) -> Callable[[type], type]:
             super().__init__(classifier, attack, **kwargs)
             self.pairing = float(pairing)
 
-        def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv,
-                             sample_weight):
-            loss = super().adversarial_loss(
-                x, y, y_pred, x_adv, y_pred_adv, sample_weight)
-            gap = ops.sum(ops.square(y_pred - y_pred_adv), axis=-1)
-            return loss + self.pairing * self.reduce_per_example(
-                gap, sample_weight)
+        # adversarial_loss: see `AdversarialModel.adversarial_loss`.
 
         def get_config(self):
             return {**super().get_config(), "pairing": self.pairing}

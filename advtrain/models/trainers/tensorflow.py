@@ -57,33 +57,26 @@ class AdversarialTrainer:
         """Runs `generate()` (the attack); its updates stand."""
         return generate()
 
-    def _fused_layers(self) -> list:
-        return batchnorm_layers(self.classifier) if self.fused_batchnorm else []
-
     def make_train_function(self, force=False):
         """Keras's train function, run with the fused BatchNorm kernel."""
-        if self.train_function is not None and not force:
-            return self.train_function
-        super().make_train_function(force=force)
-        step, layers = self.train_function, self._fused_layers()
-
-        def train_function(iterator):
-            with fused_kernel(layers):
-                return step(iterator)
-
-        self.train_function = train_function
-        return train_function
+        return self._fused(super().make_train_function, "train_function", force)
 
     def make_test_function(self, force=False):
         """Keras's test function, run with the fused BatchNorm kernel."""
-        if self.test_function is not None and not force:
-            return self.test_function
-        super().make_test_function(force=force)
-        step, layers = self.test_function, self._fused_layers()
+        return self._fused(super().make_test_function, "test_function", force)
 
-        def test_function(iterator):
+    def _fused(self, make, name: str, force: bool):
+        """Keras's function `name` (built by `make`), run inside
+        `fused_kernel` when `fused_batchnorm` is on."""
+        if getattr(self, name) is not None and not force:
+            return getattr(self, name)
+        make(force=force)
+        step = getattr(self, name)
+        layers = batchnorm_layers(self.classifier) if self.fused_batchnorm else []
+
+        def function(iterator):
             with fused_kernel(layers):
                 return step(iterator)
 
-        self.test_function = test_function
-        return test_function
+        setattr(self, name, function)
+        return function
