@@ -208,9 +208,8 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         arguments["x"] = checks.checked(arguments["x"], arguments.get("y"))
         if not self._batchnorm_momentum_set:
             self._batchnorm_momentum_set = True
-            momentum = self.batchnorm_momentum
-            if set_momentum_for_fit(self.classifier, momentum, arguments):
-                self.train_function = None  # traced with the old momentum
+            set_momentum_for_fit(self.classifier, self.batchnorm_momentum, arguments)
+            self.train_function = None  # traced with the old momentum
         with checks.clean_errors():
             return super().fit(**arguments)
 

@@ -12,6 +12,13 @@ from typing import Any, Optional
 import keras
 
 from advtrain.attacks import Attack, attack_settings
+from advtrain.models.batchnorm.policy import (
+    MOMENTUM_RULES,
+    RENAMED_MOMENTUM,
+    check_momentum,
+    fit_total_steps,
+    set_momentum,
+)
 from advtrain.utils.errors import ArgumentError
 from advtrain.utils.keywords import check_keywords, keyword_names
 
@@ -43,8 +50,6 @@ def check_keywords_known(owner: str, given: dict, accepted: Iterable[str]) -> No
 
 def renamed_config(config: dict) -> dict:
     """A saved config with 0.2's keys under their 0.3 names."""
-    from advtrain.models.batchnorm.policy import RENAMED_MOMENTUM
-
     config = dict(config)
     for old, new in RENAMED.items():
         if old in config:
@@ -75,8 +80,6 @@ def checked_arguments(
 ) -> Optional[Attack]:
     """Validates `AdversarialModel`'s arguments; returns the `Attack` (a
     config dict turned into one)."""
-    from advtrain.models.batchnorm.policy import check_momentum
-
     check_momentum(batchnorm_momentum, "batchnorm_momentum")
     if isinstance(attack, dict):
         attack = Attack.from_config(attack)
@@ -166,21 +169,11 @@ def init_keywords(
     return names
 
 
-def set_momentum_for_fit(
-    classifier: keras.Model, momentum: Any, arguments: Optional[dict]
-) -> bool:
+def set_momentum_for_fit(classifier: keras.Model, momentum: Any, arguments: dict):
     """Sets `classifier`'s BatchNorm momentum per `momentum` for the `fit`
-    call `arguments` describes, warning with what changed; True once set."""
-    from advtrain.models.batchnorm.policy import (
-        MOMENTUM_RULES,
-        fit_total_steps,
-        set_momentum,
-    )
-
+    call `arguments` describes, warning with what changed."""
     steps = None
     if momentum in MOMENTUM_RULES:
-        if arguments is None:
-            return False  # Keras's own fit reports the bad arguments
         names = keyword_names(fit_total_steps)
         steps = fit_total_steps(**{k: v for k, v in arguments.items() if k in names})
     note = set_momentum(classifier, momentum, steps)
@@ -188,7 +181,6 @@ def set_momentum_for_fit(
         warnings.warn(
             f"{note} Pass batchnorm_momentum=None to keep them.", stacklevel=3
         )
-    return True
 
 
 def fit_arguments(*args, **kwargs) -> Optional[dict[str, Any]]:

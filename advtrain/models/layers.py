@@ -112,8 +112,4 @@ class ResizeTo(keras.layers.Layer):
         return (input_shape[0], self.height, self.width, input_shape[-1])
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "height": self.height,
-            "width": self.width,
-        }
+        return {**super().get_config(), "height": self.height, "width": self.width}

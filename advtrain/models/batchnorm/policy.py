@@ -294,10 +294,7 @@ def _accuracy(logits: np.ndarray, y: np.ndarray) -> float:
 
 
 def bn_gap(
-    model: keras.Model,
-    x: Any,
-    y: Any,
-    batch_size: Optional[int] = None,
+    model: keras.Model, x: Any, y: Any, batch_size: Optional[int] = None
 ) -> dict[str, float]:
     """Accuracy with BN in training mode vs inference mode on one batch set.
 
