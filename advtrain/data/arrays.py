@@ -140,6 +140,7 @@ class _Part:
         self.index = np.arange(n)
         self.skipped = declared_x - n
         self.y_path = y_path
+        self.image_shape = shape[1:] if len(shape) == 4 else (*shape[1:], 1)
 
     def drop_out_of_range(self, num_classes: int, partial: bool, name: str):
         y = self.y[self.index]
@@ -155,14 +156,11 @@ class _Part:
         self.index = self.index[~bad]
         self.skipped += int(bad.sum())
 
-
-def _stream(rows: _Rows, labels, index, shuffle_seed: Optional[int]):
-    """The examples at `index`, read from disk a few MB at a time."""
-    shape = rows.shape[1:] if len(rows.shape) == 4 else (*rows.shape[1:], 1)
-    dtype = np.uint8 if rows.dtype == np.uint8 else np.float32
-    return stream_rows(
-        rows.read, labels, index, shape, dtype, rows.row_bytes, shuffle_seed
-    )
+    def stream(self, index: np.ndarray, shuffle_seed: Optional[int] = None):
+        """The examples at `index`, read from disk a few MB at a time."""
+        x, dtype = self.x, np.uint8 if self.x.dtype == np.uint8 else np.float32
+        args = (x.read, self.y, index, self.image_shape, dtype, x.row_bytes)
+        return stream_rows(*args, shuffle_seed)
 
 
 def _layout(
@@ -259,20 +257,14 @@ def arrays_splits(
         logger.warning(
             "arrays: skipped %d corrupt example(s) (on_corrupt: skip).", skipped
         )
-    shape = train.x.shape[1:]
-    image_shape = tuple(shape) if len(shape) == 3 else (*shape, 1)
-    train_fn = functools.partial(
-        _stream, train.x, train.y, train_index, shuffle_seed=seed
-    )
+    train_fn = functools.partial(train.stream, train_index, seed)
     return DataSplits(
         train=train_fn(),
         train_fn=train_fn,
-        test=_stream(test_part.x, test_part.y, test_index, shuffle_seed=None),
-        val=None
-        if val_index is None
-        else _stream(train.x, train.y, val_index, shuffle_seed=None),
+        test=test_part.stream(test_index),
+        val=None if val_index is None else train.stream(val_index),
         num_classes=num_classes,
-        image_shape=image_shape,
+        image_shape=train.image_shape,
         train_size=len(train_index),
         test_size=len(test_index),
         val_size=0 if val_index is None else len(val_index),

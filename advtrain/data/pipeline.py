@@ -167,16 +167,13 @@ def make_input(
         ds = ds.map(to_unit_pixels, num_parallel_calls=tf.data.AUTOTUNE)
         # One seed pair per element, drawn afresh each epoch: parallel map
         # order cannot change which image gets which augmentation.
-        seeds = tf.data.Dataset.random(
-            seed=seed, rerandomize_each_iteration=True
-        ).batch(2)
-        ds = tf.data.Dataset.zip((ds, seeds)).map(
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        ds = tf.data.Dataset.zip((ds, seeds.batch(2))).map(
             _augment(**augment), num_parallel_calls=tf.data.AUTOTUNE
         )
-        ds = ds.batch(batch_size, drop_remainder=training)
+        ds = ds.batch(batch_size, drop_remainder=True)
     else:
-        # Batch the raw pixels, then convert a whole batch in one op:
-        # per-element work is what limits a tf.data pipeline.
+        # Convert whole batches in one op: per-element work limits tf.data.
         ds = ds.batch(batch_size, drop_remainder=training)
         ds = ds.map(to_unit_pixels, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
