@@ -23,14 +23,8 @@ FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
-_IDX_TYPES = {
-    0x08: np.dtype("u1"),
-    0x09: np.dtype("i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
+# IDX type codes 0x08, 0x09, 0x0B..0x0E.
+_IDX_TYPES = {8: "u1", 9: "i1", 11: ">i2", 12: ">i4", 13: ">f4", 14: ">f8"}
 
 
 def _read_bytes(path: Path) -> tuple[bytes, bool]:
@@ -59,7 +53,7 @@ def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
             f"{path}: not an IDX file: expected magic 00 00 <type> <ndim>. "
             f"Received: {data[:4].hex(' ') or 'empty file'}"
         )
-    dtype, ndim = _IDX_TYPES[data[2]], data[3]
+    dtype, ndim = np.dtype(_IDX_TYPES[data[2]]), data[3]
     offset = 4 + 4 * ndim
     if ndim < 1 or len(data) < offset:
         raise DataError(f"{path}: truncated IDX header ({ndim} dimensions).")

@@ -12,10 +12,9 @@ GTSRB_Final_Test_Images.zip      or  GTSRB/Final_Test/Images/
 GTSRB_Final_Test_GT.zip          or  GT-final_test.csv
 ```
 
-Images are stored as PNG records, optionally cropped to the ROI and
-resized, one folder per config (`full`, `roi`, `roi_32x32`, ...). Each
-training record keeps its track id: the 30 frames of a track are near
-duplicates of one sign, so validation holds out whole tracks.
+Images are stored as PNG records (optionally ROI-cropped and resized), one
+folder per config; training records keep their track id, so validation can
+hold out whole tracks (a track's 30 frames show one sign).
 
 Example:
 

@@ -23,7 +23,7 @@ from advtrain.data.gtsrb.archive import (
     archives_url,
     locate_manual_dir,
 )
-from advtrain.data.gtsrb.rows import _examples, _Problems, _SkipCounter, _train_examples
+from advtrain.data.gtsrb.rows import _examples, _Problems, _train_examples
 from advtrain.utils.downloads import check_reachable
 from advtrain.utils.errors import one_line
 
@@ -207,14 +207,13 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager):
         layout = self._locate(dl_manager)
         cfg = self.builder_config
-        problems = _Problems(self._on_corrupt)
-        counter = _SkipCounter(self.info, problems)
+        problems = _Problems(self._on_corrupt, self.info)
         test = _examples(
             layout.test, TEST_DIR, layout.gt, layout.gt_rel, cfg, problems, None
         )
         return {
-            "train": counter.wrap("train", _train_examples(layout, cfg, problems)),
-            "test": counter.wrap("test", test),
+            "train": problems.count("train", _train_examples(layout, cfg, problems)),
+            "test": problems.count("test", test),
         }
 
     def _generate_examples(self, examples):  # pragma: no cover

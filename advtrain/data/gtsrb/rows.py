@@ -32,10 +32,11 @@ _KEEP_MESSAGES = 20
 
 
 class _Problems:
-    """Raises on the first problem, or counts and logs them (skip mode)."""
+    """Raises on the first problem, or (skip mode) logs each and records the
+    count in the dataset's metadata after each split (`count`)."""
 
-    def __init__(self, on_corrupt: str):
-        self.on_corrupt = on_corrupt
+    def __init__(self, on_corrupt: str, info: tfds.core.DatasetInfo):
+        self.on_corrupt, self.info = on_corrupt, info
         self.messages: list[str] = []
 
     def report(self, message: str) -> None:
@@ -43,6 +44,18 @@ class _Problems:
             raise DataError(message)
         self.messages.append(message)
         logger.warning("gtsrb: skipping example: %s", message)
+
+    def count(self, split: str, examples: Iterator) -> Iterator:
+        before = len(self.messages)
+        yield from examples
+        self.info.metadata["skipped"] = len(self.messages)
+        self.info.metadata["skipped_examples"] = self.messages[:_KEEP_MESSAGES]
+        if len(self.messages) > before:
+            logger.warning(
+                "gtsrb %s: skipped %d corrupt example(s) (on_corrupt: skip).",
+                split,
+                len(self.messages) - before,
+            )
 
 
 def open_ppm(data: bytes, name: str = "image") -> Image.Image:
@@ -217,24 +230,3 @@ def _train_examples(layout: _Layout, cfg, problems):
         if not tree.is_file(csv_rel):
             raise DataError(f"{tree.name(folder)}: GT-{name}.csv not found")
         yield from _examples(tree, folder, tree, csv_rel, cfg, problems, int(name))
-
-
-class _SkipCounter:
-    """Records the skipped count in the dataset's metadata after a split."""
-
-    def __init__(self, info: tfds.core.DatasetInfo, problems: _Problems):
-        self.info, self.problems = info, problems
-
-    def wrap(self, split: str, examples: Iterator) -> Iterator:
-        before = len(self.problems.messages)
-        yield from examples
-        skipped = len(self.problems.messages) - before
-        messages = self.problems.messages
-        self.info.metadata["skipped"] = len(messages)
-        self.info.metadata["skipped_examples"] = messages[:_KEEP_MESSAGES]
-        if skipped:
-            logger.warning(
-                "gtsrb %s: skipped %d corrupt example(s) (on_corrupt: skip).",
-                split,
-                skipped,
-            )
