@@ -131,6 +131,8 @@ def make_input(
         batch_size: the global batch; a strategy splits it across replicas.
         training: shuffle, augment and drop the last partial batch.
         seed: shuffle and augmentation seed.
+        shuffle_buffer, deterministic: tf.data's shuffle buffer (capped at
+            256 MiB) and, when training, `Options.deterministic`.
         cache: "auto" keeps the elements in memory when `source` is one of
             bounded size (`cache_mode`), "memory", "none" or a file path.
         augment: None, or a dict of `AUGMENT_DEFAULTS` keys, when `training`.
