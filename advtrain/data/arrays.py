@@ -1,31 +1,19 @@
 """Source `arrays`: `.npy` files streamed from disk, never loaded whole.
 
-`data.path` names either
-
-* a directory holding `x_train.npy` and `y_train.npy`, and optionally
-  `x_test.npy` and `y_test.npy`; or
-* a prefix `PATH` of the pair `PATH_x.npy` and `PATH_y.npy`.
-
-Without a test pair, `data.test_fraction` of the examples is held out as the
-test split (stratified, seeded by `data.seed`); `data.val_fraction` of what
-remains becomes the validation split the same way.
-
-Images `x` are `(N, H, W)` or `(N, H, W, C)`, uint8 0..255 or float in
-[0, 1] (float16 / float64 are read as float32). Labels `y` are integers
-`(N,)` or `(N, 1)` in 0..K-1, K = 1 + the largest training label; they are
-read into memory (8 bytes an example). Images are opened with
-`np.load(mmap_mode="r")`, which gives their shape, dtype and offset, and a
-`tf.data` generator copies a few MB of rows at a time out of the file with
-plain reads (not through the map, whose touched pages would count as
-resident memory), so host memory does not grow with N and nothing is ever
-copied whole to the device. Each epoch reads the training rows in a fresh
-random order (seeded by `data.seed` and a per-epoch seed from tf.data),
-the same sequence again in a resumed run.
+`path` is a directory holding `x_train.npy`, `y_train.npy` and optionally
+`x_test.npy`, `y_test.npy`, or a prefix `PATH` of `PATH_x.npy` and
+`PATH_y.npy`. Without a test pair, `test_fraction` is held out as test
+(stratified, seeded by `seed`), then `val_fraction` of the rest as
+validation. Images are `(N, H, W)` or `(N, H, W, C)`, uint8 or float in
+[0, 1] (read as float32); labels are integers `(N,)` or `(N, 1)` in 0..K-1,
+K = 1 + the largest training label, held in memory. Image rows are read a
+few MB at a time (`advtrain.data.streaming`); each epoch reads the training
+rows in a fresh order drawn from `seed`, the same again in a resumed run.
 
 Example:
 
 ```python
-np.save("/data/x_train.npy", x)  # or np.lib.format.open_memmap(...)
+np.save("/data/x_train.npy", x)
 np.save("/data/y_train.npy", y)
 splits = load_splits("arrays", path="/data")
 ```
@@ -39,29 +27,23 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
 
 from advtrain.data.errors import DataError
-from advtrain.data.pipeline import DataSplits
-from advtrain.data.sources import register_source
-from advtrain.data.splits import hold_out, limit, require
+from advtrain.data.sources import DataSplits, hold_out, limit, register_source, require
+from advtrain.data.streaming import read_rows, stream_rows
 from advtrain.utils.errors import one_line
 
 logger = logging.getLogger(__name__)
-
-# Rows read per generator step.
-_CHUNK_BYTES = 4 << 20
 
 
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
     """Returns (shape, dtype, fortran_order, data offset) of a .npy file."""
     try:
         with path.open("rb") as f:
-            major, _ = np.lib.format.read_magic(f)
+            fmt = np.lib.format
+            major, _ = fmt.read_magic(f)
             read = (
-                np.lib.format.read_array_header_1_0
-                if major == 1
-                else np.lib.format.read_array_header_2_0
+                fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
             )
             shape, fortran, dtype = read(f)
             return shape, dtype, fortran, f.tell()
@@ -69,44 +51,6 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
         raise DataError(f"{path}: cannot read ({exc.strerror}).") from None
     except ValueError as exc:
         raise DataError(f"{path}: not a .npy file ({one_line(exc)}).") from None
-
-
-def read_rows(
-    path: Path,
-    offset: int,
-    row_shape: tuple[int, ...],
-    dtype: np.dtype,
-    index: np.ndarray,
-) -> np.ndarray:
-    """Copies rows `index` (sorted) of the C-order array of `row_shape`
-    rows stored from byte `offset` of `path` into a new array.
-
-    The rows are read with plain file reads, one per run of consecutive
-    rows, not through a memory map: every page-cache page touched through
-    a mapping counts as this process's resident memory while mapped, and
-    with large page cache folios one scattered 12 KB row can map
-    megabytes. Reads copy only the rows, so memory stays flat whatever the
-    file's size.
-    """
-    out = np.empty((len(index), *row_shape), dtype)
-    raw = out.reshape(len(index), -1).view(np.uint8)
-    row_bytes = raw.shape[1]
-    breaks = np.flatnonzero(np.diff(index) != 1) + 1
-    starts = np.concatenate([[0], breaks]).astype(np.int64)
-    ends = np.concatenate([breaks, [len(index)]]).astype(np.int64)
-    with open(path, "rb", buffering=0) as f:
-        for start, end in zip(starts, ends, strict=True):
-            f.seek(offset + int(index[start]) * row_bytes)
-            view = memoryview(raw[start:end]).cast("B")
-            while view.nbytes:
-                got = f.readinto(view)
-                if not got:
-                    raise DataError(
-                        f"{path}: file ended while reading row "
-                        f"{index[start]}; was it changed during training?"
-                    )
-                view = view[got:]
-    return out
 
 
 class _Rows:
@@ -143,14 +87,8 @@ class _Rows:
         if self.rows == self.shape[0]:
             return np.load(self.path, mmap_mode="r", allow_pickle=False)
         # Truncated under on_corrupt: skip: map the complete rows only.
-        return np.memmap(
-            self.path,
-            self.dtype,
-            "r",
-            self._offset,
-            (self.rows, *self.shape[1:]),
-            "F" if self._fortran else "C",
-        )
+        shape, order = (self.rows, *self.shape[1:]), "F" if self._fortran else "C"
+        return np.memmap(self.path, self.dtype, "r", self._offset, shape, order)
 
     def read(self, index: np.ndarray) -> np.ndarray:
         """Copies the rows at sorted `index` into a new array (`read_rows`)."""
@@ -202,6 +140,7 @@ class _Part:
         self.index = np.arange(n)
         self.skipped = declared_x - n
         self.y_path = y_path
+        self.image_shape = shape[1:] if len(shape) == 4 else (*shape[1:], 1)
 
     def drop_out_of_range(self, num_classes: int, partial: bool, name: str):
         y = self.y[self.index]
@@ -217,56 +156,11 @@ class _Part:
         self.index = self.index[~bad]
         self.skipped += int(bad.sum())
 
-
-def _stream(
-    rows: _Rows,
-    labels: np.ndarray,
-    index: np.ndarray,
-    shuffle_seed: Optional[int],
-) -> tf.data.Dataset:
-    """The examples at `index`, read from disk a few MB at a time.
-
-    With `shuffle_seed`, each pass (epoch) draws its order from a seed that
-    tf.data's `Dataset.random(rerandomize_each_iteration=True)` gives that
-    pass: a new pipeline built with the same seeds replays the same
-    sequence of epochs, which is what lets a resumed run see the batches an
-    uninterrupted one would. The permutation lives in numpy (8 bytes an
-    example), not in a tf.data shuffle buffer.
-    """
-    shape = rows.shape[1:] if len(rows.shape) == 4 else (*rows.shape[1:], 1)
-    dtype = np.uint8 if rows.dtype == np.uint8 else np.float32
-    chunk = max(1, _CHUNK_BYTES // rows.row_bytes)
-
-    def generate(epoch_seed):
-        order, rng = index, None
-        if shuffle_seed is not None:
-            rng = np.random.default_rng([shuffle_seed, int(epoch_seed) % 2**63])
-            order = rng.permutation(index)
-        for start in range(0, len(order), chunk):
-            # Sorted reads walk the file forward; the rows are put back in
-            # random order after reading.
-            idx = np.sort(order[start : start + chunk])
-            x = rows.read(idx).astype(dtype, copy=False).reshape(-1, *shape)
-            y = labels[idx]
-            if rng is not None:
-                perm = rng.permutation(len(idx))
-                x, y = x[perm], y[perm]
-            yield x, y
-
-    signature = (
-        tf.TensorSpec((None, *shape), tf.as_dtype(dtype)),
-        tf.TensorSpec((None,), tf.int64),
-    )
-    seeds = tf.data.Dataset.random(
-        seed=shuffle_seed or 0, rerandomize_each_iteration=True
-    ).take(1)
-    ds = seeds.flat_map(
-        lambda s: tf.data.Dataset.from_generator(
-            generate, args=(s,), output_signature=signature
-        )
-    )
-    ds = ds.unbatch()
-    return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
+    def stream(self, index: np.ndarray, shuffle_seed: Optional[int] = None):
+        """The examples at `index`, read from disk a few MB at a time."""
+        x, dtype = self.x, np.uint8 if self.x.dtype == np.uint8 else np.float32
+        args = (x.read, self.y, index, self.image_shape, dtype, x.row_bytes)
+        return stream_rows(*args, shuffle_seed)
 
 
 def _layout(
@@ -363,20 +257,14 @@ def arrays_splits(
         logger.warning(
             "arrays: skipped %d corrupt example(s) (on_corrupt: skip).", skipped
         )
-    shape = train.x.shape[1:]
-    image_shape = tuple(shape) if len(shape) == 3 else (*shape, 1)
-    train_fn = functools.partial(
-        _stream, train.x, train.y, train_index, shuffle_seed=seed
-    )
+    train_fn = functools.partial(train.stream, train_index, seed)
     return DataSplits(
         train=train_fn(),
         train_fn=train_fn,
-        test=_stream(test_part.x, test_part.y, test_index, shuffle_seed=None),
-        val=None
-        if val_index is None
-        else _stream(train.x, train.y, val_index, shuffle_seed=None),
+        test=test_part.stream(test_index),
+        val=None if val_index is None else train.stream(val_index),
         num_classes=num_classes,
-        image_shape=image_shape,
+        image_shape=train.image_shape,
         train_size=len(train_index),
         test_size=len(test_index),
         val_size=0 if val_index is None else len(val_index),

@@ -1,11 +1,8 @@
-"""In-memory examples batched with numpy: the input where TensorFlow is not
-installed (Keras on JAX alone).
+"""In-memory examples batched with numpy: the input without TensorFlow.
 
-`Examples` holds one split's arrays (what `splits_from_arrays` returns in
-place of a `tf.data.Dataset`); `make_input` batches it as `ArrayBatches`,
-a `keras.utils.PyDataset` that `Model.fit`, `advtrain.evaluate` and the
-recipe's run read as they read tf.data. Its numbers are its own: the same
-seed gives the same batches, not tf.data's.
+`Examples` holds one split's arrays; `make_input` batches it as
+`ArrayBatches`, a `keras.utils.PyDataset` read as tf.data is. The same seed
+gives the same batches, though not tf.data's.
 """
 
 from __future__ import annotations
@@ -32,18 +29,10 @@ class Examples:
 class ArrayBatches(keras.utils.PyDataset):
     """Batches of `Examples` as float32 pixels in [0, 1] and their labels.
 
-    Training batches are drawn in a fresh order each epoch (epoch e's order
-    from `(seed, e)`), augmented, and the last partial batch is dropped;
-    evaluation batches keep the order and every example. `repeat()` and
-    `skip(n)` return the endless stream and the stream without its first
-    `n` batches: the two `tf.data.Dataset` methods the training loop uses.
-
-    Args:
-        examples: the split.
-        batch_size: examples per batch.
-        training: shuffle, augment and drop the last partial batch.
-        seed: order and augmentation seed.
-        augment: `AUGMENT_DEFAULTS` keys, filled in (`augment_options`).
+    Training batches come in a fresh order each epoch (epoch e's from
+    `(seed, e)`), augmented (`AUGMENT_DEFAULTS` keys, filled in), the last
+    partial batch dropped; evaluation keeps the order and every example.
+    `repeat()` and `skip(n)` act as the `tf.data.Dataset` methods.
 
     Example:
 
@@ -133,8 +122,7 @@ def augmented(
     contrast: float = 0.0,
     horizontal_flip: bool = False,
 ) -> np.ndarray:
-    """Each image of the batch `x` randomly padded and cropped, brightened,
-    contrasted and flipped, as tf.data's path does, then clipped to [0, 1]."""
+    """The batch `x` augmented as tf.data's path does, clipped to [0, 1]."""
     n, height, width = x.shape[:3]
     if random_crop_pad:
         pad = random_crop_pad

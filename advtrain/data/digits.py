@@ -6,9 +6,12 @@ from typing import Optional
 
 import numpy as np
 
-from advtrain.data.pipeline import DataSplits
-from advtrain.data.sources import register_source
-from advtrain.data.splits import splits_from_arrays, stratified_split
+from advtrain.data.sources import (
+    DataSplits,
+    register_source,
+    splits_from_arrays,
+    stratified_split,
+)
 
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:

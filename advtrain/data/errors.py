@@ -10,22 +10,17 @@ from advtrain.utils.errors import ArgumentError
 
 
 class DataError(ValueError):
-    """A data file, layout or option that cannot be used, in one line naming
-    the file (or the argument), what was expected and what was received.
-
-    A `ValueError`: code that wraps foreign errors (TFDS, network) tells
-    advtrain's own one-line messages from them by this class.
-    """
+    """A file, layout or option that cannot be used: one line naming the
+    file (or argument), what was expected and what was received. Code that
+    wraps foreign errors (TFDS, network) tells ours from them by this class."""
 
 
 class DataArgumentError(DataError, ArgumentError):
-    """A `DataError` about the value of a named argument (`path`,
-    `tfds_name`, `image_size`): "argument: message", as `ArgumentError`."""
+    """A `DataError` about a named argument: "argument: message"."""
 
 
 def tensorflow_or_none() -> Optional[ModuleType]:
-    """TensorFlow, imported quietly, where it is installed; else None (the
-    sources then hold numpy arrays, `advtrain.data.batches`)."""
+    """TensorFlow, imported quietly, where it is installed; else None."""
     if importlib.util.find_spec("tensorflow") is None:
         return None
     from advtrain._tfimport import import_tensorflow

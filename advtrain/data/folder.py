@@ -1,20 +1,12 @@
 """Source `folder`: your own images, one folder per class.
 
-`data.path` is either
-
-```
-root/train/<class>/*.png|jpg|jpeg     root/<class>/*.png|jpg|jpeg
-root/test/<class>/...          or     (data.test_fraction held out)
-```
-
-Class names are the sorted folder names under `train/` (or `root/`); the
-test tree may hold a subset of them. Images are decoded in tf.data, in
-parallel, and resized to `data.image_size` when it is set (else to the size
-of the first image). Grayscale folders stay one channel; RGBA drops alpha.
-
-Every file's signature and end marker are checked when the source loads
-(a few bytes each), so a truncated or mislabelled file fails at once with
-its name instead of mid-epoch.
+`path` is `root/train/<class>/*.png|jpg|jpeg` with `root/test/<class>/...`
+(the test tree may hold a subset of the classes), or `root/<class>/...`
+with `test_fraction` held out. Class names are the sorted folder names.
+Images are decoded in tf.data, in parallel, and resized to `image_size`
+(default: the first image's size); grayscale stays one channel, RGBA
+drops alpha. Each file's signature and end marker are checked when the
+source loads, so a truncated file fails at once, by name, not mid-epoch.
 
 Example:
 
@@ -33,9 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from advtrain.data.errors import DataError
-from advtrain.data.pipeline import DataSplits
-from advtrain.data.sources import register_source
-from advtrain.data.splits import hold_out, limit, require
+from advtrain.data.pipeline import resize_pixels
+from advtrain.data.sources import DataSplits, hold_out, limit, register_source, require
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +35,8 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def check_image_file(path: Path) -> Optional[str]:
-    """Returns what is wrong with a PNG / JPEG file, or None if it looks whole.
-
-    Reads the first and last bytes only: the signature and the end marker
-    (PNG IEND chunk, JPEG EOI) that a truncated file lacks.
-    """
+    """What is wrong with a PNG / JPEG file, or None: reads its signature
+    and the end marker (PNG IEND, JPEG EOI) a truncated file lacks."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -116,12 +104,7 @@ def _decoder(channels: int, size: tuple[int, int]):
         )
         image.set_shape([None, None, channels])
         same = tf.reduce_all(tf.equal(tf.shape(image)[:2], size))
-
-        def resize():
-            out = tf.image.resize(image, size, antialias=True)
-            return tf.cast(tf.clip_by_value(tf.round(out), 0, 255), tf.uint8)
-
-        image = tf.cond(same, lambda: image, resize)
+        image = tf.cond(same, lambda: image, lambda: resize_pixels(image, size))
         image.set_shape([*size, channels])
         return image, label
 

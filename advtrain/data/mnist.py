@@ -1,12 +1,8 @@
-"""MNIST from the original IDX files, or from TFDS when no directory is named.
-
-Source `mnist` reads `train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
-`t10k-images-idx3-ubyte` and `t10k-labels-idx1-ubyte` (each plain or `.gz`)
-from `data.path`. Without `data.path` it loads TFDS `mnist` (downloaded
-once into `data.tfds_data_dir`).
+"""Source `mnist`: the four original IDX files (plain or `.gz`) in `path`,
+or TFDS `mnist` (downloaded once into `tfds_data_dir`) without `path`.
 
 IDX is a big-endian header (two zero bytes, a type code, the number of
-dimensions, then one uint32 per dimension) followed by the raw values.
+dimensions, one uint32 per dimension) followed by the raw values.
 """
 
 from __future__ import annotations
@@ -18,10 +14,8 @@ from typing import Optional, Union
 
 import numpy as np
 
-from advtrain.data.errors import DataError, needs_tensorflow
-from advtrain.data.pipeline import DataSplits
-from advtrain.data.sources import register_source
-from advtrain.data.splits import splits_from_arrays
+from advtrain.data.errors import DataError, needs_tensorflow, tensorflow_or_none
+from advtrain.data.sources import DataSplits, register_source, splits_from_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -29,14 +23,8 @@ FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
-_IDX_TYPES = {
-    0x08: np.dtype("u1"),
-    0x09: np.dtype("i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
+# IDX type codes 0x08, 0x09, 0x0B..0x0E.
+_IDX_TYPES = {8: "u1", 9: "i1", 11: ">i2", 12: ">i4", 13: ">f4", 14: ">f8"}
 
 
 def _read_bytes(path: Path) -> tuple[bytes, bool]:
@@ -65,7 +53,7 @@ def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
             f"{path}: not an IDX file: expected magic 00 00 <type> <ndim>. "
             f"Received: {data[:4].hex(' ') or 'empty file'}"
         )
-    dtype, ndim = _IDX_TYPES[data[2]], data[3]
+    dtype, ndim = np.dtype(_IDX_TYPES[data[2]]), data[3]
     offset = 4 + 4 * ndim
     if ndim < 1 or len(data) < offset:
         raise DataError(f"{path}: truncated IDX header ({ndim} dimensions).")
@@ -87,17 +75,7 @@ def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
 
 
 def read_idx(path: Union[str, Path]) -> np.ndarray:
-    """Reads an IDX file (plain or .gz) into a numpy array.
-
-    Raises:
-        DataError: the file is missing, not IDX, or truncated.
-
-    Example:
-
-    ```python
-    labels = read_idx("mnist/train-labels-idx1-ubyte.gz")
-    ```
-    """
+    """Reads an IDX file (plain or .gz); a `DataError` if it is not whole."""
     return _read_idx(Path(path), partial=False)[0]
 
 
@@ -130,17 +108,16 @@ def _load_split(directory: Path, split: str, partial: bool):
     n = min(len(images), len(labels))
     skipped = n_images - n
     images, labels = images[:n], labels[:n].astype(np.int64)
-    bad = np.flatnonzero((labels < 0) | (labels > 9))
-    if len(bad):
+    bad = (labels < 0) | (labels > 9)
+    if bad.any():
+        first = np.argmax(bad)
         if not partial:
             raise DataError(
-                f"{labels_path} index {bad[0]}: label out of range: expected "
-                f"0..9. Received: {labels[bad[0]]}"
+                f"{labels_path} index {first}: label out of range: expected "
+                f"0..9. Received: {labels[first]}"
             )
-        keep = np.ones(n, bool)
-        keep[bad] = False
-        images, labels = images[keep], labels[keep]
-        skipped += len(bad)
+        images, labels = images[~bad], labels[~bad]
+        skipped += int(bad.sum())
     if skipped:
         logger.warning(
             "mnist %s: skipped %d corrupt example(s) (on_corrupt: skip).",
@@ -153,13 +130,9 @@ def _load_split(directory: Path, split: str, partial: bool):
 def load_mnist_idx(
     directory: Union[str, Path], on_corrupt: str = "error"
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
-    """Reads the four MNIST IDX files from `directory`.
-
-    Returns:
-        ({"train": (images, labels), "test": (...)}, skipped): images are
-        uint8 `(N, 28, 28, 1)`, labels int64; `skipped` counts records left
-        out under `on_corrupt="skip"` (truncated files, labels not 0..9).
-    """
+    """({"train": (images, labels), "test": ...}, skipped) from the four
+    IDX files in `directory`: uint8 `(N, 28, 28, 1)` images, int64 labels;
+    `skipped` counts records left out under `on_corrupt="skip"`."""
     directory = Path(directory).expanduser()
     if not directory.is_dir():
         raise DataError(
@@ -190,19 +163,15 @@ def mnist_splits(
     """MNIST from IDX files in `path`, else TFDS `mnist` (in `tfds_data_dir`,
     resized to `image_size` when set)."""
     held_out = dict(
-        val_fraction=val_fraction,
-        limit_train=limit_train,
-        limit_test=limit_test,
+        val_fraction=val_fraction, limit_train=limit_train, limit_test=limit_test
     )
     if path is None:
-        from advtrain.data.pipeline import tf
-
-        if tf is None:
+        if tensorflow_or_none() is None:
             raise needs_tensorflow("mnist from TFDS (no path given)", "path=None")
-        from advtrain.data.tfds_source import load_tfds_splits
+        from advtrain.data.tfds_source import tfds_splits
 
-        return load_tfds_splits(
-            "mnist",
+        return tfds_splits(
+            tfds_name="mnist",
             tfds_data_dir=tfds_data_dir,
             image_size=image_size,
             test_fraction=test_fraction,

@@ -1,62 +1,21 @@
-"""Shuffle, augment, batch, cache and prefetch, off the device's path.
-
-`make_input` turns an unbatched `(image, label)` dataset into batches of
-float32 pixels in [0, 1] for `Model.fit`; `make_distributed_input` does the
-same per input pipeline under a `tf.distribute` strategy, each pipeline
-reading its own shard and batching with the per-replica batch. Decoding,
-augmentation and shuffling all run in tf.data on the host CPU, in parallel
-(AUTOTUNE), with prefetch so the device never waits on them. Without
-TensorFlow the splits are in-memory `Examples`, batched by numpy
-(`advtrain.data.batches`).
+"""Shuffle, augment, batch, cache and prefetch in tf.data on the host CPU
+(AUTOTUNE, prefetched), so the device never waits. Without TensorFlow the
+splits are `Examples`, batched by numpy (`advtrain.data.batches`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-from collections.abc import Callable
 from typing import Any, Optional
 
 from advtrain.data.batches import ArrayBatches, Examples
 from advtrain.data.errors import tensorflow_or_none
-from advtrain.data.sources import LOAD_OPTIONS, sources
 
 tf = tensorflow_or_none()
-
-
-@dataclasses.dataclass
-class DataSplits:
-    """Unbatched `(image, label)` datasets (`Examples` where TensorFlow
-    is not installed) and what the model needs to know.
-
-    `skipped` counts corrupt examples left out under `on_corrupt: skip`.
-    `train_fn`, for sources that draw their order inside the source (the
-    streamed `arrays`), builds a fresh training stream whose epoch orders
-    start over; `fresh_train()` returns one (or `train`).
-    """
-
-    train: Any
-    test: Any
-    val: Any
-    num_classes: int
-    image_shape: tuple[int, int, int]
-    train_size: int
-    test_size: int
-    val_size: int = 0
-    class_names: Optional[list[str]] = None
-    skipped: int = 0
-    train_fn: Optional[Callable[[], Any]] = None
-
-    def fresh_train(self) -> Any:
-        """The training examples, as a stream whose sequence of epochs
-        depends only on the seeds: what a resumed run needs."""
-        return self.train_fn() if self.train_fn is not None else self.train
-
 
 # Sources whose whole (decoded) data fits in host memory.
 _BOUNDED_SOURCES = ("digits", "mnist", "gtsrb")
 
-# The recipe's data keys `make_input` takes (besides its own arguments).
+# The data options `make_input` takes besides its own arguments.
 INPUT_OPTIONS = (
     "seed",
     "shuffle_buffer",
@@ -73,52 +32,15 @@ AUGMENT_DEFAULTS = {
 }
 
 
-def load_splits(source: str = "digits", /, **options: Any) -> DataSplits:
-    """Loads data source `source` with the recipe's data options.
-
-    Args:
-        source: a registered source name (`register_source`): digits,
-            mnist, gtsrb, arrays, folder, tfds or one a plugin registers.
-        **options: data keys named like the recipe's (`LOAD_OPTIONS`:
-            path, tfds_name, tfds_data_dir, image_size, test_fraction,
-            val_fraction, limit_train, limit_test, roi_crop, on_corrupt,
-            seed); the source receives those its signature names.
-
-    Raises:
-        ValueError: one line naming the file and what was expected, for a
-            wrong layout or a corrupt example (unless `on_corrupt="skip"`);
-            FileNotFoundError for a missing file or directory.
-        TypeError: an option that neither the recipe nor the source knows.
-
-    Example:
-
-    ```python
-    splits = load_splits("digits", val_fraction=0.1, seed=0)
-    splits.num_classes  # 10
-    ```
-    """
-    fn = sources.get(source)
-    return fn(**_accepted(fn, source, options))
-
-
-def _accepted(fn: Callable, source: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The options `fn` takes; an option nobody takes is an error."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return options
-    unknown = sorted(set(options) - set(params) - set(LOAD_OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"Unknown data option for source {source}: expected one of "
-            f"{', '.join(sorted({*LOAD_OPTIONS, *params}))}. "
-            f"Received: {unknown[0]}={options[unknown[0]]!r}"
-        )
-    return {key: value for key, value in options.items() if key in params}
-
-
 def to_unit_pixels(image, label):
     """uint8 0..255 -> float32 0..1; float images are taken as [0, 1]."""
     return tf.image.convert_image_dtype(image, tf.float32), label
+
+
+def resize_pixels(image, size):
+    """uint8 `image` resized to `size` (height, width), antialiased."""
+    image = tf.image.resize(image, size, antialias=True)
+    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 
 
 def augment_options(augment: Any) -> dict[str, Any]:
@@ -203,26 +125,23 @@ def make_input(
     """Batches `ds` with the global batch size, ready for `Model.fit`.
 
     Args:
-        ds: unbatched `(image, label)` elements: a `tf.data.Dataset`, or
-            `Examples`, batched as `ArrayBatches` (`cache`,
-            `shuffle_buffer` and `deterministic` do not apply: the arrays
-            are in memory, shuffled whole, in order of the seed).
+        ds: unbatched `(image, label)`: a `tf.data.Dataset`, or `Examples`,
+            batched as `ArrayBatches` (in memory, shuffled whole: `cache`,
+            `shuffle_buffer` and `deterministic` do not apply).
         batch_size: the global batch; a strategy splits it across replicas.
         training: shuffle, augment and drop the last partial batch.
         seed: shuffle and augmentation seed.
-        shuffle_buffer, cache, deterministic: as the recipe's data keys;
-            `cache="auto"` keeps the elements in memory when `source` is
-            one of bounded size (`cache_mode`).
-        augment: None, or a dict of `AUGMENT_DEFAULTS` keys (the recipe's
-            `data.augment`), applied when `training`.
-        source: the data source `ds` came from, for `cache="auto"`.
+        shuffle_buffer, deterministic: tf.data's shuffle buffer (capped at
+            256 MiB) and, when training, `Options.deterministic`.
+        cache: "auto" keeps the elements in memory when `source` is one of
+            bounded size (`cache_mode`), "memory", "none" or a file path.
+        augment: None, or a dict of `AUGMENT_DEFAULTS` keys, when `training`.
 
     Example:
 
     ```python
-    splits = load_splits("digits")
-    train = make_input(splits.train, batch_size=128, training=True,
-                       source="digits", augment={"brightness": 0.1})
+    train = make_input(load_splits("digits").train, batch_size=128,
+                       training=True, augment={"brightness": 0.1})
     ```
     """
     if isinstance(ds, Examples):
@@ -250,16 +169,13 @@ def make_input(
         ds = ds.map(to_unit_pixels, num_parallel_calls=tf.data.AUTOTUNE)
         # One seed pair per element, drawn afresh each epoch: parallel map
         # order cannot change which image gets which augmentation.
-        seeds = tf.data.Dataset.random(
-            seed=seed, rerandomize_each_iteration=True
-        ).batch(2)
-        ds = tf.data.Dataset.zip((ds, seeds)).map(
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        ds = tf.data.Dataset.zip((ds, seeds.batch(2))).map(
             _augment(**augment), num_parallel_calls=tf.data.AUTOTUNE
         )
-        ds = ds.batch(batch_size, drop_remainder=training)
+        ds = ds.batch(batch_size, drop_remainder=True)
     else:
-        # Batch the raw pixels, then convert a whole batch in one op:
-        # per-element work is what limits a tf.data pipeline.
+        # Convert whole batches in one op: per-element work limits tf.data.
         ds = ds.batch(batch_size, drop_remainder=training)
         ds = ds.map(to_unit_pixels, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
@@ -276,19 +192,12 @@ def make_replica_input(
 ) -> tf.data.Dataset:
     """The dataset of one input pipeline: its shard, per-replica batches.
 
-    Args:
-        ds: unbatched `(image, label)` elements, or a function that builds
-            them (called here, so each worker builds its own pipeline).
-        input_context: from `strategy.distribute_datasets_from_function`.
-        global_batch: the recipe's batch; each replica gets
-            `global_batch / num_replicas_in_sync`.
-        training: as in `make_input`.
-        seed: base seed; each pipeline folds in its id so their
-            augmentations differ.
-        **input_options: the other arguments of `make_input`.
+    `ds` may be a function that builds the dataset (called here, so each
+    worker builds its own); `seed` gets the pipeline id folded in so
+    augmentations differ; `**input_options` go to `make_input`.
 
     Raises:
-        ValueError: if the global batch does not split evenly.
+        ValueError: if `global_batch` does not split evenly over replicas.
     """
     replicas = input_context.num_replicas_in_sync
     if global_batch % replicas:
@@ -322,21 +231,16 @@ def make_distributed_input(
 ) -> Any:
     """Feeds every replica its own examples, batched per replica.
 
-    Each input pipeline (one per worker) keeps every n-th example of `ds`
-    and batches with `global_batch / replicas`; within a worker the
-    strategy hands consecutive batches to its local replicas, so no two
-    replicas see the same example in a step. `repeat` repeats each
-    pipeline; `skip_steps` drops the first steps' batches (one per local
-    replica each), which is how a resumed run starts where it stopped.
-    `**input_options` are the other arguments of `make_input`.
+    Each input pipeline (one per worker) keeps every n-th example and
+    batches with `global_batch / replicas`, so no two replicas see the same
+    example in a step. `repeat` repeats each pipeline; `skip_steps` drops
+    the first steps' batches (how a resumed run starts where it stopped).
 
     Example:
 
     ```python
-    strategy = tf.distribute.MirroredStrategy()
-    dist = make_distributed_input(
-        splits.train, strategy, global_batch=256, training=True
-    )
+    dist = make_distributed_input(splits.train, strategy, global_batch=256,
+                                  training=True)
     ```
     """
 

@@ -1,6 +1,10 @@
-"""Global batches from in-memory arrays and memory maps: small arrays
-become one constant tensor, large ones and memory maps are read a batch at
-a time (never resident in the process).
+"""Rows streamed from `.npy` files and arrays into tf.data, a few MB at a
+time, each epoch in an order drawn from the seeds alone (so a resumed run
+replays the batches an uninterrupted one would see).
+
+Files are read with plain reads, not through a memory map: every page a
+mapping touches counts as this process's resident memory, so host memory
+stays flat whatever the file's size.
 """
 
 from __future__ import annotations
@@ -8,16 +12,48 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from advtrain.data.arrays import read_rows
+from advtrain.data.errors import DataError
 
-# In-memory arrays up to this size become one constant tensor
-# (from_tensor_slices); larger ones, and every memory map, are read one
-# batch at a time.
+# In-memory arrays up to this size become one constant tensor.
 _CONSTANT_BYTES = 64 * 2**20
+
+# Bytes read per generator step.
+_CHUNK_BYTES = 4 << 20
+
+
+def read_rows(
+    path: Path,
+    offset: int,
+    row_shape: tuple[int, ...],
+    dtype: np.dtype,
+    index: np.ndarray,
+) -> np.ndarray:
+    """Copies rows `index` (sorted) of the C-order array of `row_shape` rows
+    stored from byte `offset` of `path`: one read per run of rows."""
+    out = np.empty((len(index), *row_shape), dtype)
+    raw = out.reshape(len(index), -1).view(np.uint8)
+    row_bytes = raw.shape[1]
+    breaks = np.flatnonzero(np.diff(index) != 1) + 1
+    starts = np.concatenate([[0], breaks]).astype(np.int64)
+    ends = np.concatenate([breaks, [len(index)]]).astype(np.int64)
+    with open(path, "rb", buffering=0) as f:
+        for start, end in zip(starts, ends, strict=True):
+            f.seek(offset + int(index[start]) * row_bytes)
+            view = memoryview(raw[start:end]).cast("B")
+            while view.nbytes:
+                got = f.readinto(view)
+                if not got:
+                    raise DataError(
+                        f"{path}: file ended while reading row "
+                        f"{index[start]}; was it changed during training?"
+                    )
+                view = view[got:]
+    return out
 
 
 def _epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
@@ -31,6 +67,48 @@ def _epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
     return keys.flat_map(epoch)
 
 
+def stream_rows(
+    read: Callable[[np.ndarray], np.ndarray],
+    labels: np.ndarray,
+    index: np.ndarray,
+    row_shape: tuple[int, ...],
+    dtype: np.dtype,
+    row_bytes: int,
+    shuffle_seed: Optional[int],
+) -> tf.data.Dataset:
+    """Unbatched `(row, label)` at `index`, `read(sorted index)` a chunk at a
+    time; with `shuffle_seed`, each pass in a fresh seeded order."""
+    chunk = max(1, _CHUNK_BYTES // row_bytes)
+
+    def generate(epoch_seed):
+        order, rng = index, None
+        if shuffle_seed is not None:
+            rng = np.random.default_rng([shuffle_seed, int(epoch_seed) % 2**63])
+            order = rng.permutation(index)
+        for start in range(0, len(order), chunk):
+            # Sorted reads walk the file forward; then back to random order.
+            idx = np.sort(order[start : start + chunk])
+            x = read(idx).astype(dtype, copy=False).reshape(-1, *row_shape)
+            y = labels[idx]
+            if rng is not None:
+                perm = rng.permutation(len(idx))
+                x, y = x[perm], y[perm]
+            yield x, y
+
+    signature = (
+        tf.TensorSpec((None, *row_shape), tf.as_dtype(dtype)),
+        tf.TensorSpec((None,), tf.int64),
+    )
+
+    def epoch(key):
+        return tf.data.Dataset.from_generator(
+            generate, args=(key,), output_signature=signature
+        )
+
+    ds = _epochs(epoch, repeat=False, seed=shuffle_seed or 0).unbatch()
+    return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
+
+
 def array_batches(
     x: np.ndarray,
     y: np.ndarray,
@@ -40,25 +118,19 @@ def array_batches(
     seed: int = 0,
     repeat: bool = False,
 ) -> tf.data.Dataset:
-    """Global batches of `(x, y)`; large arrays and memory maps stream.
+    """Global batches of `(x, y)`; the last partial batch is dropped.
 
-    Small in-memory arrays become a constant tensor. A memory map (from
-    `np.load(path, mmap_mode="r")`) or an array over 64 MiB is read one
-    batch at a time: a memory map with plain file reads, so the file
-    never becomes resident in the process (its pages stay in the page
-    cache, not in the process). Shuffling then permutes the order of
-    contiguous blocks of `batch_size` rows and the rows within each batch,
-    which keeps reads sequential. The last partial batch is dropped.
-
-    Without `repeat`: one epoch, in a new order for every iterator. With
-    `repeat`: epochs without end, epoch e in the order drawn from
-    (seed, e), and every iterator replays the same stream.
+    Small in-memory arrays become a constant tensor. A memory map
+    (`np.load(path, mmap_mode="r")`) or an array over 64 MiB is read a batch
+    at a time; shuffling then permutes blocks of `batch_size` rows and the
+    rows within each block, which keeps reads sequential. Without `repeat`:
+    one epoch, in a new order per iterator; with it, endless epochs, epoch e
+    in the order drawn from (seed, e), the same stream from every iterator.
 
     Example:
 
     ```python
-    x = np.load("features.npy", mmap_mode="r")
-    ds = array_batches(x, labels, 256)
+    ds = array_batches(np.load("x.npy", mmap_mode="r"), labels, 256)
     ```
     """
     y = np.asarray(y)

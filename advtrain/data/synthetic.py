@@ -1,9 +1,6 @@
-"""Small data sets written in the real on-disk formats, for tests and benches.
-
-Every writer produces files the matching source reads exactly as it would
-read the published data: GTSRB's PPM tree and zips, MNIST's IDX files, a
-class-per-folder PNG tree. Each returns what it wrote so a test can compare
-pixels and labels.
+"""Small data sets in the real on-disk formats (GTSRB's PPM tree and zips,
+MNIST's IDX files, a class-per-folder PNG tree), read by the sources as the
+published data is; each writer returns what it wrote, for comparison.
 
 Example:
 
@@ -88,26 +85,15 @@ def write_gtsrb(
     extracted: bool = True,
     seed: int = 0,
 ) -> list[GtsrbImage]:
-    """Writes a GTSRB tree in the official layout and returns its images.
+    """Writes a GTSRB tree in the official layout; returns its images.
 
     Training images go to `GTSRB/Final_Training/Images/000NN/XXXXX_YYYYY.ppm`
-    (track XXXXX, frame YYYYY) with `GT-000NN.csv` in each class folder; test
-    images to `GTSRB/Final_Test/Images/NNNNN.ppm` with
-    `GT-final_test.test.csv` (no ClassId) beside them and the labelled
-    `GT-final_test.csv` at the root, as unzipping the three official
-    archives leaves them. Frames of a track grow like a sign approaching.
-
-    Args:
-        root: output directory.
-        classes: class ids (0..42) to write.
-        tracks_per_class: physical signs per class.
-        frames_per_track: images per track.
-        test_per_class: test images per class.
-        sizes: smallest and largest image side (GTSRB: 15..250).
-        pattern: "noise" (uniform random pixels) or "smooth" (photo-like).
-        archives: also write the three official zip files.
-        extracted: write the extracted folders.
-        seed: random seed.
+    (track XXXXX, frame YYYYY, growing like an approaching sign) with
+    `GT-000NN.csv`; test images to `GTSRB/Final_Test/Images/NNNNN.ppm` with
+    an unlabelled CSV beside them and `GT-final_test.csv` at the root, as
+    the three official archives unzip (`archives=True` writes those zips,
+    `extracted=False` skips the folders). `sizes` bounds the image side
+    (GTSRB: 15..250); `pattern` is "noise" or "smooth" (photo-like).
     """
     rng = np.random.default_rng(seed)
     files: dict[str, bytes] = {}

@@ -1,14 +1,11 @@
 """Source `tfds`: any TFDS image classification dataset, by `tfds_name`.
 
-The dataset is downloaded and prepared once into `tfds_data_dir`;
-`path` is passed as the TFDS manual directory for datasets that need
-one. It must have supervised keys `(image, label)`. The validation split is
-the first `val_fraction` of `train` (TFDS shuffles records when preparing);
-a dataset without a `test` split gives the last `test_fraction` of `train`.
-Without network, the download stops within seconds (a quick check of the
-hosts in the dataset's registered checksums) instead of TFDS's minutes of
-retries. With `data.image_size`, images are resized in tf.data
-(antialiased) so datasets of mixed sizes batch.
+Prepared once into `tfds_data_dir` (`path` is the TFDS manual directory);
+it must have supervised keys `(image, label)`. The validation split is the
+first `val_fraction` of `train`; without a `test` split, the last
+`test_fraction` of `train` is the test split. Offline, the download fails
+within seconds instead of TFDS's minutes of retries. With `image_size`,
+images are resized (antialiased) so datasets of mixed sizes batch.
 """
 
 from __future__ import annotations
@@ -21,19 +18,15 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from advtrain.data.errors import DataArgumentError, DataError
-from advtrain.data.pipeline import DataSplits
-from advtrain.data.sources import register_source
-from advtrain.data.splits import require
+from advtrain.data.pipeline import resize_pixels
+from advtrain.data.sources import DataSplits, register_source, require
 from advtrain.utils.downloads import check_reachable
 from advtrain.utils.errors import one_line
 
 
 def _check_hosts(builder: tfds.core.DatasetBuilder) -> None:
-    """Fails in seconds if a host the dataset downloads from is unreachable.
-
-    TFDS retries each URL for minutes. The URLs are those in the dataset's
-    registered checksums; a dataset without them is left to TFDS.
-    """
+    """Fails in seconds if a host in the dataset's registered checksums is
+    unreachable (TFDS retries each URL for minutes)."""
     hosts = {}
     for url in builder.url_infos or {}:
         hosts.setdefault(urllib.parse.urlsplit(url).netloc, url)
@@ -44,12 +37,8 @@ def _check_hosts(builder: tfds.core.DatasetBuilder) -> None:
 def prepare_tfds(
     name: str, *, path: Optional[str] = None, tfds_data_dir: Optional[str] = None
 ) -> tfds.core.DatasetBuilder:
-    """Downloads and prepares TFDS dataset `name` once; returns its builder.
-
-    Raises:
-        DataError: one line naming the dataset, for an unknown name or a
-            failed download (with what to do offline).
-    """
+    """Downloads and prepares TFDS dataset `name` once; returns its builder
+    (a one-line `DataError` for an unknown name or a failed download)."""
     try:
         builder = tfds.builder(name, data_dir=tfds_data_dir)
     except tfds.core.registered.DatasetNotFoundError:
@@ -98,9 +87,10 @@ def _class_label(name: str, info: tfds.core.DatasetInfo):
     return image_key, label
 
 
-def load_tfds_splits(
-    name: str,
+@register_source("tfds")
+def tfds_splits(
     *,
+    tfds_name: Optional[str] = None,
     path: Optional[str] = None,
     tfds_data_dir: Optional[str] = None,
     image_size: Optional[tuple[int, int]] = None,
@@ -109,7 +99,8 @@ def load_tfds_splits(
     limit_train: Optional[int] = None,
     limit_test: Optional[int] = None,
 ) -> DataSplits:
-    """Prepares TFDS dataset `name` and returns its DataSplits."""
+    """TFDS dataset `tfds_name`; see the module docstring."""
+    name = require("tfds", "tfds_name", tfds_name, "a TFDS dataset name, e.g. mnist")
     builder = prepare_tfds(name, path=path, tfds_data_dir=tfds_data_dir)
     info = builder.info
     image_key, label = _class_label(name, info)
@@ -134,8 +125,7 @@ def load_tfds_splits(
 
     def convert(x, y):
         if image_size is not None:
-            x = tf.image.resize(x, image_size, antialias=True)
-            x = tf.cast(tf.clip_by_value(tf.round(x), 0, 255), tf.uint8)
+            x = resize_pixels(x, image_size)
         return x, tf.cast(y, tf.int64)
 
     def load(split):
@@ -152,30 +142,4 @@ def load_tfds_splits(
         test_size=n_test,
         val_size=n_val,
         class_names=list(getattr(label, "names", []) or []) or None,
-    )
-
-
-@register_source("tfds")
-def tfds_splits(
-    *,
-    tfds_name: Optional[str] = None,
-    path: Optional[str] = None,
-    tfds_data_dir: Optional[str] = None,
-    image_size: Optional[tuple[int, int]] = None,
-    test_fraction: float = 0.2,
-    val_fraction: float = 0.0,
-    limit_train: Optional[int] = None,
-    limit_test: Optional[int] = None,
-) -> DataSplits:
-    """TFDS dataset `tfds_name`; the options as in `load_tfds_splits`."""
-    name = require("tfds", "tfds_name", tfds_name, "a TFDS dataset name, e.g. mnist")
-    return load_tfds_splits(
-        name,
-        path=path,
-        tfds_data_dir=tfds_data_dir,
-        image_size=image_size,
-        test_fraction=test_fraction,
-        val_fraction=val_fraction,
-        limit_train=limit_train,
-        limit_test=limit_test,
     )

@@ -1,8 +1,12 @@
 import numpy as np
 import pytest
 
-from advtrain.data.ppm import decode_ppm, open_ppm
+from advtrain.data.gtsrb.rows import open_ppm
 from advtrain.data.synthetic import encode_ppm
+
+
+def decode_ppm(data, name="image"):
+    return np.array(open_ppm(data, name))
 
 
 def test_decodes_header_with_comments_exactly():

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from advtrain.data import load_splits, register_source, sources
-from advtrain.data.splits import splits_from_arrays
+from advtrain.data import load_splits, register_source, sources, splits_from_arrays
 
 
 def test_builtin_sources_are_known_before_their_module_is_imported():

@@ -28,8 +28,7 @@ PLUGIN = textwrap.dedent('''
 
     import advtrain
     from advtrain.attacks import register_attack
-    from advtrain.data import register_source
-    from advtrain.data.splits import splits_from_arrays
+    from advtrain.data import register_source, splits_from_arrays
 
 
     def mark(line):

@@ -1,17 +1,10 @@
 """GTSRB, the German Traffic Sign Recognition Benchmark, as a TFDS dataset.
 
-Modules: `archive` (the official files, in zips or folders), `config`
-(how the images are stored: ROI crop, size), `rows` (CSV rows and PPM
-images checked and encoded), `builder` (the TFDS builder and its predefined
-configs), `split` (the advtrain source: train / val by track / test).
-
-Importing this module (or `advtrain`) registers the TFDS builder `gtsrb`
-and the advtrain source `gtsrb`. The builder downloads the three official
-archives when online (from a mirror with the same file names if
-`$ADVTRAIN_GTSRB_URL` names one); otherwise it reads them, or the folders
-they extract to, from the TFDS manual directory (the recipe's `data.path`).
-With no manual directory and no network it stops within seconds, naming
-these files:
+Importing this module registers the TFDS builder `gtsrb` (`builder`) and
+the source `gtsrb` (`split`: train, validation of whole tracks, test). The
+builder downloads the three official archives (from `$ADVTRAIN_GTSRB_URL`
+if set) or reads them, or the folders they extract to, from the TFDS manual
+directory (`path`); offline without one it stops within seconds, naming:
 
 ```
 GTSRB_Final_Training_Images.zip  or  GTSRB/Final_Training/Images/000NN/
@@ -19,37 +12,23 @@ GTSRB_Final_Test_Images.zip      or  GTSRB/Final_Test/Images/
 GTSRB_Final_Test_GT.zip          or  GT-final_test.csv
 ```
 
-Training images are `000NN/XXXXX_YYYYY.ppm` (class NN, track XXXXX, frame
-YYYYY) listed in `000NN/GT-000NN.csv`; test labels are in
-`GT-final_test.csv`. The CSVs are `;`-separated with the header
-`Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId`. The PPM images
-are decoded with Pillow at preparation time (TensorFlow cannot read PPM) and
-stored as PNG records, optionally cropped to the ROI and resized; each
-config (`full`, `roi`, `roi_32x32`, ...) is prepared once into its own
-folder. Each training record keeps its track id, so a validation split can
-hold out whole tracks: the 30 frames of a track are near-duplicates of one
-physical sign, and a random split would leak them.
+Images are stored as PNG records (optionally ROI-cropped and resized), one
+folder per config; training records keep their track id, so validation can
+hold out whole tracks (a track's 30 frames show one sign).
 
 Example:
 
 ```python
-import tensorflow_datasets as tfds
 import advtrain  # registers "gtsrb"
 
-ds = tfds.load(
-    "gtsrb/roi_32x32",
-    split="train",
-    data_dir="/tmp/tfds",
-    download_and_prepare_kwargs={
-        "download_config": tfds.download.DownloadConfig(manual_dir="/data")
-    },
-)
+config = tfds.download.DownloadConfig(manual_dir="/data")
+ds = tfds.load("gtsrb/roi_32x32", split="train", data_dir="/tmp/tfds",
+               download_and_prepare_kwargs={"download_config": config})
 ```
 """
 
 from advtrain.data.gtsrb.archive import URL_ENV, archives_url, locate_manual_dir
-from advtrain.data.gtsrb.builder import CLASS_NAMES, Gtsrb, gtsrb_config
-from advtrain.data.gtsrb.config import GtsrbConfig
+from advtrain.data.gtsrb.builder import CLASS_NAMES, Gtsrb, GtsrbConfig, gtsrb_config
 from advtrain.data.gtsrb.rows import NUM_CLASSES
 from advtrain.data.gtsrb.split import gtsrb_splits, prepare_gtsrb, split_by_track
 

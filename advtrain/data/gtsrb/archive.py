@@ -14,25 +14,14 @@ from advtrain.data.errors import DataError
 from advtrain.utils.errors import one_line
 
 URL = "https://sid.erda.dk/public/archives/daaeac0d7ce1152aea9b61d9f1e19370/"
-
-
-# Names a mirror of the three archives (same file names) to download from.
-URL_ENV = "ADVTRAIN_GTSRB_URL"
-
-
+URL_ENV = "ADVTRAIN_GTSRB_URL"  # a mirror of the archives, same file names
 ARCHIVES = {
     "train": "GTSRB_Final_Training_Images.zip",
     "test": "GTSRB_Final_Test_Images.zip",
     "test_gt": "GTSRB_Final_Test_GT.zip",
 }
-
-
 TRAIN_DIR = "GTSRB/Final_Training/Images"
-
-
 TEST_DIR = "GTSRB/Final_Test/Images"
-
-
 TEST_GT = "GT-final_test.csv"
 
 

@@ -1,9 +1,10 @@
 """The TFDS builder `gtsrb` and its configs (`full`, `roi`, `roi_32x32`,
-...): each config is prepared once into its own folder.
+...): how the images are stored, each prepared once into its own folder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -22,61 +23,24 @@ from advtrain.data.gtsrb.archive import (
     archives_url,
     locate_manual_dir,
 )
-from advtrain.data.gtsrb.config import GtsrbConfig, _config_name, _make_config
-from advtrain.data.gtsrb.rows import (
-    _examples,
-    _Problems,
-    _SkipCounter,
-    _train_examples,
-)
+from advtrain.data.gtsrb.rows import _examples, _Problems, _train_examples
 from advtrain.utils.downloads import check_reachable
 from advtrain.utils.errors import one_line
 
-CLASS_NAMES = [
-    "speed limit 20",
-    "speed limit 30",
-    "speed limit 50",
-    "speed limit 60",
-    "speed limit 70",
-    "speed limit 80",
-    "end of speed limit 80",
-    "speed limit 100",
-    "speed limit 120",
-    "no passing",
-    "no passing for vehicles over 3.5 t",
-    "right-of-way at next intersection",
-    "priority road",
-    "yield",
-    "stop",
-    "no vehicles",
-    "vehicles over 3.5 t prohibited",
-    "no entry",
-    "general caution",
-    "dangerous curve left",
-    "dangerous curve right",
-    "double curve",
-    "bumpy road",
-    "slippery road",
-    "road narrows on the right",
-    "road work",
-    "traffic signals",
-    "pedestrians",
-    "children crossing",
-    "bicycles crossing",
-    "beware of ice or snow",
-    "wild animals crossing",
-    "end of all speed and passing limits",
-    "turn right ahead",
-    "turn left ahead",
-    "ahead only",
-    "go straight or right",
-    "go straight or left",
-    "keep right",
-    "keep left",
-    "roundabout mandatory",
-    "end of no passing",
-    "end of no passing by vehicles over 3.5 t",
-]
+CLASS_NAMES = (
+    "speed limit 20;speed limit 30;speed limit 50;speed limit 60;"
+    "speed limit 70;speed limit 80;end of speed limit 80;speed limit 100;"
+    "speed limit 120;no passing;no passing for vehicles over 3.5 t;"
+    "right-of-way at next intersection;priority road;yield;stop;no vehicles;"
+    "vehicles over 3.5 t prohibited;no entry;general caution;"
+    "dangerous curve left;dangerous curve right;double curve;bumpy road;"
+    "slippery road;road narrows on the right;road work;traffic signals;"
+    "pedestrians;children crossing;bicycles crossing;beware of ice or snow;"
+    "wild animals crossing;end of all speed and passing limits;"
+    "turn right ahead;turn left ahead;ahead only;go straight or right;"
+    "go straight or left;keep right;keep left;roundabout mandatory;"
+    "end of no passing;end of no passing by vehicles over 3.5 t"
+).split(";")
 
 
 _CITATION = """\
@@ -89,6 +53,34 @@ _CITATION = """\
   pages   = {323--332},
   year    = {2012},
 }"""
+
+
+@dataclasses.dataclass(eq=False)
+class GtsrbConfig(tfds.core.BuilderConfig):
+    """How the images are stored: ROI crop and fixed size (height, width).
+    Make one with `gtsrb_config(roi_crop, image_size)`, which names it."""
+
+    roi_crop: bool = False
+    image_size: Optional[tuple[int, int]] = None
+
+
+def _config_name(roi_crop: bool, image_size) -> str:
+    name = "roi" if roi_crop else "full"
+    if image_size is not None:
+        name += f"_{int(image_size[0])}x{int(image_size[1])}"
+    return name
+
+
+def _make_config(roi_crop: bool, image_size) -> GtsrbConfig:
+    size = None if image_size is None else tuple(int(s) for s in image_size)
+    crop = "cropped to the sign's ROI" if roi_crop else "whole images"
+    shape = f"resized to {size[0]}x{size[1]}" if size else "at native size"
+    return GtsrbConfig(
+        name=_config_name(roi_crop, size),
+        description=f"GTSRB {crop}, {shape}.",
+        roi_crop=roi_crop,
+        image_size=size,
+    )
 
 
 def gtsrb_config(
@@ -215,14 +207,13 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager):
         layout = self._locate(dl_manager)
         cfg = self.builder_config
-        problems = _Problems(self._on_corrupt)
-        counter = _SkipCounter(self.info, problems)
+        problems = _Problems(self._on_corrupt, self.info)
         test = _examples(
             layout.test, TEST_DIR, layout.gt, layout.gt_rel, cfg, problems, None
         )
         return {
-            "train": counter.wrap("train", _train_examples(layout, cfg, problems)),
-            "test": counter.wrap("test", test),
+            "train": problems.count("train", _train_examples(layout, cfg, problems)),
+            "test": problems.count("test", test),
         }
 
     def _generate_examples(self, examples):  # pragma: no cover

@@ -1,6 +1,6 @@
-"""GTSRB's rows: the CSVs read and checked row by row, PPM images decoded,
-cropped and resized into PNG records; corrupt rows counted and, per
-`on_corrupt`, skipped or refused.
+"""GTSRB's rows: the CSVs checked row by row, PPM images decoded (Pillow;
+TensorFlow cannot read PPM), cropped and resized into PNG records; corrupt
+rows refused or, under `on_corrupt="skip"`, counted and skipped.
 """
 
 from __future__ import annotations
@@ -12,27 +12,18 @@ from typing import Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from advtrain.data.errors import DataError
 from advtrain.data.gtsrb.archive import TRAIN_DIR, _Layout
-from advtrain.data.gtsrb.config import GtsrbConfig
-from advtrain.data.ppm import open_ppm
 from advtrain.utils.errors import one_line
 
 logger = logging.getLogger(__name__)
 
 NUM_CLASSES = 43
 
-CSV_HEADER = (
-    "Filename",
-    "Width",
-    "Height",
-    "Roi.X1",
-    "Roi.Y1",
-    "Roi.X2",
-    "Roi.Y2",
-    "ClassId",
+CSV_HEADER = tuple(
+    "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId".split(";")
 )
 
 
@@ -41,10 +32,11 @@ _KEEP_MESSAGES = 20
 
 
 class _Problems:
-    """Raises on the first problem, or counts and logs them (skip mode)."""
+    """Raises on the first problem, or (skip mode) logs each and records the
+    count in the dataset's metadata after each split (`count`)."""
 
-    def __init__(self, on_corrupt: str):
-        self.on_corrupt = on_corrupt
+    def __init__(self, on_corrupt: str, info: tfds.core.DatasetInfo):
+        self.on_corrupt, self.info = on_corrupt, info
         self.messages: list[str] = []
 
     def report(self, message: str) -> None:
@@ -52,6 +44,41 @@ class _Problems:
             raise DataError(message)
         self.messages.append(message)
         logger.warning("gtsrb: skipping example: %s", message)
+
+    def count(self, split: str, examples: Iterator) -> Iterator:
+        before = len(self.messages)
+        yield from examples
+        self.info.metadata["skipped"] = len(self.messages)
+        self.info.metadata["skipped_examples"] = self.messages[:_KEEP_MESSAGES]
+        if len(self.messages) > before:
+            logger.warning(
+                "gtsrb %s: skipped %d corrupt example(s) (on_corrupt: skip).",
+                split,
+                len(self.messages) - before,
+            )
+
+
+def open_ppm(data: bytes, name: str = "image") -> Image.Image:
+    """Decodes a binary PPM (P6) into a loaded RGB image, samples scaled to 8
+    bits; anything but a complete P6 image is a one-line `DataError`."""
+    if data[:2] != b"P6":
+        raise DataError(
+            f"{name}: not a binary PPM: expected magic 'P6'. Received: {data[:2]!r}"
+        )
+    try:
+        image = Image.open(io.BytesIO(data), formats=["PPM"])
+        image.load()
+    except UnidentifiedImageError:
+        raise DataError(
+            f"{name}: bad PPM header: expected 'P6 width height maxval' with "
+            f"width, height >= 1. Received: {data[:32]!r}"
+        ) from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise DataError(
+            f"{name}: truncated or bad PPM: expected a complete P6 image. "
+            f"Received: {one_line(exc)}"
+        ) from None
+    return image
 
 
 def _read_csv(tree, rel: str) -> list[tuple[int, str]]:
@@ -89,18 +116,14 @@ def _parse_row(csv_name: str, n: int, line: str):
     return fields[0], values
 
 
-# Stored without zlib compression: Pillow's PNG encoder is slower than the
-# numpy one it replaced when it compresses, and preparation should not be
-# slower than before (scripts/bench_gtsrb_prepare). The records are read
-# once per run, then cached decoded; they take about 1.4x the disk of
-# compressed ones (zlib's run-length strategy, the fastest that compresses:
-# 0.8x the old preparation speed at native size, 0.9x the old size).
+# Stored without zlib compression, so preparing is not slower than the
+# numpy encoder this replaced (scripts/bench_gtsrb_prepare); the records
+# take about 1.4x the disk and are read once per run, then cached decoded.
 _PNG_OPTIONS = {"compress_level": 0}
 
 
 def _encode_png(image: Image.Image) -> bytes:
-    # Pillow, in C: TFDS would encode each image with a TensorFlow call,
-    # whose dispatch costs more than compressing a small sign.
+    # Pillow, in C: TFDS's TensorFlow call per image costs more.
     out = io.BytesIO()
     image.save(out, format="PNG", **_PNG_OPTIONS)
     return out.getvalue()
@@ -120,7 +143,7 @@ def _examples(
     folder: str,
     csv_tree,
     csv_rel: str,
-    cfg: GtsrbConfig,
+    cfg,
     problems: _Problems,
     expected_class: Optional[int],
 ) -> Iterator[tuple[str, dict]]:
@@ -207,24 +230,3 @@ def _train_examples(layout: _Layout, cfg, problems):
         if not tree.is_file(csv_rel):
             raise DataError(f"{tree.name(folder)}: GT-{name}.csv not found")
         yield from _examples(tree, folder, tree, csv_rel, cfg, problems, int(name))
-
-
-class _SkipCounter:
-    """Records the skipped count in the dataset's metadata after a split."""
-
-    def __init__(self, info: tfds.core.DatasetInfo, problems: _Problems):
-        self.info, self.problems = info, problems
-
-    def wrap(self, split: str, examples: Iterator) -> Iterator:
-        before = len(self.problems.messages)
-        yield from examples
-        skipped = len(self.problems.messages) - before
-        messages = self.problems.messages
-        self.info.metadata["skipped"] = len(messages)
-        self.info.metadata["skipped_examples"] = messages[:_KEEP_MESSAGES]
-        if skipped:
-            logger.warning(
-                "gtsrb %s: skipped %d corrupt example(s) (on_corrupt: skip).",
-                split,
-                skipped,
-            )

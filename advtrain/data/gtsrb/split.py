@@ -16,36 +16,17 @@ from advtrain.data.errors import DataError
 from advtrain.data.gtsrb.archive import locate_manual_dir
 from advtrain.data.gtsrb.builder import CLASS_NAMES, gtsrb_config
 from advtrain.data.gtsrb.rows import NUM_CLASSES
-from advtrain.data.pipeline import DataSplits
-from advtrain.data.sources import register_source
-from advtrain.data.splits import require
+from advtrain.data.sources import DataSplits, register_source, require
 
 logger = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------- configs
-
-
-# ------------------------------------------------------- files and archives
-
-
-# ----------------------------------------------------------------- reading
-
-
-# ----------------------------------------------------------------- builder
-
-
-# ------------------------------------------------------------------ source
 
 
 def split_by_track(
     labels: np.ndarray, tracks: np.ndarray, fraction: float, seed: int
 ) -> np.ndarray:
-    """Returns a mask of examples held out for validation, whole tracks only.
-
-    In each class, `round(fraction * tracks)` tracks (at least one when the
-    class has two or more and `fraction > 0`, never all) go to validation.
-    """
+    """A mask of the examples held out for validation, whole tracks only: in
+    each class `round(fraction * tracks)` tracks (at least one when there
+    are two or more and `fraction > 0`, never all)."""
     labels, tracks = np.asarray(labels), np.asarray(tracks)
     rng = np.random.default_rng(seed)
     held = np.zeros(len(labels), bool)
@@ -69,11 +50,8 @@ def prepare_gtsrb(
     roi_crop: bool = True,
     on_corrupt: str = "error",
 ) -> tfds.core.DatasetBuilder:
-    """Prepares (once) and returns the GTSRB builder for these options.
-
-    `path` is the TFDS manual directory (the official zips or their
-    extracted folders); without it the archives are downloaded.
-    """
+    """Prepares (once) and returns the GTSRB builder for these options;
+    `path` is the TFDS manual directory, else the archives are downloaded."""
     builder = tfds.builder(
         "gtsrb",
         data_dir=tfds_data_dir,
