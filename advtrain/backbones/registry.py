@@ -19,7 +19,7 @@ class BackboneSpec:
             keras.Model` mapping preprocessed images to a feature map or
             vector; `weights` is None or one of `pretrained` (a weights
             file is loaded by the classifier afterwards, not by the
-            builder). It declares the recipe's model keys it uses, by name
+            builder). It declares the model keys it uses, by name
             (e.g. `width`); `build` passes those and no others.
         preprocess: `BackbonePreprocess` mode applied inside the model to
             [0, 1] pixels: "none", "caffe", "tf", "torch" or "pixels255".

@@ -17,7 +17,7 @@ BAD_INPUT = 2  # the exit code of input that cannot be used
 class ArgumentError(ValueError):
     """A value of the named argument that cannot be used; `str(exc)` is
     "argument: message", and a caller may re-raise `exc.message` under its
-    own name for the argument (a recipe key).
+    own name for the argument (e.g. a configuration key).
 
     Example:
 

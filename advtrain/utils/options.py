@@ -40,7 +40,7 @@ class Options(BaseModel):
 
 
 # Union members pydantic names in an error's location ("float",
-# "literal['auto']", "function-after[...]"): not recipe keys.
+# "literal['auto']", "function-after[...]"): not configuration keys.
 _TYPE_TAG = re.compile(r"(float|int|str|bool|none|[a-z-]+\[.*\])")
 
 
