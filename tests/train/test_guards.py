@@ -185,6 +185,26 @@ def test_keep_best_restores_the_best_epoch_when_training_ends_lower(digits):
     assert last_guard.robust_accuracy() == pytest.approx(last_guard.accuracies[-1][1])
 
 
+def test_keep_best_keeps_the_last_epoch_within_the_checks_noise(digits):
+    """An end within two standard errors of the best epoch (on this batch)
+    is noise, not a fall: the last epoch stays, beyond that the best comes
+    back."""
+    x, y = digits
+    model = _fgsm_model()
+    guard = CatastrophicOverfittingGuard(x[:256], y[:256], eps=EPS, steps=1)
+    guard.set_model(model)
+    guard.best_accuracy, guard.best_epoch = 0.961, 14
+    assert guard.keep_margin() == pytest.approx(0.0342, abs=1e-3)
+    best = [np.full_like(w, 0.5) for w in model.get_weights()]
+    guard._best_weights = best
+    guard.accuracies = [(14, 0.961), (15, 0.953)]  # mnist_fast's JAX seed 0
+    assert guard.finish() is None and guard.kept_epoch() == 15
+    assert not np.allclose(model.get_weights()[0], 0.5)
+    guard.accuracies = [(14, 0.961), (15, 0.92)]
+    assert guard.finish()["restored_epoch"] == 14
+    assert np.allclose(model.get_weights()[0], 0.5)
+
+
 def test_one_finite_check_serves_the_nan_guard_and_the_checkpoint():
     from advtrain.train.checkpoint import NonFiniteStateError, capture_variables
     from advtrain.train.guards import first_nonfinite_variable
