@@ -22,6 +22,10 @@ Each backend module provides:
                            once per input signature (`tf.function`,
                            `jax.jit`), reading `variables` and writing
                            back `updated` (the evaluation's attacks)
+    HOST_LOOPS             True where an evaluation should run long attack
+                           loops from the host over compiled, unrolled
+                           chunks (JAX: XLA:CPU's while loops miss the fast
+                           convolution path, see `counted_loop`)
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ elif NAME == "jax":
     from advtrain.backend import jax as _impl
 else:
     _impl = None
+
+HOST_LOOPS = bool(getattr(_impl, "HOST_LOOPS", False))
 
 
 def _module():
