@@ -33,6 +33,7 @@ from advtrain.attacks.pgd import (
     worse_of,
 )
 from advtrain.evaluation.examples import ExampleRecorder
+from advtrain.evaluation.report import CASCADE_LABELS
 from advtrain.utils.errors import ArgumentError, did_you_mean
 from advtrain.utils.keywords import check_keywords
 from advtrain.utils.progress import Echo, Progress
@@ -102,11 +103,6 @@ BUDGETS = {
     ),
 }
 
-# Names of the ensemble's members, in cascade order, and their labels.
-ENSEMBLE = {
-    "apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square",
-}  # fmt: skip
-
 # Gradient-free attacks (for the masking check): they read logits only.
 GRADIENT_FREE = ("square",)
 
@@ -116,8 +112,8 @@ EVALUATION_ATTACKS = (
     "fgsm", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square", "autoattack",
 )  # fmt: skip
 
-# The keyword arguments that choose an evaluation's attacks (the recipe's
-# `eval` keys of that name; `evaluation_attacks` takes them).
+# The keyword arguments that choose an evaluation's attacks
+# (`evaluation_attacks` takes them).
 ATTACK_KEYS = (
     "eps", "norm", "attacks", "fgsm", "pgd_steps", "pgd_step_size",
     "pgd_restarts", "apgd_steps", "apgd_restarts", "square_queries", "eps_sweep",
@@ -193,7 +189,7 @@ def evaluation_attacks(
     """The attacks an evaluation runs one by one on every example, by
     report name (the AutoAttack cascade is `ensemble_attacks`).
 
-    The arguments are the recipe's `eval` keys: `attacks` names them
+    `attacks` names them
     (fgsm, pgd, apgd_ce, apgd_dlr, fab_t, square, autoattack; see
     `listed_attacks` for the default). `eps` None means `default_eps` (the
     training eps). Each `eps_sweep` value adds a PGD attack `sweep_<eps>`.
@@ -693,11 +689,10 @@ def evaluate(
 ) -> dict[str, Any]:
     """Robust accuracy of a classifier as a reviewer would measure it.
 
-    The Python face of a recipe's evaluation: `robust_accuracy` is the
-    worst case per example over clean, FGSM, PGD and AutoAttack (APGD-CE,
-    APGD-T, FAB-T, Square as a cascade; the cheap budget leaves out FAB-T)
-    at `eps`, with its 95% interval; the
-    other keys are `evaluate_robustness`'s.
+    `robust_accuracy` is the worst case per example over clean, FGSM, PGD
+    and AutoAttack (APGD-CE, APGD-T, FAB-T, Square as a cascade; the cheap
+    budget leaves out FAB-T) at `eps`, with its 95% interval; the other
+    keys are `evaluate_robustness`'s.
 
     Args:
         model: maps [0, 1] pixels to logits (an `AdversarialModel` is
@@ -707,18 +702,18 @@ def evaluate(
             (TensorFlow) or any iterable of `(x, y)` array pairs.
         eps: the threat model's radius, in pixel units.
         norm: the threat model's norm, "inf" or 2.
-        attacks: as the recipe's `eval` key; None runs FGSM, PGD and
+        attacks: names from `EVALUATION_ATTACKS`; None runs FGSM, PGD and
             AutoAttack.
-        budget: as the recipe's `eval` key.
-        batch_size: as the recipe's `eval` key.
-        max_examples: as the recipe's `eval` key.
-        seed: as the recipe's `eval` key.
+        budget: AutoAttack's budget, "standard" or "cheap" (`BUDGETS`).
+        batch_size: examples per attacked batch.
+        max_examples: evaluate a seeded random subset of this size.
+        seed: seed of the subset and of the attacks' random starts.
         num_classes: default: the model's number of logits.
         return_examples: True adds `adversarial_examples` to the result:
             the worst-case adversarial input of every example evaluated,
             with its verdict (`AdversarialExamples`); a number keeps at
             most that many (a random subset drawn with `seed`).
-        **keys: the other `eval` keys that choose the attacks (`fgsm`,
+        **keys: the other keywords that choose the attacks (`fgsm`,
             `pgd_steps`, `pgd_step_size`, `pgd_restarts`, `apgd_steps`,
             `apgd_restarts`, `square_queries`, `eps_sweep`); any other
             name is a TypeError naming the closest.
@@ -968,9 +963,8 @@ def _ensemble_summary(result, acc: _Accumulator, ensemble, budget: str) -> None:
     result["autoattack"] = {"budget": budget, "steps": steps}
     result["robust_accuracy"] = standing / n
     result["robust_accuracy_over"] += list(ensemble)
-    result["robust_accuracy_ensemble"] = (
-        f"AutoAttack ({', '.join(ENSEMBLE[m] for m in ensemble)}), {budget} budget"
-    )
+    members = ", ".join(CASCADE_LABELS[m] for m in ensemble)
+    result["robust_accuracy_ensemble"] = f"AutoAttack ({members}), {budget} budget"
     # In the cascade the gradient-free attack only sees the examples every
     # gradient attack failed on: what it breaks, only it broke.
     free = sum(s["broken"] for s in steps if s["attack"] in GRADIENT_FREE)
