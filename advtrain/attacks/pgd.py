@@ -19,13 +19,13 @@ from advtrain.attacks.common import (
     fold_seed,
     input_gradient,
     int_labels,
-    per_example,
     per_example_cross_entropy,
     predicted,
     project,
     random_in_ball,
     seed_pair,
     steepest_step,
+    worse_of,
 )
 
 
@@ -137,24 +137,6 @@ def pgd_steps(
         body, (ops.convert_to_tensor(0, "int32"), x_adv), steps
     )
     return ops.stop_gradient(x_adv)
-
-
-def worse_of(best: tuple, candidate: tuple) -> tuple:
-    """Per example the worse case of two `(x_adv, wrong, loss)` results:
-    misclassified beats correct, among equals the higher loss."""
-    (best_x, best_wrong, best_loss), (x_adv, wrong, loss) = best, candidate
-    better = pgd_better(best[1:], candidate[1:])
-    return (
-        ops.where(per_example(better, ops.ndim(best_x)), x_adv, best_x),
-        best_wrong | wrong,
-        ops.where(better, loss, best_loss),
-    )
-
-
-def pgd_better(best: tuple, candidate: tuple) -> Any:
-    """Per example, whether `candidate` beats `best`, both `(wrong, loss)`."""
-    (best_wrong, best_loss), (wrong, loss) = best, candidate
-    return (wrong & ~best_wrong) | ((wrong == best_wrong) & (loss > best_loss))
 
 
 def _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts):

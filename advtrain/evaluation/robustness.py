@@ -24,14 +24,8 @@ import numpy as np
 
 from advtrain import backend
 from advtrain.attacks import Attack, canonical_norm
-from advtrain.attacks.pgd import (
-    default_step_size,
-    outcome,
-    pgd_better,
-    pgd_start,
-    pgd_steps,
-    worse_of,
-)
+from advtrain.attacks.common import worse_of
+from advtrain.attacks.pgd import default_step_size, outcome, pgd_start, pgd_steps
 from advtrain.evaluation.examples import ExampleRecorder
 from advtrain.evaluation.report import CASCADE_LABELS
 from advtrain.utils.errors import ArgumentError, did_you_mean
@@ -322,8 +316,7 @@ class AttackRunner:
             return run
 
         def result(model, x_adv, y):
-            wrong, loss = outcome(_inference(model), x_adv, y)
-            return _labels(model, x_adv), wrong, loss
+            return outcome(_inference(model), x_adv, y)
 
         best = None
         for _ in range(attack.restarts):
@@ -333,14 +326,11 @@ class AttackRunner:
                     ("pgd_steps", steps, *kind), chunk(steps),
                     x, y, x_adv, eps, step_size,
                 )  # fmt: skip
-            labels, *found = self._call(("pgd_result",), result, x_adv, y)
-            if best is None:
-                best, best_labels = (x_adv, *found), labels
-            else:
-                better = pgd_better(best[1:], found)
-                best = worse_of(best, (x_adv, *found))
-                best_labels = keras.ops.where(better, labels, best_labels)
-        return best[0], best_labels
+            found = (x_adv,)
+            if attack.restarts > 1:
+                found += tuple(self._call(("pgd_result",), result, x_adv, y))
+            best = found if best is None else worse_of(best, found)
+        return best[0], self._call(("predict",), _labels, best[0])
 
     def _call(self, key: tuple, fn: Callable, *arrays):
         """`fn(model, *arrays)` compiled once per `key` and signature for
