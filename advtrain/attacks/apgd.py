@@ -46,6 +46,7 @@ from advtrain.attacks.common import (
     reduce_axes,
     seed_pair,
     steepest_step,
+    worse_of,
 )
 
 # Paper, section 3.2: checkpoints p_0 = 0, p_1 = 0.22, then intervals that
@@ -280,21 +281,14 @@ def _best_over_runs(model_fn, x, labels, objective, runs, options):
     """Runs APGD `runs` times (run r attacks `objective(r)`) and keeps,
     per example, a misclassified point over a correct one and otherwise
     the highest loss. Stops once every example is misclassified."""
-    rank = ops.ndim(x)
     # Each run draws its start inside the loop, from its own folded seed.
     pair = seed_pair(options.pop("seed"))
 
-    def body(run, best, fooled, best_loss):
-        point, wrong, loss = _apgd_run(
+    def body(run, *best):
+        found = _apgd_run(
             model_fn, x, labels, objective(run), seed=fold_seed(pair, run), **options
         )
-        better = (wrong & ~fooled) | ((wrong == fooled) & (loss > best_loss))
-        return (
-            run + 1,
-            ops.where(per_example(better, rank), point, best),
-            fooled | wrong,
-            ops.where(better, loss, best_loss),
-        )
+        return (run + 1, *worse_of(best, found))
 
     batch = ops.shape(x)[0]
     _, best, _, _ = ops.while_loop(

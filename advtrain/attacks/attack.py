@@ -63,9 +63,9 @@ def register_attack(
     them on every call, in training (`AdversarialModel`) and in
     evaluation, with the call's `loss_fn`, `loss_scale` (mixed precision:
     multiply the loss before differentiating) and `seed` (a `keras.random`
-    seed) where the function takes them. A recipe names it as
-    `attack.method: <name>`, settings without a recipe key of their own
-    under `attack.options`. A duplicate name is a ValueError.
+    seed) where the function takes them. A config names it as
+    `method: <name>` (`Attack.from_config`). A duplicate name is a
+    ValueError.
 
     A single-step method may give `from_gradient`,
     `fn(x, grad, *, eps, ...) -> x_adv`: its result for an input gradient
@@ -162,9 +162,8 @@ class Attack:
     the keyword arguments of its function (`attack_settings(method)`):
     one the method does not take is an `ArgumentError` naming the method,
     the setting and what it takes. Unset, a setting has its function's
-    default. `options` is the same as keywords (a recipe's
-    `attack.options`). An `Attack` is immutable and hashable; `replace`
-    returns a changed copy.
+    default. `options` is the same as keywords, as a mapping. An `Attack`
+    is immutable and hashable; `replace` returns a changed copy.
 
     Example:
 
@@ -339,7 +338,7 @@ class Attack:
     def from_config(cls, config: Mapping[str, Any]) -> Attack:
         """The `Attack` of a `get_config` dict: `method` (default
         "fgsm_rs") and `Attack`'s keyword arguments. The one way from a
-        config to an `Attack` (recipes, `advtrain.fit`, `AdversarialModel`).
+        config to an `Attack` (`advtrain.fit`, `AdversarialModel`).
 
         Example:
 

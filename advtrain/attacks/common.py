@@ -124,6 +124,19 @@ def per_example(mask: Any, rank: int) -> Any:
     return ops.reshape(mask, (-1,) + (1,) * (rank - 1))
 
 
+def worse_of(best: tuple, candidate: tuple) -> tuple:
+    """Per example the worse case (for the model) of two `(x_adv, wrong,
+    loss)` results: misclassified beats correct, among equals the higher
+    loss."""
+    (best_x, best_wrong, best_loss), (x_adv, wrong, loss) = best, candidate
+    better = (wrong & ~best_wrong) | ((wrong == best_wrong) & (loss > best_loss))
+    return (
+        ops.where(per_example(better, ops.ndim(best_x)), x_adv, best_x),
+        best_wrong | wrong,
+        ops.where(better, loss, best_loss),
+    )
+
+
 def steepest_step(grad: Any, size: Any, norm: str) -> Any:
     """The step of length `size` (in `norm`) that most increases the loss."""
     size = ops.cast(size, grad.dtype)

@@ -35,6 +35,7 @@ from advtrain.attacks.common import (
     check_count,
     checked_norm,
     int_labels,
+    per_example,
 )
 from advtrain.utils.errors import ArgumentError
 
@@ -121,7 +122,7 @@ def fab_t(
         start = x if starts is None else _start_of(x, starts, run % restarts)
         point, distance = _fab_run(model_fn, x, start, labels, target, **options)
         new = ops.logical_and(ops.less_equal(distance, eps), ops.logical_not(done))
-        best = ops.where(_per_example(new, x), point, best)
+        best = ops.where(per_example(new, ops.ndim(x)), point, best)
         return run + 1, best, ops.logical_or(done, new)
 
     def more(run, best, done):
@@ -168,10 +169,6 @@ def _check_box(clip_min: Any, clip_max: Any) -> None:
         )
 
 
-def _per_example(mask, x):
-    return ops.reshape(mask, (-1,) + (1,) * (len(x.shape) - 1))
-
-
 def _random_starts(x, eps, restarts: int, box, seed):
     """The random starts of runs 1.. of each target, drawn once up front
     (AutoAttack: uniform noise rescaled to L-inf length eps / 2)."""
@@ -207,8 +204,8 @@ def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta
     pair = ops.stack([labels, target], axis=1)
 
     def margins(z):
-        per_example = _margin(pair, model_fn(z))
-        return ops.sum(per_example), per_example
+        each = _margin(pair, model_fn(z))
+        return ops.sum(each), each
 
     def body(_, state):
         x1, best, distance = state
@@ -228,17 +225,17 @@ def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta
         length = ops.maximum(ops.max(ops.abs(moves), axis=1), _MIN_STEP)
         a1, a2 = length[:batch], length[batch:]
         alpha = ops.clip(a1 / (a1 + a2), 0.0, alpha_max)
-        alpha = _per_example(alpha, x0)
+        alpha = per_example(alpha, ops.ndim(x0))
         x1 = (x1 + eta * d1) * (1 - alpha) + (x0 + eta * d2) * alpha
         x1 = ops.clip(x1, *box)
         predicted = ops.cast(ops.argmax(model_fn(x1), axis=-1), "int32")
         fooled = ops.not_equal(predicted, labels)
         size = ops.max(ops.abs(ops.reshape(x1 - x0, flat)), axis=1)
         closer = ops.logical_and(fooled, ops.less(size, distance))
-        best = ops.where(_per_example(closer, x0), x1, best)
+        best = ops.where(per_example(closer, ops.ndim(x0)), x1, best)
         distance = ops.where(closer, size, distance)
         # Back towards the input from an adversarial point (FAB's beta step).
-        x1 = ops.where(_per_example(fooled, x0), x0 + (x1 - x0) * beta, x1)
+        x1 = ops.where(per_example(fooled, ops.ndim(x0)), x0 + (x1 - x0) * beta, x1)
         return x1, best, distance
 
     state = (start, x0, ops.full((batch,), math.inf, "float32"))

@@ -19,13 +19,13 @@ from advtrain.attacks.common import (
     fold_seed,
     input_gradient,
     int_labels,
-    per_example,
     per_example_cross_entropy,
     predicted,
     project,
     random_in_ball,
     seed_pair,
     steepest_step,
+    worse_of,
 )
 
 
@@ -86,14 +86,17 @@ def pgd(
     x, y = attack_inputs(model_fn, x, y)
     loss_fn = loss_fn or per_example_cross_entropy
 
+    settings = dict(
+        eps=eps, norm=norm, step_size=step_size, loss_fn=loss_fn,
+        loss_scale=loss_scale, clip_min=clip_min, clip_max=clip_max,
+    )  # fmt: skip
+
     def one_run(run_seed):
-        start = x + random_in_ball(x, eps, norm, run_seed) if random_start else x
-        return _ascend(
-            model_fn, x, y, clip_pixels(start, clip_min, clip_max),
-            dict(eps=eps, norm=norm, steps=steps, step_size=step_size,
-                 loss_fn=loss_fn, loss_scale=loss_scale, clip_min=clip_min,
-                 clip_max=clip_max),
+        start = pgd_start(
+            x, eps=eps, norm=norm, random_start=random_start, clip_min=clip_min,
+            clip_max=clip_max, seed=run_seed,
         )  # fmt: skip
+        return pgd_steps(model_fn, x, y, start, steps=steps, **settings)
 
     best = one_run(seed)
     if isinstance(restarts, int) and restarts == 1:
@@ -107,43 +110,44 @@ def pgd(
     return _worst_over_restarts(model_fn, y, loss_fn, later_run, best, restarts)
 
 
-def _ascend(model_fn, x, y, start, settings: dict) -> Any:
-    """`steps` projected steepest-ascent steps from `start`."""
-    eps, norm, steps = settings["eps"], settings["norm"], settings["steps"]
-    clip_min, clip_max = settings["clip_min"], settings["clip_max"]
+def pgd_start(x, *, eps, norm, random_start, clip_min, clip_max, seed) -> Any:
+    """PGD's starting point: uniform in the eps-ball with `random_start`."""
+    start = x + random_in_ball(x, eps, norm, seed) if random_start else x
+    return clip_pixels(start, clip_min, clip_max)
+
+
+def pgd_steps(
+    model_fn, x, y, x_adv, *, steps, eps, norm, step_size, loss_fn, loss_scale,
+    clip_min, clip_max,
+) -> Any:  # fmt: skip
+    """`steps` projected steepest-ascent steps from `x_adv` around `x`
+    (unrolled on JAX for an int `steps`: `backend.counted_loop`)."""
 
     def body(i, x_adv):
-        grad = input_gradient(
-            model_fn, x_adv, y, settings["loss_fn"], settings["loss_scale"]
-        )
+        grad = input_gradient(model_fn, x_adv, y, loss_fn, loss_scale)
         # Clip, project, clip again: the order cleverhans uses, so the two
         # backends agree for L2 too.
-        step = steepest_step(grad, settings["step_size"], norm)
-        moved = clip_pixels(x_adv + step, clip_min, clip_max)
+        moved = clip_pixels(
+            x_adv + steepest_step(grad, step_size, norm), clip_min, clip_max
+        )
         delta = project(moved - x, eps, norm)
         return i + 1, clip_pixels(x + delta, clip_min, clip_max)
 
     _, x_adv = backend.counted_loop(
-        body, (ops.convert_to_tensor(0, "int32"), start), steps
+        body, (ops.convert_to_tensor(0, "int32"), x_adv), steps
     )
     return ops.stop_gradient(x_adv)
 
 
 def _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts):
     """Runs `one_run(i)` for i = 1, ... until `restarts` runs are done;
-    keeps per example the worst case: misclassified beats correct, among
-    equals the higher loss."""
-    rank = ops.ndim(best)
+    keeps per example the worst case (`worse_of`)."""
 
-    def restart(i, best, best_wrong, best_loss):
+    def restart(i, *best):
         candidate = one_run(i)
-        wrong, loss = _outcome(model_fn, candidate, y, loss_fn)
-        better = (wrong & ~best_wrong) | ((wrong == best_wrong) & (loss > best_loss))
         return (
             i + 1,
-            ops.where(per_example(better, rank), candidate, best),
-            best_wrong | wrong,
-            ops.where(better, loss, best_loss),
+            *worse_of(best, (candidate, *outcome(model_fn, candidate, y, loss_fn))),
         )
 
     # A loop, not unrolled: `restarts` may be a tensor (AttackRunner).
@@ -153,7 +157,7 @@ def _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts):
         (
             ops.convert_to_tensor(1, "int32"),
             best,
-            *_outcome(model_fn, best, y, loss_fn),
+            *outcome(model_fn, best, y, loss_fn),
         ),
     )
     return best
@@ -166,8 +170,9 @@ def default_step_size(eps: Any, steps: Any) -> Any:
     return 2.5 * eps / steps
 
 
-def _outcome(model_fn, x_adv, y, loss_fn) -> tuple[Any, Any]:
-    """Per example: is it misclassified, and its loss."""
+def outcome(model_fn, x_adv, y, loss_fn=None) -> tuple[Any, Any]:
+    """Per example: is it misclassified, and its (float32) loss."""
+    loss_fn = loss_fn or per_example_cross_entropy
     logits = model_fn(x_adv)
     loss = ops.cast(loss_fn(y, logits), "float32")
     return predicted(logits) != int_labels(y), loss

@@ -2,26 +2,12 @@
 
 The attacks and the training step are written once in `keras.ops`. What
 Keras does not offer backend-neutrally lives in one small module per
-backend (`advtrain/backend/tensorflow.py`, `advtrain/backend/jax.py`),
-chosen by `keras.backend.backend()` when this package is imported; only
-that module is imported, so the JAX backend never imports TensorFlow.
-
-Each backend module provides:
-    value_and_grad(fn, x)  `fn(x) -> (scalar, aux)`; returns
-                           `((scalar, aux), d scalar / d x)`
-    stateless_uniform(shape, seed, dtype)  uniform [0, 1) draws from an
-                           int32 seed pair, usable inside compiled loops
-    active_indices(mask)   the positions to compute on for a boolean
-                           mask: the True ones where shapes may vary
-                           (TensorFlow), all of them where they may not
-                           (JAX); callers mask the rest out
-    counted_loop(body, loop_vars, count)  `count` calls of `body(*vars)`:
-                           a compiled loop, unrolled on JAX when `count`
-                           is a Python int
-    compile_function(fn, signature, variables, updated)  `fn` compiled
-                           once per input signature (`tf.function`,
-                           `jax.jit`), reading `variables` and writing
-                           back `updated` (the evaluation's attacks)
+backend (`tensorflow.py`, `jax.py`), chosen by `keras.backend.backend()`
+when this package is imported; only that module is imported, so the JAX
+backend never imports TensorFlow. Each provides the functions below and
+`HOST_LOOPS`: True where an evaluation should run long attack loops from
+the host over compiled, unrolled chunks (JAX: XLA:CPU's while loops miss
+the fast convolution path, see `counted_loop`).
 """
 
 from __future__ import annotations
@@ -40,6 +26,8 @@ elif NAME == "jax":
     from advtrain.backend import jax as _impl
 else:
     _impl = None
+
+HOST_LOOPS = bool(getattr(_impl, "HOST_LOOPS", False))
 
 
 def _module():
@@ -72,7 +60,8 @@ def active_indices(mask: Any) -> Any:
 
 def counted_loop(body: Callable[..., Any], loop_vars: Sequence[Any], count: Any):
     """`loop_vars` after `count` calls of `body(*loop_vars) -> loop_vars`;
-    `count` is an int or a scalar integer tensor."""
+    `count` is an int (unrolled on JAX: an XLA:CPU while loop makes the input
+    gradient's convolutions miss their fast path) or a scalar int tensor."""
     return _module().counted_loop(body, tuple(loop_vars), count)
 
 

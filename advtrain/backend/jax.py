@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import keras
 
+HOST_LOOPS = True
+
 
 def value_and_grad(fn, x):
     return jax.value_and_grad(fn, has_aux=True)(x)

@@ -9,6 +9,8 @@ import logging
 import keras
 import tensorflow as tf
 
+HOST_LOOPS = False
+
 
 def value_and_grad(fn, x):
     with tf.GradientTape() as tape:

@@ -36,7 +36,7 @@ def export_saved_model(
     out["probabilities"]
     ```
     """
-    import tensorflow as tf  # here: advtrain run imports this on JAX too
+    import tensorflow as tf  # here: a JAX run imports this module too
 
     path = Path(path)
     if path.exists() and not path.is_dir():

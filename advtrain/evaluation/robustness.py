@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -23,8 +24,10 @@ import numpy as np
 
 from advtrain import backend
 from advtrain.attacks import Attack, canonical_norm
-from advtrain.attacks.pgd import default_step_size
+from advtrain.attacks.common import worse_of
+from advtrain.attacks.pgd import default_step_size, outcome, pgd_start, pgd_steps
 from advtrain.evaluation.examples import ExampleRecorder
+from advtrain.evaluation.report import CASCADE_LABELS
 from advtrain.utils.errors import ArgumentError, did_you_mean
 from advtrain.utils.keywords import check_keywords
 from advtrain.utils.progress import Echo, Progress
@@ -94,11 +97,6 @@ BUDGETS = {
     ),
 }
 
-# Names of the ensemble's members, in cascade order, and their labels.
-ENSEMBLE = {
-    "apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square",
-}  # fmt: skip
-
 # Gradient-free attacks (for the masking check): they read logits only.
 GRADIENT_FREE = ("square",)
 
@@ -108,8 +106,8 @@ EVALUATION_ATTACKS = (
     "fgsm", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square", "autoattack",
 )  # fmt: skip
 
-# The keyword arguments that choose an evaluation's attacks (the recipe's
-# `eval` keys of that name; `evaluation_attacks` takes them).
+# The keyword arguments that choose an evaluation's attacks
+# (`evaluation_attacks` takes them).
 ATTACK_KEYS = (
     "eps", "norm", "attacks", "fgsm", "pgd_steps", "pgd_step_size",
     "pgd_restarts", "apgd_steps", "apgd_restarts", "square_queries", "eps_sweep",
@@ -185,7 +183,7 @@ def evaluation_attacks(
     """The attacks an evaluation runs one by one on every example, by
     report name (the AutoAttack cascade is `ensemble_attacks`).
 
-    The arguments are the recipe's `eval` keys: `attacks` names them
+    `attacks` names them
     (fgsm, pgd, apgd_ce, apgd_dlr, fab_t, square, autoattack; see
     `listed_attacks` for the default). `eps` None means `default_eps` (the
     training eps). Each `eps_sweep` value adds a PGD attack `sweep_<eps>`.
@@ -230,10 +228,14 @@ class AttackRunner:
     One compiled function per attack *kind* (method, norm, random start,
     backend; `advtrain.backend.compile_function`): eps is an argument, and
     so are PGD's steps, step size and restarts, so an eps sweep and the
-    sanity checks' stronger variants cost no new trace. On TensorFlow the
-    batch dimension is left open, so a smaller last batch does not retrace
-    either; JAX compiles once per batch shape. The random starts come from
-    one seeded generator, so a run with the same seed, examples and batch
+    sanity checks' stronger variants cost no new trace. The functions are
+    shared by every runner of the same model (held weakly: they do not keep
+    the model alive), so a second evaluation compiles nothing. On
+    TensorFlow the batch dimension is left open, so a smaller last batch
+    does not retrace either; JAX compiles once per batch shape, and runs
+    PGD's iterations from the host over compiled chunks of unrolled steps
+    (`advtrain.backend.HOST_LOOPS`). The random starts come from one seeded
+    generator per runner, so a run with the same seed, examples and batch
     size attacks with the same noise.
 
     Example:
@@ -247,11 +249,14 @@ class AttackRunner:
     def __init__(self, model: keras.Model, seed: int):
         self.model = model
         self.generator = keras.random.SeedGenerator(seed)
-        self._functions: dict[Any, Callable] = {}
-        self._predict: Optional[Callable] = None
-        # Traces of the attack functions so far (for tests): the Python
-        # body runs once per trace.
-        self.tracing_count = 0
+        self._compiled = _compiled_for(model)
+        self._functions = self._compiled.functions
+
+    @property
+    def tracing_count(self) -> int:
+        """Traces of this model's attack functions so far, over every
+        runner (for tests): the Python body runs once per trace."""
+        return self._compiled.traces
 
     def __call__(self, attack: Attack, x, y) -> np.ndarray:
         """The model's labels on `attack`'s points for `(x, y)`."""
@@ -259,45 +264,132 @@ class AttackRunner:
 
     def adversarial(self, attack: Attack, x, y) -> tuple[np.ndarray, np.ndarray]:
         """`(x_adv, labels)`: `attack`'s points for `(x, y)` and the model's
-        labels there. An evaluation calls either this or `__call__`, so
-        each attack kind is still traced once."""
+        labels there."""
         return self._run(attack, x, y, points=True)
 
     def predict(self, x) -> np.ndarray:
         """The model's labels on the clean `x`."""
-        x = np.asarray(x)
-        if self._predict is None:
-
-            def labels(x):
-                return keras.ops.argmax(self.model(x, training=False), axis=-1)
-
-            self._predict = compile_on(self.model, labels, signature(x))
-        return keras.ops.convert_to_numpy(self._predict(x))
+        labels = self._call(("predict",), _labels, np.asarray(x))
+        return keras.ops.convert_to_numpy(labels)
 
     def _run(self, attack: Attack, x, y, points: bool):
         x, y = np.asarray(x), np.asarray(y).astype(np.int32)
         values = _graph_arguments(attack, x.dtype)
-        template = attack.replace(**{name: _UNSET[name] for name in values})
-        key = (template, signature(x, y), points)
-        if key not in self._functions:
-            self._functions[key] = self._compile(template, key[1], values, points)
-        outputs = self._functions[key](x, y, *values.values())
+        if backend.HOST_LOOPS and "steps" in values:
+            outputs = self._pgd_on_host(attack, x, y, values)
+            outputs = outputs if points else outputs[1]
+        else:
+            template = attack.replace(**{name: _UNSET[name] for name in values})
+            names, generator = tuple(values), self._compiled.generator
+
+            def run(model, x, y, *arguments):
+                attack = template.replace(**dict(zip(names, arguments, strict=True)))
+                x_adv = attack(_inference(model), x, y, seed=generator)
+                labels = _labels(model, x_adv)
+                return (x_adv, labels) if points else labels
+
+            outputs = self._call((template, points), run, x, y, *values.values())
         if points:
             return tuple(keras.ops.convert_to_numpy(t) for t in outputs)
         return keras.ops.convert_to_numpy(outputs)
 
-    def _compile(self, template: Attack, spec, values: dict, points: bool):
-        model, generator, names = self.model, self.generator, tuple(values)
+    def _pgd_on_host(self, attack: Attack, x, y, values: dict) -> tuple:
+        """PGD with its restarts and iterations run from the host, each
+        chunk of at most `HOST_CHUNK` steps one compiled, unrolled call."""
+        eps, step_size = values["eps"], values["step_size"]
+        threat = dict(norm=attack.norm, clip_min=attack.clip_min,
+                      clip_max=attack.clip_max)  # fmt: skip
+        kind, generator = tuple(threat.values()), self._compiled.generator
+        random_start = attack.random_start
 
-        def run(x, y, *arguments):
-            self.tracing_count += 1
-            attack = template.replace(**dict(zip(names, arguments, strict=True)))
-            x_adv = attack(lambda z: model(z, training=False), x, y, seed=generator)
-            labels = keras.ops.argmax(model(x_adv, training=False), axis=-1)
-            return (x_adv, labels) if points else labels
+        def start(model, x, eps):
+            return pgd_start(x, eps=eps, random_start=random_start,
+                             seed=generator, **threat)  # fmt: skip
 
-        spec = (*spec, *signature(*values.values()))
-        return compile_on(model, run, spec, generator)
+        def chunk(steps):
+            def run(model, x, y, x_adv, eps, step_size):
+                return pgd_steps(
+                    _inference(model), x, y, x_adv, steps=steps, eps=eps,
+                    step_size=step_size, loss_fn=None, loss_scale=None, **threat,
+                )  # fmt: skip
+
+            return run
+
+        def result(model, x_adv, y):
+            return outcome(_inference(model), x_adv, y)
+
+        best = None
+        for _ in range(attack.restarts):
+            x_adv = self._call(("pgd_start", random_start, *kind), start, x, eps)
+            for steps in _chunks(attack.steps):
+                x_adv = self._call(
+                    ("pgd_steps", steps, *kind), chunk(steps),
+                    x, y, x_adv, eps, step_size,
+                )  # fmt: skip
+            found = (x_adv,)
+            if attack.restarts > 1:
+                found += tuple(self._call(("pgd_result",), result, x_adv, y))
+            best = found if best is None else worse_of(best, found)
+        return best[0], self._call(("predict",), _labels, best[0])
+
+    def _call(self, key: tuple, fn: Callable, *arrays):
+        """`fn(model, *arrays)` compiled once per `key` and signature for
+        this model, run on this runner's random stream."""
+        key = (*key, signature(*arrays))
+        compiled = self._compiled
+        if key not in compiled.functions:
+            compiled.functions[key] = compiled.compile(fn, key[-1])
+        compiled.generator.state.assign(self.generator.state.value)
+        outputs = compiled.functions[key](*arrays)
+        self.generator.state.assign(compiled.generator.state.value)
+        return outputs
+
+
+# PGD's iterations per compiled call when run from the host.
+HOST_CHUNK = 10
+
+
+def _chunks(steps: int) -> list[int]:
+    """`steps` as chunks of at most `HOST_CHUNK`."""
+    full, rest = divmod(steps, HOST_CHUNK)
+    return [HOST_CHUNK] * full + [rest] * (rest > 0)
+
+
+def _inference(model):
+    return lambda z: model(z, training=False)
+
+
+def _labels(model, x):
+    return keras.ops.argmax(model(x, training=False), axis=-1)
+
+
+class _Compiled:
+    """One model's compiled evaluation functions, shared by its runners;
+    holds the model weakly."""
+
+    def __init__(self, model: keras.Model):
+        self.model = weakref.ref(model)
+        self.functions: dict[Any, Callable] = {}
+        self.generator = keras.random.SeedGenerator(0)
+        self.traces = 0
+
+    def compile(self, fn: Callable, spec: tuple) -> Callable:
+        model_ref = self.model
+
+        def traced(*arrays):
+            self.traces += 1
+            return fn(model_ref(), *arrays)
+
+        return compile_on(model_ref(), traced, spec, self.generator)
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _compiled_for(model: keras.Model) -> _Compiled:
+    if model not in _COMPILED:
+        _COMPILED[model] = _Compiled(model)
+    return _COMPILED[model]
 
 
 def signature(*arrays: np.ndarray) -> tuple:
@@ -587,11 +679,10 @@ def evaluate(
 ) -> dict[str, Any]:
     """Robust accuracy of a classifier as a reviewer would measure it.
 
-    The Python face of a recipe's evaluation: `robust_accuracy` is the
-    worst case per example over clean, FGSM, PGD and AutoAttack (APGD-CE,
-    APGD-T, FAB-T, Square as a cascade; the cheap budget leaves out FAB-T)
-    at `eps`, with its 95% interval; the
-    other keys are `evaluate_robustness`'s.
+    `robust_accuracy` is the worst case per example over clean, FGSM, PGD
+    and AutoAttack (APGD-CE, APGD-T, FAB-T, Square as a cascade; the cheap
+    budget leaves out FAB-T) at `eps`, with its 95% interval; the other
+    keys are `evaluate_robustness`'s.
 
     Args:
         model: maps [0, 1] pixels to logits (an `AdversarialModel` is
@@ -601,18 +692,18 @@ def evaluate(
             (TensorFlow) or any iterable of `(x, y)` array pairs.
         eps: the threat model's radius, in pixel units.
         norm: the threat model's norm, "inf" or 2.
-        attacks: as the recipe's `eval` key; None runs FGSM, PGD and
+        attacks: names from `EVALUATION_ATTACKS`; None runs FGSM, PGD and
             AutoAttack.
-        budget: as the recipe's `eval` key.
-        batch_size: as the recipe's `eval` key.
-        max_examples: as the recipe's `eval` key.
-        seed: as the recipe's `eval` key.
+        budget: AutoAttack's budget, "standard" or "cheap" (`BUDGETS`).
+        batch_size: examples per attacked batch.
+        max_examples: evaluate a seeded random subset of this size.
+        seed: seed of the subset and of the attacks' random starts.
         num_classes: default: the model's number of logits.
         return_examples: True adds `adversarial_examples` to the result:
             the worst-case adversarial input of every example evaluated,
             with its verdict (`AdversarialExamples`); a number keeps at
             most that many (a random subset drawn with `seed`).
-        **keys: the other `eval` keys that choose the attacks (`fgsm`,
+        **keys: the other keywords that choose the attacks (`fgsm`,
             `pgd_steps`, `pgd_step_size`, `pgd_restarts`, `apgd_steps`,
             `apgd_restarts`, `square_queries`, `eps_sweep`); any other
             name is a TypeError naming the closest.
@@ -862,9 +953,8 @@ def _ensemble_summary(result, acc: _Accumulator, ensemble, budget: str) -> None:
     result["autoattack"] = {"budget": budget, "steps": steps}
     result["robust_accuracy"] = standing / n
     result["robust_accuracy_over"] += list(ensemble)
-    result["robust_accuracy_ensemble"] = (
-        f"AutoAttack ({', '.join(ENSEMBLE[m] for m in ensemble)}), {budget} budget"
-    )
+    members = ", ".join(CASCADE_LABELS[m] for m in ensemble)
+    result["robust_accuracy_ensemble"] = f"AutoAttack ({members}), {budget} budget"
     # In the cascade the gradient-free attack only sees the examples every
     # gradient attack failed on: what it breaks, only it broke.
     free = sum(s["broken"] for s in steps if s["attack"] in GRADIENT_FREE)

@@ -111,7 +111,7 @@ def run_sanity_checks(
 
     The base attack is the evaluation's PGD (`pgd_steps`, at least 1;
     `pgd_step_size`; `pgd_restarts`) at `eps` (or `default_eps`) in
-    `norm`: the recipe's `eval` keys of the same names.
+    `norm`: `evaluate`'s arguments of the same names.
 
     Args:
         model: maps [0, 1] pixels to logits.

@@ -457,7 +457,7 @@ def _report_and_export(
     import shutil
 
     from advtrain.evaluation.export import export_saved_model
-    from advtrain.evaluation.report import write_report
+    from advtrain.recipe.report import write_report
 
     write_report(
         out,

@@ -94,6 +94,60 @@ def test_masking_checks_run_on_arrays(trained_dense, test_digits):
     assert not {c["name"]: c for c in checks}["input_gradients_nonzero"]["passed"]
 
 
+@pytest.mark.backend_neutral
+def test_a_second_evaluation_compiles_nothing_and_jax_pgd_has_no_while_loop(
+    monkeypatch,
+):
+    """The attack functions are compiled once per model, not per evaluation;
+    on JAX, PGD's steps run as unrolled chunks driven from the host: an
+    XLA:CPU while loop around its input gradient misses the fast
+    convolution kernels (issue 36)."""
+    loops = []
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def counted(cond, body, init):
+            loops.append(body)
+            return while_loop(cond, body, init)
+
+        while_loop = jax.lax.while_loop
+        monkeypatch.setattr(jax.lax, "while_loop", counted)
+    model = bn_classifier()
+    x = np.random.default_rng(0).random((24, 8, 8, 1)).astype("float32")
+    y = np.arange(24) % 10
+    keys = dict(eps=EPS, attacks=["pgd"], pgd_steps=12, pgd_restarts=2)
+    first = advtrain.evaluate(model, (x, y), batch_size=16, **keys)
+    traces = AttackRunner(model, seed=0).tracing_count
+    assert traces > 0
+    again = advtrain.evaluate(model, (x, y), batch_size=16, **keys)
+    assert AttackRunner(model, seed=0).tracing_count == traces
+    assert again["pgd_accuracy"] == first["pgd_accuracy"]
+    assert loops == []
+
+
+@pytest.mark.backend_neutral
+def test_pgd_run_by_the_runner_matches_the_attack_function():
+    """The runner's PGD (on JAX: chunks of unrolled steps from the host)
+    gives the points of `pgd` itself, and a runner does not keep its
+    model alive."""
+    import gc
+    import weakref
+
+    model = bn_classifier()
+    x = np.random.default_rng(1).random((8, 8, 8, 1)).astype("float32")
+    y = np.arange(8) % 10
+    attack = Attack("pgd", eps=EPS, steps=13, random_start=False)
+    expected = attack(model, x, y)  # a Keras call: inference mode
+    x_adv, labels = AttackRunner(model, seed=0).adversarial(attack, x, y)
+    np.testing.assert_allclose(x_adv, keras.ops.convert_to_numpy(expected), atol=1e-6)
+    clean = AttackRunner(model, seed=0).predict(x_adv)
+    np.testing.assert_array_equal(labels, clean)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+
+
 class _BlindQuantize(keras.layers.Layer):
     """Rounds pixels to 1/4 steps and passes no gradient back."""
 

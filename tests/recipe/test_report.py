@@ -9,8 +9,8 @@ import tensorflow as tf
 from typer.testing import CliRunner
 
 from advtrain.cli.commands import app
-from advtrain.evaluation.report import write_report
 from advtrain.recipe.loader import recipe_from_dict
+from advtrain.recipe.report import write_report
 
 TINY = {
     "name": "tiny_report",
