@@ -6,7 +6,7 @@ import pytest
 
 from advtrain.train.callbacks import AtomicCheckpoint, NaNGuard
 from advtrain.train.checkpoint import CheckpointError, CheckpointStore
-from advtrain.train.loop import TrainingState
+from advtrain.train.training_state import TrainingState
 
 
 def _model(seed=0):

@@ -1,15 +1,8 @@
-"""The training stage: its phases, resumed where a checkpoint left off.
+"""`TrainingState`: resuming and checkpointing one run folder.
 
-Beyond `Model.fit` with BackupAndRestore: phases, and a resume inside an
-epoch that trains the same batches with the same running metrics.
-
-`fit_phases` is the one phase loop (head-only warm-up, then fine-tuning)
-of `advtrain.fit` and of a recipe's run. `TrainingState` owns resuming and
-checkpointing a folder: it finds the checkpoint to resume from, restores
-the model, optimizer and running metrics from it, trims the history file,
-and provides the callbacks that write checkpoints (`AtomicCheckpoint`),
-stop on NaN (`NaNGuard`) and turn SIGTERM/SIGINT into a checkpoint
-(`Preemption`).
+Beyond `Model.fit` with BackupAndRestore: a resume inside an epoch trains
+the same batches with the same running metrics. `advtrain.fit` takes it as
+`checkpoints=` (restored and opened).
 
 Example:
 
@@ -17,19 +10,15 @@ Example:
 state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
 state.restore(model, steps_per_epoch=plan.steps_per_epoch)
 state.open(is_chief=runtime.is_chief, epochs=plan.epochs)
-history, seconds = fit_phases(model, stream, runtime=runtime, plan=plan,
-                              phases=phases, loss=loss, state=state,
-                              callbacks=state.callbacks())
+advtrain.fit(model, stream, checkpoints=state, ...)
 ```
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import keras
 
@@ -241,7 +230,7 @@ class TrainingState:
             model.compute_metrics(x, np.zeros((1,), "int32"), model(x))
             model.reset_metrics()
             restore_variables(model, point, "metrics")
-        except (ValueError, RuntimeError) as exc:
+        except (ValueError, RuntimeError, TypeError) as exc:
             model.reset_metrics()
             self.echo(
                 f"warning: the resumed epoch's logged metrics cover only the "
@@ -259,172 +248,3 @@ class TrainingState:
         """Samples this process trained (a resumed run skips the others)."""
         remaining = epochs * self.steps_per_epoch - self.start_global_step
         return global_batch * max(0, remaining)
-
-
-def train_stream(splits, data: dict[str, Any], plan, seed: int, skip: int, strategy):
-    """A fresh training stream for one `fit`, with its first `skip` steps
-    dropped.
-
-    Built after resetting the global seed, so its order depends on the
-    recipe alone; reusing one dataset would not do: each new iterator of a
-    dataset that reshuffles draws a new order, which a resumed process
-    cannot reproduce. Skipping costs input-pipeline work, no model work.
-
-    With several replicas each input pipeline (one per worker) builds its
-    own shard, batched per replica (`make_distributed_input`): a worker
-    decodes and augments only the examples its replicas train on, instead
-    of the whole stream with Keras's rebatching; on one worker the replicas
-    of a step together see the same examples as one device would.
-    `strategy` None (`Runtime.input_strategy`): whole global batches.
-    """
-    from advtrain.data import make_distributed_input, make_input
-
-    keras.utils.set_random_seed(seed)
-    if strategy is None or strategy.num_replicas_in_sync == 1:
-        ds = make_input(
-            splits.fresh_train(), batch_size=plan.global_batch, training=True, **data
-        ).repeat()
-        return ds.skip(skip) if skip else ds
-
-    return make_distributed_input(
-        splits.fresh_train,
-        strategy,
-        global_batch=plan.global_batch,
-        training=True,
-        repeat=True,
-        skip_steps=skip,
-        **data,
-    )
-
-
-def compile_model(
-    model: keras.Model, *, optimizer, loss, metrics, plan, runtime
-) -> None:
-    """Compiles the training model for one phase, as `advtrain.fit` and a
-    recipe's run both do (call it in the strategy's scope)."""
-    model.compile(
-        optimizer=optimizer,
-        loss=loss,
-        metrics=metrics,
-        steps_per_execution=plan.steps_per_execution,
-        jit_compile=runtime.jit_compile,
-    )
-    runtime.prepare_model(model)
-
-
-def phase_optimizer(optimizer, plan, phase, options: dict[str, Any]):
-    """A fresh optimizer for `phase` (its learning-rate factor applied) when
-    `optimizer` is a name; an optimizer object is used as it is, which one
-    phase at the plan's rate allows."""
-    from advtrain.train.runtime import make_optimizer
-
-    if isinstance(optimizer, str):
-        rate = plan.learning_rate * phase.lr_factor
-        phase_plan = dataclasses.replace(plan, learning_rate=rate)
-        return make_optimizer(phase_plan, optimizer=optimizer, **options)
-    if phase.lr_factor != 1.0 or phase.name != "train":
-        raise ValueError(
-            "Phases with their own learning rates need the optimizer by name "
-            "(each phase starts a fresh one). Received: "
-            f"optimizer={type(optimizer).__name__}, phase={phase.name}"
-        )
-    return optimizer
-
-
-# fmt: off
-def fit_phases(
-    model: keras.Model, stream: Callable[[int], Any], *,
-    runtime, plan, phases: Sequence, loss, metrics=None,
-    optimizer: Any = "adam", optimizer_options: Optional[dict] = None,
-    seed: int = 0, callbacks: Sequence[keras.callbacks.Callback] = (),
-    state: Optional[TrainingState] = None,
-    freeze: Optional[keras.Model] = None, validation_data=None,
-    verbose: Any = 0, echo: Echo = print,
-) -> tuple[dict[str, list[float]], float]:
-    # fmt: on
-    """The one phase loop of `advtrain.fit` and a recipe's run: fits the
-    phases (from where `state` resumes, when given); returns this process's
-    history and its training seconds.
-
-    Args:
-        model: the training model (built in `runtime`'s strategy scope).
-        stream: `stream(skip)` is the training stream of global batches
-            from the run's start, with the first `skip` dropped (each fit
-            continues where the last one stopped, a resumed one too).
-        runtime: `advtrain.train.runtime.Runtime`.
-        plan: `advtrain.train.runtime.BatchPlan`.
-        phases: `advtrain.models.freezing.Phase`s, in order.
-        loss: the compiled loss.
-        metrics: the compiled metrics.
-        optimizer: a name ("adam", "sgd", "adamw": each phase a fresh one,
-            its rate x the phase's factor) or an optimizer (one phase).
-        optimizer_options: `make_optimizer`'s other keywords.
-        seed: epoch e's host-side randomness is seed + e.
-        callbacks: passed to `Model.fit`.
-        state: the run folder's `TrainingState` (opened), or None.
-        freeze: the model whose backbone the phases freeze (None: the
-            model trains whole).
-        validation_data: batches validated after each epoch, or None.
-        verbose: Keras progress bar level.
-        echo: receives a line per phase (when there are several).
-    """
-    from advtrain.models.freezing import apply_phase
-
-    spe, start = plan.steps_per_epoch, time.perf_counter()
-    start_epoch = state.start_epoch if state else 0
-    seeding = keras.callbacks.LambdaCallback(
-        on_epoch_begin=lambda epoch, logs=None: keras.utils.set_random_seed(
-            seed + epoch
-        )
-    )
-    history: dict[str, list[float]] = {}
-    if state:
-        state.preemption.arm(state.checkpoint, runtime.strategy)
-    for phase in phases:
-        if phase.epochs <= 0:
-            continue
-        trainable = apply_phase(freeze, phase) if freeze is not None else []
-        if phase.end_epoch <= start_epoch:
-            continue  # done before the interruption
-        if phase.name != "train":
-            echo(
-                f"phase {phase.name}: epochs {phase.start_epoch + 1}-"
-                f"{phase.end_epoch}, freeze={phase.freeze}, "
-                f"{len(trainable)} backbone layer(s) trainable, "
-                f"lr x{phase.lr_factor:g}"
-            )
-        with runtime.scope():
-            compile_model(
-                model,
-                optimizer=phase_optimizer(
-                    optimizer, plan, phase, optimizer_options or {}
-                ),
-                loss=loss,
-                metrics=metrics,
-                plan=plan,
-                runtime=runtime,
-            )
-            if state:
-                state.restore_optimizer(model, phase)
-                state.checkpoint.phase = phase.name
-        epoch = max(phase.start_epoch, start_epoch)
-        step = state.start_step if state and epoch == start_epoch else 0
-        while epoch < phase.end_epoch:
-            # An interrupted epoch is fitted alone, for its remaining steps.
-            end = epoch + 1 if step else phase.end_epoch
-            result = model.fit(
-                stream(epoch * spe + step),
-                initial_epoch=epoch,
-                epochs=end,
-                steps_per_epoch=spe - step,
-                validation_data=validation_data,
-                callbacks=[seeding, *callbacks],
-                verbose=verbose,
-                shuffle=False,  # the tf.data pipeline shuffles
-            )
-            for key, values in result.history.items():
-                history.setdefault(key, []).extend(values)
-            epoch, step = end, 0
-    if state:
-        state.preemption.disarm()
-    return history, time.perf_counter() - start
