@@ -471,7 +471,7 @@ def restore_variables(
 
     Raises:
         CheckpointError: the model's variables do not match the saved ones
-            (another recipe or another version of the code built it).
+            (another configuration or version of the code built it).
     """
     if group not in GROUPS:
         raise ValueError(f"group must be one of {GROUPS}. Received: {group}")

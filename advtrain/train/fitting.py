@@ -1,11 +1,10 @@
 """`advtrain.fit` (defined here, in `advtrain.train.fitting`): any Keras model,
 adversarially trained or not, through advtrain's runtime.
 
-The same strategy, precision, XLA, batch arithmetic and steps-per-execution
-logic as `advtrain run`, for a model and data you bring: a regressor, a
+Strategy, precision, XLA, batch arithmetic, steps per execution, phases,
+checkpoints and resume, for a model and data you bring: a regressor, a
 sequence model, a classifier over wide tabular inputs, adversarially
-trained or not. Recipes reach the same path with
-`model: {builder: "package.module:function"}` (`build_from_builder`).
+trained or not.
 """
 
 from __future__ import annotations
@@ -278,7 +277,7 @@ def _evaluate(classifier, test_data, evaluation, attack, say: Echo):
 
 # ---------------------------------------------------------------- stages
 
-# The recipe's `train` keys `fit` takes as they are (it works out
+# The `PlanOptions` keys `fit` takes as they are (it works out
 # batch_size, and optimizer may be an object).
 _TRAIN_KEYS = (
     *(k for k in PLAN_KEYS if k != "batch_size"),
@@ -528,7 +527,7 @@ def settle_trained_batchnorm(
     echo: Optional[Echo] = print,
     names: Optional[dict[str, str]] = None,
 ) -> Optional[dict[str, Any]]:
-    """The one after-training BatchNorm step of `fit` and a recipe's run
+    """The one after-training BatchNorm step of `fit`
     (`advtrain.models.batchnorm.policy.settle_batchnorm`): the gap on up to
     512 `held_out` examples (arrays or batches; else the training
     batches'), recalibrated on `train_batches` as `batchnorm`'s settle keys
