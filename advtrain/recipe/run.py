@@ -385,7 +385,7 @@ def finish(
     (its presence marks a finished run)."""
     from advtrain.data import make_input
     from advtrain.evaluation.examples import GRID_CANDIDATES, GRID_SIZE
-    from advtrain.evaluation.robustness import evaluate_robustness, plot_eps_sweep
+    from advtrain.evaluation.robustness import evaluate, plot_eps_sweep
 
     classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
     _assert_finite(classifier, "model.keras")
@@ -406,15 +406,18 @@ def finish(
         **input_options(recipe),
     )
     shows_examples = recipe.output.plots or recipe.output.tensorboard
-    evaluation = evaluate_robustness(
-        classifier,
-        test_ds,
-        **evaluation_keys(recipe),
-        num_classes=setup.splits.num_classes,
-        strategy=runtime.strategy,
-        # A seeded subset to draw the report's grid from, not every image.
-        return_examples=GRID_CANDIDATES if shows_examples else False,
-    )
+    keys = evaluation_keys(recipe)
+    eps, default_eps = keys.pop("eps"), keys.pop("default_eps")
+    with runtime.scope():
+        evaluation = evaluate(
+            classifier,
+            test_ds,
+            eps=default_eps if eps is None else eps,
+            **keys,
+            num_classes=setup.splits.num_classes,
+            # A seeded subset to draw the report's grid from, not every image.
+            return_examples=GRID_CANDIDATES if shows_examples else False,
+        )
     examples = evaluation.pop("adversarial_examples", None)
     samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
     history, seconds = trained.history, trained.seconds
