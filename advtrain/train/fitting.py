@@ -195,8 +195,7 @@ def fit(
     for guard in guards:
         guard.finish_on_train_end = False  # one Model.fit per phase
     if checkpoints is not None:
-        start = checkpoints.epoch_start(net, image_shape=_input_shape(classifier))
-        callbacks = checkpoints.callbacks(before=[start, *callbacks])
+        callbacks = checkpoints.callbacks(net, _input_shape(classifier), callbacks)
     with checks.clean_errors():  # a bad batch's error in one line
         history, seconds = _fit_phases(
             net, stream, runtime=rt, plan=plan, phases=phases, loss=loss,

@@ -44,8 +44,7 @@ class TrainingState:
     Creating it installs the preemption signal handlers (a signal before
     training raises `Preempted` at once). Then `restore` (resume point,
     model variables), `open` (the folder this worker writes, the checkpoint
-    store and callbacks), and during training `restore_optimizer` and
-    `restore_epoch_metrics`.
+    store), `callbacks`, and during training `restore_optimizer`.
 
     Args:
         run_dir: the run folder.
@@ -179,29 +178,18 @@ class TrainingState:
         return out
 
     def callbacks(
-        self, before: Sequence[keras.callbacks.Callback] = (), after=()
+        self, model: keras.Model, image_shape, before: Sequence = ()
     ) -> list[keras.callbacks.Callback]:
-        """`before`, the NaN guard, the history CSV, the checkpoint,
-        `after`, and last the preemption callback (it may checkpoint the
-        epoch's end)."""
+        """A callback continuing the interrupted epoch's running metrics,
+        `before`, the NaN guard, the history CSV, the checkpoint, and last
+        the preemption callback (it may checkpoint the epoch's end)."""
+        start = keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs=None: self._restore_epoch_metrics(
+                model, image_shape
+            )
+        )
         csv = keras.callbacks.CSVLogger(str(self.out / "history.csv"), append=True)
-        return [
-            *before,
-            self.guard,
-            csv,
-            self.checkpoint,
-            *after,
-            self.preemption,
-        ]
-
-    def epoch_start(self, model: keras.Model, *, image_shape):
-        """A callback that continues an interrupted epoch's running
-        metrics at its start."""
-
-        def on_epoch_begin(epoch, logs=None):
-            self.restore_epoch_metrics(model, image_shape)
-
-        return keras.callbacks.LambdaCallback(on_epoch_begin=on_epoch_begin)
+        return [start, *before, self.guard, csv, self.checkpoint, self.preemption]
 
     def restore_optimizer(self, model: keras.Model, phase) -> None:
         """Continues the optimizer of the interrupted phase (slots,
@@ -216,8 +204,7 @@ class TrainingState:
             model.optimizer.build(model.trainable_variables)
             restore_variables(model, point, "optimizer")
 
-    def restore_epoch_metrics(self, model: keras.Model, image_shape) -> None:
-        """At the interrupted epoch's start: continues its running metrics."""
+    def _restore_epoch_metrics(self, model: keras.Model, image_shape) -> None:
         if not self._pending_metrics:
             return
         import numpy as np
