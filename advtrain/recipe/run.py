@@ -4,9 +4,10 @@ The recipe's keys become library calls in `advtrain.recipe.build`; the
 folder's rules live in `advtrain.recipe.run_folder`. The stages:
 
     prepare   runtime, data, model; resume point and checkpoint callbacks
-              (`advtrain.train.loop.TrainingState`)
-    train     the phases (`advtrain.train.loop.fit_phases`)
-    finish    recalibrate BatchNorm, save model.keras, evaluate
+              (`advtrain.train.training_state.TrainingState`)
+    train     `advtrain.fit` once: the phases, checkpointed; BatchNorm
+              recalibrated
+    finish    save model.keras, evaluate
               (`advtrain.evaluation`: robustness, sanity checks, report,
               export), metrics.json last
 
@@ -55,9 +56,9 @@ from advtrain.recipe.run_folder import (
 )
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.recipe.summary import describe, describe_momentum
-from advtrain.train.loop import TrainingState, fit_phases, train_stream
 from advtrain.train.preemption import restores_signal_handlers, watch_launcher
-from advtrain.train.runtime import OPTIMIZER_KEYS
+from advtrain.train.runtime import OPTIMIZER_KEYS, PLAN_KEYS
+from advtrain.train.training_state import TrainingState
 from advtrain.utils.io import atomic_path, atomic_write_json
 from advtrain.utils.progress import Echo
 
@@ -133,7 +134,7 @@ def run(
 def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     """Stage 1: the runtime, the data and the model, restored from the run
     folder's last checkpoint when it holds one; the checkpoint store and
-    callbacks (`advtrain.train.loop.TrainingState`)."""
+    callbacks (`advtrain.train.training_state.TrainingState`)."""
     keras.utils.set_random_seed(recipe.train.seed)
     runtime = recipe_runtime(recipe)
     state = TrainingState(
@@ -145,7 +146,7 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     )
     splits = recipe_splits(recipe)
     plan = recipe_plan(recipe, runtime, splits.train_size)
-    describe(recipe, splits, runtime, plan, echo)
+    describe(recipe, splits, echo)
     with runtime.scope():
         classifier, model = build_run_model(
             recipe,
@@ -177,19 +178,27 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
 
 
 def _monitor(recipe: Recipe, model: keras.Model, has_val: bool) -> tuple[str, str]:
-    """`output.monitor` and `output.monitor_mode` resolved for this run."""
-    from advtrain.train.checkpoint import resolve_monitor
-
-    with recipe_keys("output"):
-        monitor, mode = resolve_monitor(
-            recipe.output.monitor,
-            recipe.output.monitor_mode,
-            has_validation=has_val,
-            attacks=recipe.attack.method != "none",
-            validates_adversarially=(
-                type(model).test_step is not keras.Model.test_step
-            ),
+    """`output.monitor` and `output.monitor_mode` with "auto" resolved: robust
+    accuracy, on the validation split when there is one and the model's
+    `test_step` attacks (else `val_adv_accuracy` would stay 0), else on the
+    training batches; clean accuracy without an attack."""
+    monitor, mode = recipe.output.monitor, recipe.output.monitor_mode
+    attacks = recipe.attack.method != "none"
+    if monitor == "auto":
+        if not attacks:
+            monitor = "val_accuracy" if has_val else "accuracy"
+        elif has_val and type(model).test_step is not keras.Model.test_step:
+            monitor = "val_adv_accuracy"
+        else:
+            monitor = "adv_accuracy"
+    elif monitor.startswith("val_") and not has_val:
+        raise RecipeError(
+            "output.monitor: a validation metric needs a validation split; set "
+            "val_fraction > 0 or monitor a training metric. "
+            f"Received: monitor={monitor}"
         )
+    if mode == "auto":
+        mode = "min" if monitor.endswith("loss") else "max"
     names = ["loss", "accuracy"] + [
         m.name for m in model.metrics if m.name not in ("loss", "compile_metrics")
     ]
@@ -213,71 +222,111 @@ class Trained:
     seconds: float
     epoch_seconds: list[float]
     co_guard: Optional[dict[str, Any]] = None
+    bn_gap: Optional[dict[str, Any]] = None
 
 
 def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Trained:
-    """Stage 2: the phases (`advtrain.train.loop.fit_phases`), with the
-    run's checkpoints, NaN guard and preemption (`setup.state`), progress
-    lines, TensorBoard and the catastrophic-overfitting guard."""
+    """Stage 2: `advtrain.fit` once, with the run's checkpoints, NaN guard
+    and preemption (`setup.state`), progress lines, TensorBoard, the
+    catastrophic-overfitting guard and the BatchNorm settle."""
     from advtrain.data import make_input
     from advtrain.train.callbacks import ProgressLine
+    from advtrain.train.fitting import fit
     from advtrain.utils.progress import EpochProgress
 
     state, plan, splits = setup.state, setup.plan, setup.splits
+    data = input_options(recipe)
     val_ds = None
     if splits.val is not None:
         val_ds = make_input(
-            splits.val,
-            batch_size=recipe.eval.batch_size,
-            training=False,
-            **input_options(recipe),
+            splits.val, batch_size=recipe.eval.batch_size, training=False, **data
         )
     progress = ProgressLine(echo, plan.epochs, plan.steps_per_epoch * plan.global_batch)
     co_guard = _co_guard(recipe, setup, echo) if recipe.train.co_guard else None
-    seed = recipe.train.seed
-    before = [
+    callbacks = [
         # First: its live bar is cleared before any epoch-end line prints.
         EpochProgress(plan.epochs),
         *([co_guard] if co_guard else []),  # before the logs see the epoch
-        state.epoch_start(setup.model, image_shape=splits.image_shape),
         progress,
     ]
-    after = []
     if recipe.output.tensorboard:
         logs = str(state.out / "logs")
-        after.append(keras.callbacks.TensorBoard(logs, write_graph=False))
-
-    def stream(skip: int):
-        return train_stream(
-            splits, setup.data, plan, seed, skip, setup.runtime.input_strategy()
+        callbacks.append(keras.callbacks.TensorBoard(logs, write_graph=False))
+    seed, strategy = recipe.train.seed, setup.runtime.input_strategy()
+    held_out = splits.val if splits.val is not None else splits.test
+    with recipe_keys("train"):
+        result = fit(
+            setup.model,
+            lambda skip: train_stream(splits, setup.data, plan, seed, skip, strategy),
+            runtime=setup.runtime,
+            **{
+                **_keys(recipe.train, *PLAN_KEYS, *OPTIMIZER_KEYS, "seed"),
+                "steps_per_epoch": plan.steps_per_epoch,
+            },
+            # A model.builder model has no backbone to freeze; it trains
+            # whole (build_from_builder refuses freezing settings).
+            phases=None if recipe.model.builder else recipe_phases(recipe, plan.epochs),
+            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            batchnorm=recipe.model.batchnorm.model_dump(),
+            batchnorm_data=(
+                make_input(held_out, batch_size=512, training=False, **data),
+                make_input(
+                    splits.train, batch_size=plan.global_batch, training=False, **data
+                ),
+            ),
+            setting_names=_setting_names(),
+            validation_data=val_ds,
+            callbacks=callbacks,
+            checkpoints=state,
+            verbose=verbose,
+            echo=echo,
         )
-
-    history, seconds = fit_phases(
-        setup.model,
-        stream,
-        runtime=setup.runtime,
-        plan=plan,
-        phases=recipe_phases(recipe, plan.epochs),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-        **_keys(recipe.train, *OPTIMIZER_KEYS[:1]),
-        optimizer_options=_keys(recipe.train, *OPTIMIZER_KEYS[1:]),
-        seed=seed,
-        callbacks=state.callbacks(before, after),
-        state=state,
-        # A model.builder model has no backbone to freeze; it trains whole
-        # (build_from_builder refuses freezing settings).
-        freeze=None if recipe.model.builder else setup.classifier,
-        validation_data=val_ds,
-        verbose=verbose,
-        echo=echo,
+    summary = co_guard.summary() if co_guard is not None else None
+    return Trained(
+        result.history,
+        result.train_seconds,
+        progress.epoch_seconds,
+        summary,
+        result.bn_gap,
     )
-    summary = None
-    if co_guard is not None:
-        co_guard.set_model(setup.model)
-        co_guard.finish()
-        summary = co_guard.summary()
-    return Trained(state.history(history), seconds, progress.epoch_seconds, summary)
+
+
+def _setting_names() -> dict[str, str]:
+    """The recipe keys of `advtrain.fit`'s settings, for its warnings."""
+    names = dict(recipe_keys("train"))
+    batchnorm = recipe_keys("model.batchnorm")
+    names.update({f"batchnorm.{k}": v for k, v in batchnorm.items()})
+    return names
+
+
+def train_stream(splits, data: dict[str, Any], plan, seed: int, skip: int, strategy):
+    """A fresh training stream for one `Model.fit`, its first `skip` steps
+    dropped.
+
+    Built after resetting the global seed, so its order depends on the
+    recipe alone: each new iterator of a dataset that reshuffles draws a
+    new order, which a resumed process cannot reproduce. Skipping costs
+    input-pipeline work, no model work. With several replicas each worker
+    builds its own shard, batched per replica (`make_distributed_input`);
+    `strategy` None (`Runtime.input_strategy`): whole global batches.
+    """
+    from advtrain.data import make_distributed_input, make_input
+
+    keras.utils.set_random_seed(seed)
+    if strategy is None or strategy.num_replicas_in_sync == 1:
+        ds = make_input(
+            splits.fresh_train(), batch_size=plan.global_batch, training=True, **data
+        ).repeat()
+        return ds.skip(skip) if skip else ds
+    return make_distributed_input(
+        splits.fresh_train,
+        strategy,
+        global_batch=plan.global_batch,
+        training=True,
+        repeat=True,
+        skip_steps=skip,
+        **data,
+    )
 
 
 def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
@@ -322,7 +371,6 @@ def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
             f"{len(guard.accuracies)} epoch(s), best PGD accuracy "
             f"{100 * guard.best_accuracy:.1f}% (epoch {guard.best_epoch})"
         )
-    guard.finish_on_train_end = False  # one fit per phase: `train` finishes
     return guard
 
 
@@ -332,12 +380,12 @@ def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
 def finish(
     recipe: Recipe, setup: RunSetup, trained: Trained, *, echo: Echo = print
 ) -> RunResult:
-    """Stage 3: recalibrate BatchNorm, save model.keras, evaluate, run the
+    """Stage 3: save model.keras, evaluate, run the
     sanity checks, write the report and the export, and metrics.json last
     (its presence marks a finished run)."""
     from advtrain.data import make_input
     from advtrain.evaluation.examples import GRID_CANDIDATES, GRID_SIZE
-    from advtrain.evaluation.robustness import evaluate_robustness, plot_eps_sweep
+    from advtrain.evaluation.robustness import evaluate, plot_eps_sweep
 
     classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
     _assert_finite(classifier, "model.keras")
@@ -346,9 +394,8 @@ def finish(
 
         # `advtrain launch` compares these across workers.
         echo(f"weights: sha256 {weights_fingerprint(classifier)}")
-    gap = _settle_batchnorm(classifier, recipe, setup.splits, setup.plan, echo)
-    # After recalibration: model.keras, metrics.json and the SavedModel
-    # hold the same weights.
+    # After the BatchNorm settle (in `advtrain.fit`): model.keras,
+    # metrics.json and the SavedModel hold the same weights.
     with atomic_path(out / "model.keras") as tmp:
         classifier.save(tmp)
     echo("evaluating on the test split ...")
@@ -359,15 +406,18 @@ def finish(
         **input_options(recipe),
     )
     shows_examples = recipe.output.plots or recipe.output.tensorboard
-    evaluation = evaluate_robustness(
-        classifier,
-        test_ds,
-        **evaluation_keys(recipe),
-        num_classes=setup.splits.num_classes,
-        strategy=runtime.strategy,
-        # A seeded subset to draw the report's grid from, not every image.
-        return_examples=GRID_CANDIDATES if shows_examples else False,
-    )
+    keys = evaluation_keys(recipe)
+    eps, default_eps = keys.pop("eps"), keys.pop("default_eps")
+    with runtime.scope():
+        evaluation = evaluate(
+            classifier,
+            test_ds,
+            eps=default_eps if eps is None else eps,
+            **keys,
+            num_classes=setup.splits.num_classes,
+            # A seeded subset to draw the report's grid from, not every image.
+            return_examples=GRID_CANDIDATES if shows_examples else False,
+        )
     examples = evaluation.pop("adversarial_examples", None)
     samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
     history, seconds = trained.history, trained.seconds
@@ -375,7 +425,7 @@ def finish(
         "recipe": recipe.name,
         **_collapse(trained.co_guard),
         **evaluation,
-        "bn_gap": gap,
+        "bn_gap": trained.bn_gap,
         "train_seconds": round(seconds, 2),
         "train_samples_per_second": round(samples / max(seconds, 1e-9), 1),
         "epoch_seconds": [round(s, 2) for s in trained.epoch_seconds],
@@ -421,25 +471,6 @@ def _assert_finite(model: keras.Model, what: str) -> None:
             "was not written. Likely causes: learning rate too high, eps "
             "too large, or float16 overflow."
         )
-
-
-def _settle_batchnorm(classifier, recipe: Recipe, splits, plan, echo: Echo):
-    """`advtrain.train.fitting.settle_trained_batchnorm` on the recipe's
-    held-out split (val, else test) and clean training batches."""
-    from advtrain.data import make_input
-    from advtrain.train.fitting import settle_trained_batchnorm
-
-    data = input_options(recipe)
-    held_out = splits.val if splits.val is not None else splits.test
-    return settle_trained_batchnorm(
-        classifier,
-        make_input(held_out, batch_size=512, training=False, **data),
-        make_input(splits.train, batch_size=plan.global_batch, training=False, **data),
-        per_replica_batch=plan.per_replica_batch,
-        batchnorm=recipe.model.batchnorm.model_dump(),
-        echo=echo,
-        names=recipe_keys("model.batchnorm", batch_size="train.batch_size"),
-    )
 
 
 def _log_examples(out: Path, recipe: Recipe, examples, splits, step: int) -> None:

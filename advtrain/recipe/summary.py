@@ -11,16 +11,15 @@ from advtrain.recipe.schema import Recipe
 from advtrain.utils.progress import Echo
 
 
-def describe(recipe: Recipe, splits, runtime, plan, echo: Echo) -> None:
-    """The run's data, runtime, batch arithmetic and attack, one line each."""
+def describe(recipe: Recipe, splits, echo: Echo) -> None:
+    """The run's data and attack, one line each (`advtrain.fit` prints the
+    runtime and the batch arithmetic)."""
     attack = attack_from_config(recipe.attack)
     echo(
         f"data: {recipe.data.source} {splits.train_size} train / "
         f"{splits.val_size} val / {splits.test_size} test, image "
         f"{'x'.join(map(str, splits.image_shape))}, {splits.num_classes} classes"
     )
-    echo(runtime.describe())
-    echo(plan.describe())
     if attack is None:
         echo("attack: none (clean training)")
         return

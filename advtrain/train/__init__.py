@@ -3,6 +3,6 @@
 preemption, and the guards (finite values, catastrophic overfitting, input
 checks).
 
-Library layer: takes plain arguments, never imports `advtrain.recipe` or
-`advtrain.cli`.
+Library layer: takes plain arguments, never imports the application
+(the configuration files and the command line above it).
 """

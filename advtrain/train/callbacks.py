@@ -107,7 +107,7 @@ class NaNGuard(StepCallback):
 
     Args:
         steps_per_epoch: batches per epoch, to report a global step.
-        hint: the likely causes, e.g. the recipe's learning rate and eps.
+        hint: the likely causes, e.g. the run's learning rate and eps.
         last_good: returns the newest checkpoint on disk (or None).
         check_state_every_batch: also check the state after every host
             call (one read of every variable; for step checkpoints).
@@ -176,7 +176,7 @@ class AtomicCheckpoint(StepCallback):
     Each checkpoint (an `advtrain.train.checkpoint.CheckpointStore` folder)
     holds the model's variables (SeedGenerator state included), the
     optimizer's (iterations, slots, loss scale) and the metrics', plus the
-    epoch and step, so `advtrain resume` continues exactly where it was
+    epoch and step, so a resumed run continues exactly where it was
     written. The newest `keep` are kept, plus the best by the store's
     monitor; an epoch that improves it is checkpointed even off schedule,
     and so is the final epoch.

@@ -57,7 +57,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from advtrain.utils.errors import ArgumentError
 from advtrain.utils.io import atomic_write_json, atomic_write_text
 from advtrain.utils.progress import Echo
 
@@ -472,7 +471,7 @@ def restore_variables(
 
     Raises:
         CheckpointError: the model's variables do not match the saved ones
-            (another recipe or another version of the code built it).
+            (another configuration or version of the code built it).
     """
     if group not in GROUPS:
         raise ValueError(f"group must be one of {GROUPS}. Received: {group}")
@@ -501,40 +500,3 @@ def restore_variables(
             value = value.reshape(shape)
         variable.assign(value)
     return len(variables)
-
-
-def resolve_monitor(
-    monitor: str,
-    monitor_mode: str,
-    *,
-    has_validation: bool,
-    attacks: bool,
-    validates_adversarially: bool,
-) -> tuple[str, str]:
-    """The checkpoint's `monitor` and `monitor_mode` with "auto" resolved.
-
-    "auto" is robust accuracy: on the validation split when there is one
-    and the model's `test_step` attacks (otherwise `val_adv_accuracy`
-    would be the untouched metric, always 0), else on the training batches.
-
-    Raises:
-        ArgumentError: naming `monitor`, a validation metric without a
-            validation split.
-    """
-    if monitor == "auto":
-        if not attacks:
-            monitor = "val_accuracy" if has_validation else "accuracy"
-        elif has_validation and validates_adversarially:
-            monitor = "val_adv_accuracy"
-        else:
-            monitor = "adv_accuracy"
-    elif monitor.startswith("val_") and not has_validation:
-        raise ArgumentError(
-            "monitor",
-            "a validation metric needs a validation split; set "
-            "val_fraction > 0 or monitor a training metric. "
-            f"Received: monitor={monitor}",
-        )
-    if monitor_mode == "auto":
-        monitor_mode = "min" if monitor.endswith("loss") else "max"
-    return monitor, monitor_mode

@@ -1,18 +1,18 @@
 """`advtrain.fit` (defined here, in `advtrain.train.fitting`): any Keras model,
 adversarially trained or not, through advtrain's runtime.
 
-The same strategy, precision, XLA, batch arithmetic and steps-per-execution
-logic as `advtrain run`, for a model and data you bring: a regressor, a
+Strategy, precision, XLA, batch arithmetic, steps per execution, phases,
+checkpoints and resume, for a model and data you bring: a regressor, a
 sequence model, a classifier over wide tabular inputs, adversarially
-trained or not. Recipes reach the same path with
-`model: {builder: "package.module:function"}` (`build_from_builder`).
+trained or not.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
 import keras
@@ -28,16 +28,17 @@ from advtrain.models.batchnorm.policy import (
     settle_batchnorm,
 )
 from advtrain.models.freezing import Phase
-from advtrain.train.loop import fit_phases
 from advtrain.train.options import PlanOptions, RuntimeOptions
 from advtrain.train.runtime import (
     OPTIMIZER_KEYS,
     PLAN_KEYS,
     BatchPlan,
     Runtime,
+    make_optimizer,
     make_runtime,
     plan_batches,
 )
+from advtrain.train.training_state import TrainingState
 from advtrain.utils.keywords import check_keywords
 from advtrain.utils.options import format_validation_error
 from advtrain.utils.progress import Echo
@@ -57,7 +58,8 @@ class FitResult:
     Attributes:
         model: the trained model (the `AdversarialModel` wrapping yours
             when an attack was given; yours is its `.classifier`).
-        history: `keras.callbacks.History.history`.
+        history: `keras.callbacks.History.history`; with `checkpoints`, the
+            whole run's (read back from its history file after a resume).
         plan: the batch arithmetic that was printed.
         runtime: the strategy and settings that ran.
         bn_gap: for a classifier with BatchNorm, train-mode vs
@@ -67,6 +69,7 @@ class FitResult:
         evaluation: with `test_data`, `advtrain.evaluate`'s result:
             `robust_accuracy` (the worst case over FGSM, PGD and
             AutoAttack) and its interval first; None otherwise.
+        train_seconds: the seconds this process spent in the phases.
     """
 
     model: keras.Model
@@ -75,6 +78,7 @@ class FitResult:
     runtime: Runtime
     bn_gap: Optional[dict[str, Any]] = None
     evaluation: Optional[dict[str, Any]] = None
+    train_seconds: float = 0.0
 
 
 # fmt: off
@@ -95,20 +99,27 @@ def fit(
     validation_data: Any = None, callbacks: Optional[list] = None,
     verbose: Union[int, str] = 0, echo: Optional[Echo] = print,
     test_data: Any = None, evaluation: Optional[dict[str, Any]] = None,
+    checkpoints: Optional[TrainingState] = None, batchnorm_data: Any = None,
+    setting_names: Optional[Mapping[str, str]] = None,
     **renamed: Any,
 ) -> FitResult:
     # fmt: on
     """Trains any Keras model under advtrain's runtime; adversarial or not.
 
     The batch is global (split across replicas), epochs are never divided,
-    and the arithmetic is printed first, as in `advtrain run`. With `attack`,
-    the model (logits out) is wrapped in an `AdversarialModel`.
+    and the arithmetic is printed first. With `attack`, the model (logits
+    out) is wrapped in an `AdversarialModel`.
 
     Args:
-        model: a Keras model, or a function of no arguments building one.
-        data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, or a
-            function building a dataset of global batches (called anew for
-            each phase, after the global seed is reset to `seed`).
+        model: a Keras model, a function of no arguments building one, or
+            an `AdversarialModel` built in the runtime's scope (used as it
+            is: no `attack`, no BatchNorm momentum set).
+        data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, a
+            function of no arguments building a dataset of global batches
+            (called anew for each phase, after the global seed is reset to
+            `seed`), or a function of `skip` returning the endless stream
+            of global batches without its first `skip` (resume continues
+            it; needs `batch_size` and `steps_per_epoch`).
         runtime: a `RuntimeOptions`, its dict or a `Runtime`; default auto.
         attack: an `Attack`, its config dict, a method name, or None.
         adv_weight: the adversarial loss weight.
@@ -133,11 +144,20 @@ def fit(
         seed: as `PlanOptions`.
         batchnorm: `BatchNormOptions` or its dict (the BatchNorm policy).
         validation_data: passed to `Model.fit`.
-        callbacks: passed to `Model.fit`.
+        callbacks: passed to `Model.fit`; a `CatastrophicOverfittingGuard`
+            among them finishes once, after the last phase.
         verbose: passed to `Model.fit`.
         echo: receives the runtime, batch and BatchNorm lines (None: silent).
         test_data: evaluated after training into `FitResult.evaluation`.
         evaluation: `advtrain.evaluate`'s keywords (eps: the attack's).
+        checkpoints: a `TrainingState`, restored and opened: training
+            resumes where it stopped, writes its checkpoints and history,
+            stops on NaN and checkpoints on SIGTERM.
+        batchnorm_data: `(held_out, train_batches)`: the BatchNorm gap's
+            examples and the clean batches it recalibrates on (default:
+            `validation_data` or `data`, and the training stream).
+        setting_names: how warnings name `fit`'s settings (`batch_size`,
+            `batchnorm.momentum`, ...) for the caller's user.
         **renamed: refused; a keyword renamed since 0.2 names its new name.
 
     Example:
@@ -149,7 +169,9 @@ def fit(
     _refuse_unknown(renamed, evaluation)
     say = echo or (lambda line: None)
     rt, bn = _as_runtime(runtime), _batchnorm_options(batchnorm)
-    stream, size, batch = _training_data(data, batch_size, shuffle, seed)
+    stream, size, batch = _training_data(
+        data, batch_size, shuffle, seed, steps_per_epoch
+    )
     schedule = dict(
         optimizer=optimizer, learning_rate=learning_rate, epochs=epochs,
         steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
@@ -166,24 +188,52 @@ def fit(
     )  # fmt: skip
     loss = _default_loss(net, classifier, loss)
     stream, checks = _label_checked(stream, net, classifier, loss)
+    from advtrain.train.guards import CatastrophicOverfittingGuard
+
+    callbacks = list(callbacks or [])
+    guards = [c for c in callbacks if isinstance(c, CatastrophicOverfittingGuard)]
+    for guard in guards:
+        guard.finish_on_train_end = False  # one Model.fit per phase
+    if checkpoints is not None:
+        callbacks = checkpoints.callbacks(net, _input_shape(classifier), callbacks)
     with checks.clean_errors():  # a bad batch's error in one line
-        history, _ = fit_phases(
+        history, seconds = _fit_phases(
             net, stream, runtime=rt, plan=plan, phases=phases, loss=loss,
             metrics=metrics,
             optimizer=optimizer if not isinstance(optimizer, str) else train.optimizer,
             optimizer_options=train.model_dump(include=set(OPTIMIZER_KEYS[1:])),
-            seed=seed, callbacks=callbacks or [],
+            seed=seed, callbacks=callbacks, state=checkpoints,
             freeze=classifier if freeze else None,
             validation_data=validation_data, verbose=verbose, echo=say,
         )  # fmt: skip
-    held_out = validation_data if validation_data is not None else data
-    held_out = None if callable(held_out) else held_out
+    for guard in guards:
+        guard.set_model(net)
+        guard.finish()
+    if checkpoints is not None:
+        history = checkpoints.history(history)
+    if batchnorm_data is None:
+        held_out = validation_data if validation_data is not None else data
+        batchnorm_data = (None if callable(held_out) else held_out, stream(0))
     gap = settle_trained_batchnorm(
-        classifier, held_out, stream(0), per_replica_batch=plan.per_replica_batch,
-        batchnorm=bn, echo=say,
+        classifier, *batchnorm_data, per_replica_batch=plan.per_replica_batch,
+        batchnorm=bn, echo=say, names=_settle_names(setting_names),
     )  # fmt: skip
     evaluated = _evaluate(classifier, test_data, evaluation, attack, say)
-    return FitResult(net, history, plan, rt, gap, evaluated)
+    return FitResult(net, history, plan, rt, gap, evaluated, seconds)
+
+
+def _input_shape(model: keras.Model) -> Optional[tuple]:
+    inputs = getattr(model, "inputs", None)
+    return tuple(inputs[0].shape[1:]) if inputs else None
+
+
+def _settle_names(names: Optional[Mapping[str, str]]) -> Optional[dict[str, str]]:
+    """`setting_names` as `settle_batchnorm` names its settings."""
+    if not names:
+        return None
+    keys = {"batch_size": "batch_size"}
+    keys.update({key: f"batchnorm.{key}" for key in ("momentum", "recalibrate")})
+    return {own: names.get(ours, ours) for own, ours in keys.items()}
 
 
 def _refuse_unknown(given: dict[str, Any], evaluation: Any) -> None:
@@ -226,7 +276,7 @@ def _evaluate(classifier, test_data, evaluation, attack, say: Echo):
 
 # ---------------------------------------------------------------- stages
 
-# The recipe's `train` keys `fit` takes as they are (it works out
+# The `PlanOptions` keys `fit` takes as they are (it works out
 # batch_size, and optimizer may be an object).
 _TRAIN_KEYS = (
     *(k for k in PLAN_KEYS if k != "batch_size"),
@@ -267,6 +317,15 @@ def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
     scope, BatchNorm momentum set for the run, wrapped for the attack if
     any (whose steps compute BatchNorm with the fused kernel; the layers
     keep their class)."""
+    from advtrain.models.adversarial import AdversarialModel
+
+    if isinstance(model, AdversarialModel):
+        if attack is not None:
+            raise TypeError(
+                "An AdversarialModel brings its attack: leave attack out. "
+                f"Received: attack={attack!r}"
+            )
+        return model, model.classifier
     with rt.scope():
         net = classifier = _model_in_scope(model, rt)
         note = apply_batchnorm_policy(
@@ -278,8 +337,6 @@ def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
         if note:
             say(note)
         if attack is not None:
-            from advtrain.models.adversarial import AdversarialModel
-
             net = AdversarialModel(
                 net,
                 attack,
@@ -339,6 +396,109 @@ def _label_checked(stream, net, classifier, loss):
     return lambda skip: checks.checked(stream(skip)), checks
 
 
+# ---------------------------------------------------------------- phases
+
+
+def _compile(model: keras.Model, *, optimizer, loss, metrics, plan, runtime) -> None:
+    """Compiles the training model for one phase (in the strategy's scope)."""
+    model.compile(
+        optimizer=optimizer,
+        loss=loss,
+        metrics=metrics,
+        steps_per_execution=plan.steps_per_execution,
+        jit_compile=runtime.jit_compile,
+    )
+    runtime.prepare_model(model)
+
+
+def _phase_optimizer(optimizer, plan, phase, options: dict[str, Any]):
+    """A fresh optimizer for `phase` (its learning-rate factor applied) when
+    `optimizer` is a name; an optimizer object serves one phase as it is."""
+    if isinstance(optimizer, str):
+        rate = plan.learning_rate * phase.lr_factor
+        phase_plan = dataclasses.replace(plan, learning_rate=rate)
+        return make_optimizer(phase_plan, optimizer=optimizer, **options)
+    if phase.lr_factor != 1.0 or phase.name != "train":
+        raise ValueError(
+            "Phases with their own learning rates need the optimizer by name "
+            "(each phase starts a fresh one). Received: "
+            f"optimizer={type(optimizer).__name__}, phase={phase.name}"
+        )
+    return optimizer
+
+
+# fmt: off
+def _fit_phases(
+    model: keras.Model, stream: Callable[[int], Any], *, runtime, plan,
+    phases: list[Phase], loss, metrics, optimizer, optimizer_options: dict,
+    seed: int, callbacks: list, state: Optional[TrainingState],
+    freeze: Optional[keras.Model], validation_data, verbose, echo: Echo,
+) -> tuple[dict[str, list[float]], float]:
+    # fmt: on
+    """Fits the phases (from where `state` resumes, when given); returns
+    this process's history and its training seconds. `stream(skip)` is the
+    stream of global batches from the start with the first `skip` dropped:
+    each `Model.fit` continues where the last one stopped."""
+    from advtrain.models.freezing import apply_phase
+
+    spe, start = plan.steps_per_epoch, time.perf_counter()
+    start_epoch = state.start_epoch if state else 0
+    seeding = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs=None: keras.utils.set_random_seed(
+            seed + epoch
+        )
+    )
+    history: dict[str, list[float]] = {}
+    if state:
+        state.preemption.arm(state.checkpoint, runtime.strategy)
+    for phase in phases:
+        if phase.epochs <= 0:
+            continue
+        trainable = apply_phase(freeze, phase) if freeze is not None else []
+        if phase.end_epoch <= start_epoch:
+            continue  # done before the interruption
+        if phase.name != "train":
+            echo(
+                f"phase {phase.name}: epochs {phase.start_epoch + 1}-"
+                f"{phase.end_epoch}, freeze={phase.freeze}, "
+                f"{len(trainable)} backbone layer(s) trainable, "
+                f"lr x{phase.lr_factor:g}"
+            )
+        with runtime.scope():
+            _compile(
+                model,
+                optimizer=_phase_optimizer(optimizer, plan, phase, optimizer_options),
+                loss=loss,
+                metrics=metrics,
+                plan=plan,
+                runtime=runtime,
+            )
+            if state:
+                state.restore_optimizer(model, phase)
+                state.checkpoint.phase = phase.name
+        epoch = max(phase.start_epoch, start_epoch)
+        step = state.start_step if state and epoch == start_epoch else 0
+        while epoch < phase.end_epoch:
+            # An interrupted epoch is fitted alone, for its remaining steps.
+            end = epoch + 1 if step else phase.end_epoch
+            result = model.fit(
+                stream(epoch * spe + step),
+                initial_epoch=epoch,
+                epochs=end,
+                steps_per_epoch=spe - step,
+                validation_data=validation_data,
+                callbacks=[seeding, *callbacks],
+                verbose=verbose,
+                shuffle=False,  # the input pipeline shuffles
+            )
+            for key, values in result.history.items():
+                history.setdefault(key, []).extend(values)
+            epoch, step = end, 0
+    if state:
+        state.preemption.disarm()
+    return history, time.perf_counter() - start
+
+
 # ---------------------------------------------------------------- batchnorm
 
 
@@ -366,7 +526,7 @@ def settle_trained_batchnorm(
     echo: Optional[Echo] = print,
     names: Optional[dict[str, str]] = None,
 ) -> Optional[dict[str, Any]]:
-    """The one after-training BatchNorm step of `fit` and a recipe's run
+    """The one after-training BatchNorm step of `fit`
     (`advtrain.models.batchnorm.policy.settle_batchnorm`): the gap on up to
     512 `held_out` examples (arrays or batches; else the training
     batches'), recalibrated on `train_batches` as `batchnorm`'s settle keys
@@ -509,20 +669,34 @@ def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
 
 
 def _training_data(
-    data: Any, batch_size: Optional[int], shuffle: bool, seed: int
-) -> tuple[Callable[[int], tf.data.Dataset], Optional[int], int]:
+    data: Any,
+    batch_size: Optional[int],
+    shuffle: bool,
+    seed: int,
+    steps_per_epoch: Optional[int] = None,
+) -> tuple[Callable[[int], Any], Optional[int], int]:
     """(`stream(skip)`: the endless stream of global batches without its
     first `skip`, number of examples or None, global batch).
 
     A function building a batched dataset is called anew for each stream,
-    after the global seed is reset to `seed`, as a recipe's run builds its
-    own. Every new iterator of the other streams replays it from the start: epoch e is
-    shuffled with a seed drawn from (seed, e), not by a dataset that
-    reshuffles per iterator. Keras under a distribution strategy opens an
-    extra iterator to build the model before training; with per-iterator
-    reshuffling that one drew the first order and training the second,
+    after the global seed is reset to `seed`; a function of `skip` is the
+    caller's stream. Every new iterator of the other streams replays it
+    from the start: epoch e is shuffled with a seed drawn from (seed, e),
+    not by a dataset that reshuffles per iterator. Keras under a
+    distribution strategy opens an extra iterator to build the model
+    before training; with per-iterator reshuffling that one drew the first
+    order and training the second,
     so N replicas trained on a different order than one device.
     """
+    is_dataset = tf is not None and isinstance(data, tf.data.Dataset)
+    if callable(data) and not is_dataset and _takes_skip(data):
+        if batch_size is None or steps_per_epoch is None:
+            raise ValueError(
+                "A stream function of skip needs batch_size= (its global "
+                "batch) and steps_per_epoch=. Received: "
+                f"batch_size={batch_size}, steps_per_epoch={steps_per_epoch}"
+            )
+        return data, None, batch_size
     if tf is None:
         raise ImportError(
             "advtrain.fit's input (tf.data) needs TensorFlow, which is not "
@@ -553,6 +727,18 @@ def _training_data(
         "data must be (x, y) arrays, a tf.data.Dataset or a function "
         "building one. "
         f"Received: {type(data).__name__}"
+    )
+
+
+def _takes_skip(function: Callable) -> bool:
+    """Whether `function` takes a positional argument (`skip`)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in parameters
     )
 
 

@@ -24,7 +24,7 @@ from advtrain.utils.progress import Echo
 ACTIONS = ("stop", "rollback")
 KEEPS = ("best", "last")
 
-# The exit code of `advtrain run` when the guard passed no epoch as sound
+# The exit code of a run when the guard passed no epoch as sound
 # (`CatastrophicOverfittingGuard.unsound`): the run finished and saved its
 # weights, but they are not robust.
 COLLAPSED_EXIT_CODE = 3
@@ -82,8 +82,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
 
     When the gap caught a collapse and no epoch passed the gap check,
     `finish()` sets `unsound` and says so in one line: no epoch the guard
-    could keep was sound. The weights stay in the model (`advtrain run`
-    saves them and exits with `COLLAPSED_EXIT_CODE`).
+    could keep was sound. The weights stay in the model (a run saves them
+    and exits with `COLLAPSED_EXIT_CODE`).
 
     It adds `co_guard_pgd_accuracy` to the epoch logs (history, CSV log,
     progress line) when it runs before those callbacks. `triggers` lists
@@ -114,7 +114,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             `finish()` restores the best epoch's weights
             (early stopping on the PGD check, as Wong et al. do); "last"
             keeps the last epoch's. Keras calls `finish()` through
-            `on_train_end`; `advtrain run`, which fits once per phase,
+            `on_train_end`; `advtrain.fit`, which fits once per phase,
             calls it after the last one.
 
     Example:
@@ -151,7 +151,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             )
         self.keep = keep
         self.final: Optional[dict[str, Any]] = None
-        # `advtrain run` fits once per phase and calls `finish()` itself.
+        # `advtrain.fit` fits once per phase and calls `finish()` itself.
         self.finish_on_train_end = True
         if action not in ACTIONS:
             raise ValueError(
@@ -490,7 +490,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         return True
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready record for metrics.json."""
+        """JSON-ready record of what the guard saw and did."""
         return {
             "pgd_accuracy": [{"epoch": e, "accuracy": a} for e, a in self.accuracies],
             "best_epoch": self.best_epoch,

@@ -1,5 +1,5 @@
 """The runtime's and the batch plan's typed options, shared by
-`advtrain.fit` and the recipe's `runtime` and `train` sections.
+`advtrain.fit` and the application's `runtime` and `train` settings.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class RuntimeOptions(Options):
     strategy: auto (multi_worker when TF_CONFIG or a SLURM step names
         several tasks, mirrored over several GPUs or cpu_replicas, else
         default), default, one_device, mirrored, multi_worker (from
-        TF_CONFIG, as `advtrain launch` sets it, or SLURM), tpu. On JAX,
+        TF_CONFIG, as a launcher sets it, or SLURM), tpu. On JAX,
         mirrored is keras.distribution.DataParallel over the local devices
         and multi_worker is refused.
     cpu_replicas: split the CPU into N logical devices (mirrored then

@@ -34,7 +34,7 @@ from typing import Optional
 
 PREEMPTED_EXIT_CODE = 75
 
-# Set by `advtrain launch` in each worker's environment.
+# Set by the launcher in each worker's environment.
 LAUNCHER_PID_ENV = "ADVTRAIN_LAUNCHER_PID"
 
 # How long a worker whose launcher vanished may take to checkpoint and exit
@@ -90,7 +90,7 @@ def exit_preempted(exc: Preempted) -> None:
 
 
 def watch_launcher() -> None:
-    """Ends this worker when the `advtrain launch` that started it is gone.
+    """Ends this worker when the launcher that started it is gone.
 
     Reads the launcher's pid from the environment (nothing to do without
     it). A daemon thread polls the parent pid; when the launcher has

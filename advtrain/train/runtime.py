@@ -30,7 +30,7 @@ MAX_STEPS_PER_EXECUTION = 32
 # with TF 2.21 / Keras 3.15), so they run one step per host call.
 _SINGLE_STEP_STRATEGIES = ("mirrored", "multi_worker")
 
-# The recipe's `train:` keys that `plan_batches` and `make_optimizer` take,
+# The `train` settings that `plan_batches` and `make_optimizer` take,
 # e.g. `plan_batches(rt, n, **train.model_dump(include=set(PLAN_KEYS)))`.
 PLAN_KEYS = (
     "batch_size",
@@ -46,7 +46,7 @@ OPTIMIZER_KEYS = ("optimizer", "lr_schedule", "momentum", "weight_decay")
 
 @dataclasses.dataclass
 class Runtime:
-    """A resolved runtime: what `runtime:` in the recipe turned into.
+    """A resolved runtime: what the `runtime` settings turned into.
 
     Attributes:
         strategy: on TensorFlow the `tf.distribute.Strategy` to build the
@@ -58,7 +58,7 @@ class Runtime:
         device_kind: cpu, gpu or tpu.
         precision: the Keras dtype policy set globally.
         jit_compile: whether train steps compile with XLA.
-        steps_per_execution_setting: the recipe's value, resolved per run
+        steps_per_execution_setting: the setting, resolved per run
             by `plan_batches`.
         workers: worker processes (multi_worker), else 1.
         task: this process's cluster task ("worker 0"), or "".
@@ -195,11 +195,11 @@ def make_runtime(
 ) -> Runtime:
     """Places the run on the devices and sets the precision policy.
 
-    The arguments are the recipe's `runtime:` keys, with its defaults.
+    The arguments are `RuntimeOptions`' keys, with its defaults.
 
     `backend` is the Keras backend the run expects (None: the one Keras
     runs on). Keras picks its backend when it is imported, so a different
-    one is an error here; the `advtrain` command starts on the recipe's.
+    one is an error here; the caller starts Keras on the right one.
 
     `strategy: auto` picks, on TensorFlow, multi_worker when TF_CONFIG or
     SLURM describe a cluster of several tasks, MirroredStrategy over
@@ -277,7 +277,7 @@ class BatchPlan:
     """How the global batch and the epoch are divided.
 
     `learning_rate` is the peak rate after `train.scale_lr`;
-    `base_learning_rate` the recipe's; `warmup_steps` the linear warm-up
+    `base_learning_rate` the configured one; `warmup_steps` the linear warm-up
     from 0 (`train.warmup_epochs` x steps per epoch).
     """
 
@@ -375,12 +375,12 @@ def plan_batches(
     reference_batch: int = 256,
     warmup_epochs: float = 0.0,
 ) -> BatchPlan:
-    """Batch arithmetic: the recipe's batch is global; epochs never shrink.
+    """Batch arithmetic: the batch is global; epochs never shrink.
 
-    The keyword arguments are the recipe's `train:` keys, with its
+    The keyword arguments are `PlanOptions`' keys, with its
     defaults. Per-replica batch = global / replicas; steps per epoch =
     training examples // global batch (or `steps_per_epoch`); the epoch
-    count is the recipe's whatever the number of workers. With `scale_lr`
+    count is the configured one whatever the number of workers. With `scale_lr`
     the learning rate is `learning_rate * batch_size / reference_batch`.
 
     Raises:
@@ -496,7 +496,7 @@ def make_optimizer(
     momentum: float = 0.9,
     weight_decay: float = 0.0,
 ) -> keras.optimizers.Optimizer:
-    """The optimizer (the recipe's `train:` keys, with its defaults) with
+    """The optimizer (`PlanOptions`' keys, with its defaults) with
     its learning-rate schedule, from the plan's rate and steps."""
     total = max(1, plan.steps_per_epoch * max(plan.epochs, 1))
     warmup = plan.warmup_steps

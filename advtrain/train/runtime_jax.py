@@ -17,7 +17,7 @@ import keras
 
 from advtrain.utils.errors import ArgumentError
 
-# The recipe's strategies with a JAX equivalent: one device, or every local
+# The strategies with a JAX equivalent: one device, or every local
 # device in data parallel (mirrored; tpu where the devices are TPUs).
 _ONE_DEVICE = ("default", "one_device")
 _TENSORFLOW_ONLY = ("multi_worker",)

@@ -20,7 +20,7 @@ def tensorflow_placement(
     strategy: str, cpu_replicas: Optional[int], deterministic: bool
 ) -> tuple[tf.distribute.Strategy, str, int, int, str, str]:
     """(strategy, its name with auto resolved, replicas, workers, this
-    task, device kind) for the recipe's `runtime.strategy`.
+    task, device kind) for the `strategy` setting.
 
     Call it before any other TensorFlow work: `cpu_replicas` splits the CPU
     into logical devices, which TensorFlow allows only before it starts.
@@ -91,7 +91,7 @@ def _slurm_tasks() -> int:
 
 
 def _cluster_resolver() -> tf.distribute.cluster_resolver.ClusterResolver:
-    """TF_CONFIG first (what `advtrain launch` sets), then a SLURM step."""
+    """TF_CONFIG first (what a launcher sets), then a SLURM step."""
     if tf_config_tasks():
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if _slurm_tasks() > 1:

@@ -136,7 +136,7 @@ STREAM = on_replicas(
     from advtrain.train.runtime import plan_batches
     import tensorflow as tf
     from advtrain.data import load_splits
-    from advtrain.train.loop import train_stream
+    from advtrain.recipe.run import train_stream
 
     data = {"source": "digits", "deterministic": True}
     splits = load_splits("digits", limit_train=96)

@@ -107,6 +107,38 @@ def test_fit_rejects_arrays_without_batch_size(tiny_data):
         advtrain.fit(tiny_regressor, tiny_data, loss="mse", echo=None)
 
 
+def test_fit_takes_a_stream_function_of_skip(tiny_data):
+    """The caller's stream: fit asks it for the batches from `skip` on."""
+    x, y = tiny_data
+    skips = []
+
+    def stream(skip):
+        skips.append(skip)
+        return array_batches(x, y, 20, shuffle=False, repeat=True).skip(skip)
+
+    with pytest.raises(ValueError, match="needs batch_size= .* steps_per_epoch="):
+        advtrain.fit(tiny_regressor, stream, loss="mse", batch_size=20, echo=None)
+    result = advtrain.fit(
+        tiny_regressor,
+        stream,
+        loss="mse",
+        batch_size=20,
+        steps_per_epoch=5,
+        epochs=2,
+        echo=None,
+    )
+    assert skips[0] == 0 and len(result.history["loss"]) == 2
+    assert result.plan.steps_per_epoch == 5 and result.train_seconds > 0
+
+
+def test_a_built_adversarial_model_brings_its_attack(digits):
+    x, y = digits
+    classifier = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten()])
+    model = advtrain.AdversarialModel(classifier, advtrain.Attack("fgsm", eps=0.1))
+    with pytest.raises(TypeError, match="brings its attack"):
+        advtrain.fit(model, (x, y), attack="fgsm", batch_size=64, echo=None)
+
+
 # ---------------------------------------------------------------- memmap
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from advtrain.train.callbacks import AtomicCheckpoint, NaNGuard
 from advtrain.train.checkpoint import CheckpointError, CheckpointStore
-from advtrain.train.loop import TrainingState
+from advtrain.train.training_state import TrainingState
 
 
 def _model(seed=0):
@@ -42,12 +42,12 @@ def test_a_new_run_starts_at_zero_with_its_callbacks(tmp_path):
         assert (out / "run.txt").read_text() == "t\n"  # the caller's record
         assert state.start_epoch == state.start_step == state.start_global_step == 0
         assert state.samples_trained(epochs=3, global_batch=10) == 180
-        callbacks = state.callbacks(before=["first"], after=["last"])
-        assert callbacks[0] == "first" and callbacks[-1] is state.preemption
+        callbacks = state.callbacks(_model(), (4,), before=["first"])
+        assert callbacks[1] == "first" and callbacks[-1] is state.preemption
         assert (
-            isinstance(callbacks[1], NaNGuard) and callbacks[1].check_state_every_batch
+            isinstance(callbacks[2], NaNGuard) and callbacks[2].check_state_every_batch
         )
-        assert isinstance(callbacks[3], AtomicCheckpoint)
+        assert isinstance(callbacks[4], AtomicCheckpoint)
     finally:
         state.preemption.close()
 

@@ -1,0 +1,237 @@
+"""`TrainingState`: resuming and checkpointing one run folder.
+
+Beyond `Model.fit` with BackupAndRestore: a resume inside an epoch trains
+the same batches with the same running metrics. `advtrain.fit` takes it as
+`checkpoints=` (restored and opened).
+
+Example:
+
+```python
+state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
+state.restore(model, steps_per_epoch=plan.steps_per_epoch)
+state.open(is_chief=runtime.is_chief, epochs=plan.epochs)
+advtrain.fit(model, stream, checkpoints=state, ...)
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+import keras
+
+from advtrain.train.callbacks import AtomicCheckpoint, NaNGuard, Preemption
+from advtrain.train.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    find_resume_point,
+    read_history,
+    restore_variables,
+    truncate_history,
+    writable_dir,
+)
+from advtrain.utils.errors import one_line
+from advtrain.utils.io import atomic_write_text
+from advtrain.utils.progress import Echo
+
+
+class TrainingState:
+    """Resume and checkpointing of one run folder.
+
+    Creating it installs the preemption signal handlers (a signal before
+    training raises `Preempted` at once). Then `restore` (resume point,
+    model variables), `open` (the folder this worker writes, the checkpoint
+    store), `callbacks`, and during training `restore_optimizer`.
+
+    Args:
+        run_dir: the run folder.
+        resuming: whether `run_dir` holds the run, interrupted (the caller
+            knows its folder's rules).
+        workers: workers of the run.
+        resume_hint: how to resume, appended to the preemption message.
+        echo: receives progress lines and warnings.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        resuming: bool = False,
+        workers: int = 1,
+        resume_hint: str = "",
+        echo: Echo = print,
+    ):
+        self.run_dir = Path(run_dir)
+        self.echo = echo
+        self.resuming = resuming
+        # SIGTERM/SIGINT: checkpoint and exit 75 (advtrain.train.preemption).
+        self.preemption = Preemption(
+            self.run_dir, workers=workers, resume_hint=resume_hint
+        )
+        self.point: Optional[Checkpoint] = None
+        self.steps_per_epoch = 1
+        self.out = self.run_dir
+        self.guard: Optional[NaNGuard] = None
+        self.checkpoint: Optional[AtomicCheckpoint] = None
+        self._pending_metrics: list[Checkpoint] = []
+
+    @property
+    def start_epoch(self) -> int:
+        """The epoch training continues with (0-based)."""
+        return self.point.epoch if self.point else 0
+
+    @property
+    def start_step(self) -> int:
+        """Batches of `start_epoch` trained before the interruption."""
+        return self.point.step if self.point else 0
+
+    @property
+    def start_global_step(self) -> int:
+        return self.start_epoch * self.steps_per_epoch + self.start_step
+
+    def restore(self, model: keras.Model, *, steps_per_epoch: int) -> None:
+        """Finds the newest usable checkpoint and restores the model's
+        variables from it (nothing for a new run).
+
+        Raises:
+            CheckpointError: the checkpoint was written with another number
+                of steps per epoch, or for another model.
+        """
+        self.steps_per_epoch = spe = steps_per_epoch
+        if not self.resuming:
+            return
+        point = find_resume_point(self.run_dir / "checkpoints", echo=self.echo)
+        if point is None:
+            self.echo(f"resuming {self.run_dir}: no usable checkpoint; from epoch 1")
+            return
+        saved_spe = point.state.get("steps_per_epoch")
+        if saved_spe not in (None, spe):
+            raise CheckpointError(
+                f"{point.path}: written with {saved_spe} steps per "
+                f"epoch, the data now gives {spe}; the training data "
+                "changed, so the run cannot continue where it stopped"
+            )
+        restore_variables(model, point, "model")
+        self.point = point
+        # The interrupted epoch's running metrics continue from the
+        # checkpoint's (Keras resets them just before on_epoch_begin).
+        self._pending_metrics = [point] if point.step else []
+        self.echo(
+            f"resuming {self.run_dir} from {point.path.name}: epoch "
+            f"{point.epoch + 1}, after step {point.step}/{spe}"
+            + (
+                " (the interrupted epoch's remaining steps are trained "
+                "with the same batches)"
+                if point.step
+                else ""
+            )
+        )
+
+    def open(
+        self,
+        *,
+        is_chief: bool,
+        epochs: int,
+        files: Optional[dict[str, str]] = None,
+        keep_checkpoints: int = 3,
+        monitor: Optional[str] = None,
+        monitor_mode: str = "max",
+        checkpoint_every_epochs: int = 1,
+        checkpoint_every_steps: Optional[int] = None,
+        nan_hint: str = "",
+    ) -> Path:
+        """Prepares the folder this worker writes (the run folder for the
+        chief, a private one for the others) and the checkpoint callbacks;
+        returns the folder. `files` (name: text) are written first, each
+        atomically: the caller's record of what the folder holds."""
+        self.out = out = writable_dir(self.run_dir, is_chief)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in (files or {}).items():
+            atomic_write_text(out / name, text)
+        if self.resuming:
+            truncate_history(out / "history.csv", self.start_epoch)
+        store = CheckpointStore(
+            out / "checkpoints",
+            keep=keep_checkpoints,
+            monitor=monitor,
+            mode=monitor_mode,
+        )
+        store.remove_temporaries()
+        self.guard = NaNGuard(
+            self.steps_per_epoch,
+            hint=nan_hint,
+            last_good=store.latest,
+            # Step checkpoints read every variable anyway: check them first.
+            check_state_every_batch=bool(checkpoint_every_steps),
+        )
+        self.checkpoint = AtomicCheckpoint(
+            store,
+            steps_per_epoch=self.steps_per_epoch,
+            epochs=epochs,
+            every_epochs=checkpoint_every_epochs,
+            every_steps=checkpoint_every_steps,
+            global_step=self.start_global_step,
+        )
+        return out
+
+    def callbacks(
+        self, model: keras.Model, image_shape, before: Sequence = ()
+    ) -> list[keras.callbacks.Callback]:
+        """A callback continuing the interrupted epoch's running metrics,
+        `before`, the NaN guard, the history CSV, the checkpoint, and last
+        the preemption callback (it may checkpoint the epoch's end)."""
+        start = keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda epoch, logs=None: self._restore_epoch_metrics(
+                model, image_shape
+            )
+        )
+        csv = keras.callbacks.CSVLogger(str(self.out / "history.csv"), append=True)
+        return [start, *before, self.guard, csv, self.checkpoint, self.preemption]
+
+    def restore_optimizer(self, model: keras.Model, phase) -> None:
+        """Continues the optimizer of the interrupted phase (slots,
+        iterations and so the learning-rate schedule, loss scale); a new
+        phase starts a fresh one, as an uninterrupted run does."""
+        point = self.point
+        if (
+            point is not None
+            and point.phase == phase.name
+            and point.global_step > phase.start_epoch * self.steps_per_epoch
+        ):
+            model.optimizer.build(model.trainable_variables)
+            restore_variables(model, point, "optimizer")
+
+    def _restore_epoch_metrics(self, model: keras.Model, image_shape) -> None:
+        if not self._pending_metrics:
+            return
+        import numpy as np
+
+        point = self._pending_metrics.pop()
+        try:
+            # Compiled metrics create their variables on first use; one update
+            # on a dummy batch (then reset) creates them before the restore.
+            x = np.zeros((1, *image_shape), "float32")
+            model.compute_metrics(x, np.zeros((1,), "int32"), model(x))
+            model.reset_metrics()
+            restore_variables(model, point, "metrics")
+        except (ValueError, RuntimeError, TypeError) as exc:
+            model.reset_metrics()
+            self.echo(
+                f"warning: the resumed epoch's logged metrics cover only the "
+                f"steps after the resume ({one_line(exc)})"
+            )
+
+    def history(self, trained: dict[str, list[float]]) -> dict[str, list[float]]:
+        """The whole run's history: `trained` (this process's fits), or the
+        history file when the run was resumed."""
+        if self.resuming:
+            return read_history(self.out / "history.csv") or trained
+        return trained
+
+    def samples_trained(self, epochs: int, global_batch: int) -> int:
+        """Samples this process trained (a resumed run skips the others)."""
+        remaining = epochs * self.steps_per_epoch - self.start_global_step
+        return global_batch * max(0, remaining)
