@@ -10,10 +10,14 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "advtrain"
+PACKAGE = Path(__file__).resolve().parents[1] / "advtrain"
 
-# The packages checked so far; the others join as they are cleaned.
-LIBRARY = ["train"]
+# Every library package (docs/architecture.md's layers below the package
+# itself); recipe and cli are the application.
+LIBRARY = [
+    "attacks", "backbones", "backend", "data", "evaluation", "models", "train",
+    "utils",
+]  # fmt: skip
 
 APPLICATION = re.compile(
     r"recipe|advtrain (run|resume|launch|show|eval)|--output|--set"
