@@ -697,18 +697,19 @@ def _training_data(
                 f"batch_size={batch_size}, steps_per_epoch={steps_per_epoch}"
             )
         return data, None, batch_size
-    if tf is None:
+    if tf is None and not _are_arrays(data):
         raise ImportError(
-            "advtrain.fit's input (tf.data) needs TensorFlow, which is not "
-            "installed: pip install tensorflow, or use AdversarialModel.fit. "
-            f"Received: KERAS_BACKEND={keras.backend.backend()}"
+            "advtrain.fit takes a tf.data.Dataset or a function building one "
+            "only with TensorFlow, which is not installed: pip install "
+            "tensorflow, or pass (x, y) arrays or a stream function of skip. "
+            f"Received: {type(data).__name__}"
         )
-    if callable(data) and not isinstance(data, tf.data.Dataset):
+    if callable(data) and not is_dataset:
         return _dataset_function(data, batch_size, seed)
-    if isinstance(data, tf.data.Dataset):
+    if is_dataset:
         ds, size, batch = _dataset_data(data, batch_size, shuffle, seed)
         return ds.skip, size, batch
-    if isinstance(data, (tuple, list)) and len(data) == 2:
+    if _are_arrays(data):
         if batch_size is None:
             raise ValueError(
                 "Arrays need batch_size= (the global batch). Received: batch_size=None"
@@ -719,6 +720,16 @@ def _training_data(
                 "x and y must hold the same number of examples. "
                 f"Received: len(x)={len(x)}, len(y)={len(y)}"
             )
+        if tf is None:  # batched by numpy (not tf.data's order)
+            from advtrain.data.batches import ArrayBatches, Examples
+
+            batches = ArrayBatches(
+                Examples(np.asarray(x), np.asarray(y)),
+                batch_size=batch_size,
+                training=shuffle,
+                seed=seed,
+            ).repeat()
+            return batches.skip, len(x), batch_size
         from advtrain.data.streaming import array_batches
 
         ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed, repeat=True)
@@ -728,6 +739,10 @@ def _training_data(
         "building one. "
         f"Received: {type(data).__name__}"
     )
+
+
+def _are_arrays(data: Any) -> bool:
+    return isinstance(data, (tuple, list)) and len(data) == 2
 
 
 def _takes_skip(function: Callable) -> bool:

@@ -28,8 +28,8 @@ pytestmark = [
 # Four steps of a global batch of 32 with three training steps (FGSM, fused
 # FGSM, PGD without random start), two steps per host call, on numpy
 # arrays: the weights and epoch metrics, on how many devices the first
-# weight lives and over how many the batches are sharded; with TensorFlow
-# installed, `advtrain.fit` (PGD) on tf.data input too.
+# weight lives and over how many the batches are sharded; and `advtrain.fit`
+# (PGD) on the same arrays (tf.data input with TensorFlow, numpy without).
 REPLICAS = """
 import importlib.util
 import sys
@@ -73,17 +73,16 @@ for name, (attack, fused) in cases.items():
         arrays[f"{name}/w{i}"] = w
     for key, values in history.items():
         arrays[f"{name}/metric/{key}"] = np.array(values[-1])
-if importlib.util.find_spec("tensorflow") is not None:  # fit's input: tf.data
-    import advtrain
+import advtrain
 
-    pgd = {"method": "pgd", "eps": 0.1, "steps": 2, "random_start": False}
-    result = advtrain.fit(
-        lambda: dense_classifier(seed=0), (x, y), attack=pgd, batch_size=32,
-        shuffle=False, optimizer="sgd", learning_rate=0.1, runtime=runtime,
-        echo=None,
-    )
-    for i, w in enumerate(result.model.classifier.get_weights()):
-        arrays[f"fit/w{i}"] = w
+pgd = {"method": "pgd", "eps": 0.1, "steps": 2, "random_start": False}
+result = advtrain.fit(
+    lambda: dense_classifier(seed=0), (x, y), attack=pgd, batch_size=32,
+    shuffle=False, optimizer="sgd", learning_rate=0.1, runtime=runtime,
+    echo=None,
+)
+for i, w in enumerate(result.model.classifier.get_weights()):
+    arrays[f"fit/w{i}"] = w
 np.savez(sys.argv[1], **arrays)
 """
 
@@ -122,8 +121,7 @@ def test_two_jax_devices_match_one_device(tmp_path):
     weights = [k for k in one.files if "/w" in k]
     metrics = [k for k in one.files if "/metric/" in k]
     assert sorted(one.files) == sorted(two.files)
-    with_fit = importlib.util.find_spec("tensorflow") is not None
-    assert len(weights) == (16 if with_fit else 12) and metrics
+    assert len(weights) == 16 and metrics  # 3 steps and fit, 4 weights each
     for key in weights + metrics:
         np.testing.assert_allclose(two[key], one[key], atol=1e-5, err_msg=key)
 
