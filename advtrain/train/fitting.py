@@ -723,8 +723,11 @@ def _training_data(
         if tf is None:  # batched by numpy (not tf.data's order)
             from advtrain.data.batches import ArrayBatches, Examples
 
+            # Whole batches only, as array_batches and the plan's
+            # steps per epoch count them (shuffled batches drop the rest).
+            whole = len(x) if shuffle else len(x) // batch_size * batch_size
             batches = ArrayBatches(
-                Examples(np.asarray(x), np.asarray(y)),
+                Examples(np.asarray(x)[:whole], np.asarray(y)[:whole]),
                 batch_size=batch_size,
                 training=shuffle,
                 seed=seed,

@@ -7,6 +7,7 @@ a fresh interpreter (`XLA_FLAGS=--xla_force_host_platform_device_count=N`).
 """
 
 import importlib.util
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -250,3 +251,23 @@ def test_tensorflow_only_source_says_what_to_install(tmp_path):
 
 def _console() -> str:
     return str(Path(sys.executable).parent / "advtrain")
+
+
+@pytest.mark.backend_neutral
+def test_fit_array_stream_repeats_whole_batches_in_order():
+    """Unshuffled arrays: every epoch is the same whole batches (the last
+    partial one dropped, as the plan counts steps), with or without
+    TensorFlow."""
+    from advtrain.train.fitting import _training_data
+
+    x = np.arange(100, dtype=np.float32).reshape(100, 1, 1, 1) / 100
+    y = np.arange(100) % 10
+    stream, size, batch = _training_data((x, y), 32, False, 0)
+    assert (size, batch) == (100, 32)
+    batches = itertools.islice(iter(stream(0)), 6)
+    firsts = [np.asarray(b[0])[:, 0, 0, 0] for b in batches]
+    assert [len(f) for f in firsts] == [32] * 6
+    np.testing.assert_array_equal(firsts[3], firsts[0])  # epoch 2 restarts
+    np.testing.assert_array_equal(
+        np.asarray(next(iter(stream(4)))[0]), np.asarray(firsts[1])[:, None, None, None]
+    )
