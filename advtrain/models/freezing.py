@@ -58,15 +58,7 @@ def phases(
     """The training schedule over `epochs`: one phase, "train", with
     `head_only_epochs == 0` or `freeze == "frozen"`; else "warmup" (up to
     `head_only_epochs` head-only epochs), then "finetune" for the rest, if
-    any, under `freeze` at `lr * finetune_lr_factor`.
-
-    Example:
-
-    ```python
-    phases(5, freeze="top_k", top_k=10, head_only_epochs=2)
-    # warmup 0->2 (frozen, lr x1), finetune 2->5 (lr x0.1)
-    ```
-    """
+    any, under `freeze` at `lr * finetune_lr_factor`."""
     if epochs < 0:
         raise ValueError(f"epochs must be >= 0. Received: epochs={epochs}")
     bn = _bn_trainable(freeze, bn_trainable)

@@ -14,12 +14,8 @@ class BackbonePreprocess(keras.layers.Layer):
     ("caffe", "tf", "torch"), plus "none" and "pixels255" (0..255, for
     models that normalise inside, such as EfficientNet).
 
-    Example:
-
-    ```python
-    layer = BackbonePreprocess("caffe")
-    layer(np.ones((1, 2, 2, 3), "float32"))  # 255 - BGR ImageNet mean
-    ```
+    Example: `BackbonePreprocess("caffe")(np.ones((1, 2, 2, 3)))`: 255 minus
+    the BGR ImageNet mean.
     """
 
     MODES = ("none", "caffe", "tf", "torch", "pixels255")
