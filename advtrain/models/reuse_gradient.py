@@ -36,21 +36,17 @@ def choose_step(
 ) -> tuple[bool, str]:
     """(whether to train with the gradient-reusing step, why), for the
     model class `owner` that overrides the hooks `overridden`."""
-    if (
-        reuse_gradient is not True
-        and reuse_gradient is not False
-        and reuse_gradient != "auto"
-    ):
-        raise ArgumentError(
-            "reuse_gradient",
-            "must be True, False or 'auto'. "
-            f"Received: reuse_gradient={reuse_gradient!r}",
-        )
     if reuse_gradient is True:
         _check_forced(owner, attack, overridden)
         return True, "reuse_gradient=True"
     if reuse_gradient is False:
         return False, "reuse_gradient=False"
+    if reuse_gradient != "auto":
+        raise ArgumentError(
+            "reuse_gradient",
+            "must be True, False or 'auto'. "
+            f"Received: reuse_gradient={reuse_gradient!r}",
+        )
     if attack is None or adv_weight == 0:
         return False, "auto: no attack in training (adv_weight=0)"
     if overridden:

@@ -36,7 +36,7 @@ def check_momentum(momentum: Any, name: str = "momentum") -> None:
     number = isinstance(momentum, (int, float)) and not isinstance(momentum, bool)
     if momentum is None or (number and 0.0 < momentum < 1.0):
         return
-    if momentum == "auto":
+    if isinstance(momentum, str) and momentum == "auto":
         return
     if isinstance(momentum, str) and momentum in RENAMED_MOMENTUM:
         raise ArgumentError(
