@@ -1,7 +1,4 @@
-"""Backbone registry: each entry knows its builder and its preprocessing.
-
-Registered: small_cnn, mnist_cnn, resnet50, inception_v3, mobilenet_v2, efficientnet_b0.
-"""
+"""Backbone registry: each entry knows its builder and its preprocessing."""
 
 from advtrain.backbones import (  # noqa: F401  (each module registers itself)
     applications,

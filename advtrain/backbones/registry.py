@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 from typing import Any, Optional
 
+from advtrain.utils.keywords import keyword_names
 from advtrain.utils.registry import Registry
 
 
@@ -16,21 +16,16 @@ class BackboneSpec:
 
     Attributes:
         builder: `(input_shape, *, weights=None, **model_keys) ->
-            keras.Model` mapping preprocessed images to a feature map or
-            vector; `weights` is None or one of `pretrained` (a weights
-            file is loaded by the classifier afterwards, not by the
-            builder). It declares the model keys it uses, by name
-            (e.g. `width`); `build` passes those and no others.
-        preprocess: `BackbonePreprocess` mode applied inside the model to
-            [0, 1] pixels: "none", "caffe", "tf", "torch" or "pixels255".
-        channels: channels the backbone expects (3 for ImageNet models);
-            None takes the dataset's.
+            keras.Model`, preprocessed images to features; `weights` is None
+            or one of `pretrained`. `build` passes it the model keys it
+            declares by name (e.g. `width`).
+        preprocess: the `BackbonePreprocess` mode applied to [0, 1] pixels.
+        channels: channels the backbone expects; None takes the dataset's.
         min_size: smallest input side the backbone accepts.
         default_size: the side its pretrained weights were trained at.
         pretrained: weight names the builder can fetch, e.g. ("imagenet",).
-        weights_file: the file Keras caches under `$KERAS_HOME/models/`
-            for the pretrained weights ("{size}" is filled in), named in
-            the offline error when the download fails without a URL.
+        weights_file: the file Keras caches for them under
+            `$KERAS_HOME/models/` ("{size}" filled in).
     """
 
     builder: Callable
@@ -42,10 +37,8 @@ class BackboneSpec:
     weights_file: Optional[str] = None
 
     def build(self, input_shape, *, weights: Optional[str] = None, **options: Any):
-        """Calls the builder with `weights` and the `options` it declares."""
-        parameters = inspect.signature(self.builder).parameters.values()
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            names = {p.name for p in parameters}
+        names = keyword_names(self.builder)
+        if names is not None:  # a builder taking **kwargs gets every option
             options = {k: v for k, v in options.items() if k in names}
         return self.builder(tuple(input_shape), weights=weights, **options)
 

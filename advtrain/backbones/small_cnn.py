@@ -13,9 +13,9 @@ from advtrain.backbones.registry import register_backbone
 def small_cnn(
     input_shape, *, weights: Optional[str] = None, width: int = 32
 ) -> keras.Model:
-    """Three conv blocks (width, 2*width, 4*width); pooling only where the
-    image is large enough, so 8x8 digits and 32x32 signs both work."""
-    del weights  # No pretrained weights; a weights file is loaded later.
+    """Three conv blocks (width, 2*width, 4*width), pooling only where the
+    image is large enough (8x8 digits and 32x32 signs both work)."""
+    del weights  # a weights file is loaded later
     inputs = keras.Input(shape=input_shape)
     x = inputs
     size = min(input_shape[0], input_shape[1])
@@ -35,22 +35,15 @@ def small_cnn(
 def mnist_cnn(
     input_shape, *, weights: Optional[str] = None, width: int = 32
 ) -> keras.Model:
-    """The BatchNorm-free MNIST CNN of Wong, Rice and Kolter (2020) and
-    Madry et al.'s line of work: conv 4x4 stride 2 (width / 2 filters),
-    conv 4x4 stride 2 (width filters), dense 100; the classifier adds the
-    logits. With the default width 32 it is the paper's model (16 and 32
-    filters), so published MNIST numbers compare like for like."""
+    """The BatchNorm-free MNIST CNN of Wong, Rice and Kolter (2020): two
+    4x4 stride-2 convs (width / 2, width filters), dense 100; at width 32
+    the paper's model, so published MNIST numbers compare like for like."""
     del weights
     inputs = keras.Input(shape=input_shape)
     x = inputs
     for i, filters in enumerate((max(1, width // 2), width)):
         x = keras.layers.Conv2D(
-            filters,
-            4,
-            strides=2,
-            padding="same",
-            activation="relu",
-            name=f"conv{i}",
+            filters, 4, strides=2, padding="same", activation="relu", name=f"conv{i}"
         )(x)
     x = keras.layers.Flatten(name="flatten")(x)
     x = keras.layers.Dense(100, activation="relu", name="fc")(x)

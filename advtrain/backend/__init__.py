@@ -1,13 +1,10 @@
 """What differs between Keras backends for advtrain's core, in one place.
 
-The attacks and the training step are written once in `keras.ops`. What
-Keras does not offer backend-neutrally lives in one small module per
-backend (`tensorflow.py`, `jax.py`), chosen by `keras.backend.backend()`
-when this package is imported; only that module is imported, so the JAX
-backend never imports TensorFlow. Each provides the functions below and
-`HOST_LOOPS`: True where an evaluation should run long attack loops from
-the host over compiled, unrolled chunks (JAX: XLA:CPU's while loops miss
-the fast convolution path, see `counted_loop`).
+Attacks and the training step are written once in `keras.ops`; what Keras
+does not offer backend-neutrally lives in one module per backend
+(`tensorflow.py`, `jax.py`), of which only the current one is imported.
+`HOST_LOOPS`: whether an evaluation runs long attack loops from the host
+over compiled, unrolled chunks (JAX, see `counted_loop`).
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ def _module():
 
 def value_and_grad(fn: Callable[[Any], tuple[Any, Any]], x: Any):
     """`((value, aux), gradient)` of `fn(x) -> (scalar value, aux)` with
-    respect to the tensor `x`, on the current Keras backend."""
+    respect to the tensor `x`."""
     return _module().value_and_grad(fn, x)
 
 
@@ -53,14 +50,14 @@ def stateless_uniform(shape: Any, seed: Any, dtype: str = "float32") -> Any:
 
 def active_indices(mask: Any) -> Any:
     """Positions (int32) to compute on for the boolean vector `mask`: its
-    True entries on a backend with dynamic shapes, every position on one
-    without; the caller ignores the results of the False ones."""
+    True entries with dynamic shapes, every position without (the caller
+    ignores the results of the False ones)."""
     return _module().active_indices(mask)
 
 
 def counted_loop(body: Callable[..., Any], loop_vars: Sequence[Any], count: Any):
     """`loop_vars` after `count` calls of `body(*loop_vars) -> loop_vars`;
-    `count` is an int (unrolled on JAX: an XLA:CPU while loop makes the input
+    `count` is an int (unrolled on JAX: in an XLA:CPU while loop the input
     gradient's convolutions miss their fast path) or a scalar int tensor."""
     return _module().counted_loop(body, tuple(loop_vars), count)
 
@@ -71,16 +68,12 @@ def compile_function(
     variables: Sequence[keras.Variable] = (),
     updated: Sequence[keras.Variable] = (),
 ) -> Callable[..., Any]:
-    """`fn(*arrays)` compiled on the current backend, called with arrays
-    (numpy or the backend's tensors) that match `signature`, one
-    `(shape, dtype)` per argument, None for a dimension that may vary.
+    """`fn(*arrays)` compiled, for arrays matching `signature` (one
+    `(shape, dtype)` per argument, None for a dimension that may vary).
 
-    TensorFlow traces it once for the whole signature (a `tf.function`
-    with that input signature, which reads and updates variables itself);
-    JAX compiles it per concrete shape (`jax.jit`), with the values of
-    `variables` (those `fn` reads: the model's, a `SeedGenerator`'s state)
-    as arguments, and assigns the new values of `updated` (a subset of
-    `variables`, e.g. the random stream's state) after each call.
+    TensorFlow traces one `tf.function` for the signature; JAX jits per
+    concrete shape, passing the values of `variables` (those `fn` reads)
+    and assigning the new values of `updated` (a subset) after each call.
     """
     return _module().compile_function(fn, signature, variables, updated)
 
@@ -98,12 +91,11 @@ def input_gradient(
     loss_scale: Optional[Any] = None,
 ) -> Any:
     """Gradient of the summed per-example `loss_fn(y, model_fn(x))` with
-    respect to `x`, its non-finite entries set to zero.
+    respect to `x`, non-finite entries set to zero.
 
-    `loss_scale` multiplies the loss before differentiating, as mixed
-    precision training does for weight gradients: a float16 backward pass
-    would otherwise underflow to zero. An overflowing scaled loss yields
-    inf/NaN entries, which become zero: no step beats a NaN image.
+    `loss_scale` multiplies the loss first, as mixed precision does for
+    weight gradients (a float16 backward pass would underflow); an
+    overflow's inf/NaN entries become zero: no step beats a NaN image.
     """
 
     def total(z):

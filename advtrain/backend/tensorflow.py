@@ -3,7 +3,6 @@ stateless random ops, dynamic shapes and `tf.function`."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import keras
@@ -42,25 +41,17 @@ def compile_function(fn, signature, variables, updated):
     traced = tf.function(fn, input_signature=specs)
 
     def call(*arrays):
-        # TensorFlow counts traces per Python function over the process and
-        # warns at 5 in 10 calls; an evaluation traces each of its attack
-        # kinds once, which its cascade of 5 kinds would trip.
-        with _quiet_retracing_warning():
+        # TensorFlow warns at 5 traces in 10 calls of one Python function;
+        # an evaluation traces each of its attack kinds once (5 in a cascade).
+        logger = tf.get_logger()
+        logger.addFilter(_not_retracing)
+        try:
             return traced(*arrays)
+        finally:
+            logger.removeFilter(_not_retracing)
 
     return call
 
 
-class _RetracingFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "triggered tf.function retracing" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _quiet_retracing_warning():
-    logger, quiet = tf.get_logger(), _RetracingFilter()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
+def _not_retracing(record: logging.LogRecord) -> bool:
+    return "triggered tf.function retracing" not in record.getMessage()

@@ -1,9 +1,7 @@
 """`AdversarialModel`: a keras.Model that trains on clean and adversarial loss.
 
-`train_step` picks one of two steps (`reuse_gradient`,
-`attack_then_train`); the argument rules, metrics, input checks and the
-per-backend trainers live beside it. Written in `keras.ops`: it trains
-on TensorFlow and JAX.
+Its two steps (`reuse_gradient`, `attack_then_train`), argument rules,
+metrics, input checks and per-backend trainers live beside it.
 """
 
 from __future__ import annotations
@@ -39,23 +37,25 @@ from advtrain.models.trainers import AdversarialTrainer
 
 __all__ = ["AdversarialModel"]
 
+# `get_config`'s plain keys, besides the classifier and the attack.
+_CONFIG_KEYS = (
+    "adv_weight", "attack_mode", "seed", "reuse_gradient", "check_inputs",
+    "fused_batchnorm", "batchnorm_momentum", "eps_ramp_steps",
+)  # fmt: skip
+
 
 @keras.saving.register_keras_serializable(package="advtrain")
 class AdversarialModel(AdversarialTrainer, keras.Model):
     """Wraps a classifier; `fit` minimises a clean/adversarial loss mix.
 
     loss = (1 - adv_weight) * clean_loss + adv_weight * adversarial_loss,
-    with the compiled loss (`from_logits=True`), keeping Keras semantics:
-    loss scaling, sample weights, compiled metrics (clean batch),
-    `tf.distribute` reductions, `.keras` saving. `step_note` says which
-    step runs and why. `fit` checks the training data's pixels and labels
-    (`PixelRangeError`, `LabelError`). Logged where a step feeds them:
-    `clean_loss`, `adv_loss`, `adv_accuracy`, `zero_grad_fraction`.
-
-    Research code overrides the hooks `generate_adversarial` and
-    `adversarial_loss` (as `TRADES` does); the gradient-reusing step
-    bypasses them (`REUSE_GRADIENT_BYPASSES`), so a subclass overriding
-    one gets the attack-then-train step.
+    with the compiled loss (`from_logits=True`), keeping Keras semantics
+    (loss scaling, sample weights, compiled metrics on the clean batch,
+    `tf.distribute` reductions, `.keras` saving). `fit` checks the training
+    data's pixels and labels (`PixelRangeError`, `LabelError`). Logged where
+    a step feeds them: `clean_loss`, `adv_loss`, `adv_accuracy`,
+    `zero_grad_fraction`. Research code overrides the hooks
+    `generate_adversarial` and `adversarial_loss` (as `TRADES` does).
 
     Args:
         classifier: a Keras model mapping [0, 1] pixels to logits.
@@ -66,8 +66,8 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
             update during the attack): the classifier's mode when attacked.
         seed: seed of the attack's random start (saved with the model).
         reuse_gradient: "auto" (default): the gradient-reusing step exactly
-            for plain FGSM, 0 < adv_weight < 1 and no bypassed hook
-            overridden; True forces it (FGSM or FGSM-RS); False never.
+            for plain FGSM, 0 < adv_weight < 1 and no hook overridden; True
+            forces it (FGSM or FGSM-RS); False never. See `step_note`.
         fused_batchnorm: on TensorFlow, plain BatchNormalization layers use
             the fused kernel while a step runs; they stay Keras's own.
         batchnorm_momentum: "auto" (default): on the first `fit`, BN layers
@@ -164,7 +164,6 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
     def _checked(
         cls, attack, adv_weight, attack_mode, reuse_gradient, momentum, ramp
     ) -> tuple[Optional[Attack], tuple[bool, str]]:
-        """(the `Attack`, (gradient-reusing step or not, why)) for this class."""
         check_hooks(cls)
         attack = checked_arguments(attack, adv_weight, attack_mode, ramp, momentum)
         overridden = [
@@ -187,8 +186,8 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return f"{what} ({self._step_reason})"
 
     def training_attack(self) -> Optional[Attack]:
-        """The attack the training step passes to `generate_adversarial`:
-        `attack` scaled by the eps ramp at `optimizer.iterations`."""
+        """The step's attack: `attack` scaled by the eps ramp at
+        `optimizer.iterations`."""
         if not self.eps_ramp_steps or self.attack is None:
             return self.attack
         scale = ramp_scale(self.optimizer.iterations, self.eps_ramp_steps)
@@ -234,9 +233,8 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
     def generate_adversarial(self, x, y, attack=None):
         """Returns adversarial examples for `(x, y)`; override for research.
 
-        `attack` is the step's attack (`training_attack()` in training,
-        `self.attack` in testing and when None); the default runs it on
-        `attack_model_fn` and stops gradients.
+        `attack`: the step's attack (`training_attack()` in training; None:
+        `self.attack`), run on `attack_model_fn`.
 
         Example:
 
@@ -267,11 +265,10 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         """The training loss; default `(1 - w) * clean + w * adversarial`.
 
         `y_pred` is None when `adv_weight == 1` (unless the class sets
-        `needs_clean_logits`); `y_pred_adv` is None when it is 0. Each
-        replica returns its share of the global batch's loss: build it from
-        `compute_loss(...)` and `reduce_per_example(values, sample_weight)`
-        (a plain `ops.mean` counts N times under N replicas); log parts
-        with `track_losses`.
+        `needs_clean_logits`); `y_pred_adv` when it is 0. Each replica
+        returns its share of the global batch's loss: build it from
+        `compute_loss(...)` and `reduce_per_example` (a plain `ops.mean`
+        counts N times under N replicas); log parts with `track_losses`.
 
         Example:
 
@@ -285,28 +282,25 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
                 return loss + 0.5 * self.reduce_per_example(gap, sample_weight)
         ```
         """
-        w = self.adv_weight
-        parts = []
         clean = adv = None
-        # Each part holds the regularisation losses; the weights sum to 1.
         if y_pred is not None:
             clean = self.compute_loss(
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight
             )
-            parts.append((1.0 - w) * clean if y_pred_adv is not None else clean)
         if y_pred_adv is not None:
             adv = self.compute_loss(
                 x=x_adv, y=y, y_pred=y_pred_adv, sample_weight=sample_weight
             )
-            parts.append(w * adv if y_pred is not None else adv)
         self.track_losses(clean=clean, adv=adv)
-        return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+        # Each part holds the regularisation losses; the weights sum to 1.
+        if clean is None or adv is None:
+            return adv if clean is None else clean
+        return (1.0 - self.adv_weight) * clean + self.adv_weight * adv
 
     def reduce_per_example(self, values, sample_weight=None):
-        """This replica's share of the batch mean of a per-example term,
-        `sum(values * sample_weight) / global_batch`: it adds to
-        `compute_loss` like for like. `values` has one value per example
-        (further axes averaged first).
+        """This replica's share of the batch mean of a per-example term
+        (further axes averaged first), `sum(values * sample_weight) /
+        global_batch`: it adds to `compute_loss` like for like.
 
         Example:
 
@@ -315,18 +309,30 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         term = self.reduce_per_example(gap, sample_weight)
         ```
         """
-        return am.batch_mean_share(values, sample_weight)
+        values = ops.cast(values, "float32")
+        rank = len(values.shape)
+        if rank == 0:
+            raise ValueError(
+                "reduce_per_example needs one value per example, shape "
+                f"[batch]. Received: shape={tuple(values.shape)}"
+            )
+        if rank > 1:
+            values = ops.mean(values, axis=list(range(1, rank)))
+        if sample_weight is not None:
+            values = values * ops.reshape(ops.cast(sample_weight, "float32"), [-1])
+        count = ops.cast(ops.shape(values)[0] * am.replicas_in_sync(), "float32")
+        return ops.divide_no_nan(ops.sum(values), count)
 
     def track_losses(self, clean=None, adv=None) -> None:
         """Logs `clean_loss` / `adv_loss` from loss shares (as they enter
         the loss); the logs show the per-example mean on any replica count."""
+        replicas = am.replicas_in_sync()
         if clean is not None:
-            am.track_share(self.clean_loss_tracker, clean)
+            self.clean_loss_tracker.update_state(ops.cast(clean, "float32") * replicas)
         if adv is not None:
-            am.track_share(self.adv_loss_tracker, adv)
+            self.adv_loss_tracker.update_state(ops.cast(adv, "float32") * replicas)
 
     # ------------------------------------------------------------ steps
-
     # The backend trainer's `train_step` / `test_step` call these.
 
     def _train_step(self, data):
@@ -339,8 +345,8 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return train_step_after_attack(self, attack, x, y, sample_weight)
 
     def _test_step(self, data):
-        """Clean loss and metrics, plus the full-eps attack's `adv_loss` /
-        `adv_accuracy` on the same batch."""
+        # Clean loss and metrics; the full-eps attack's `adv_loss` and
+        # `adv_accuracy` on the same batch.
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         am.begin_step(self.metrics)
         y_pred = self(x, training=False)
@@ -358,7 +364,6 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _inference_loss(self, x, y, y_pred, sample_weight):
-        """The compiled loss of a pass that takes no part in the gradient."""
         return self.compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
         )
@@ -372,30 +377,21 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         return others if own is None else [own, *others]
 
     def get_metrics_result(self):
-        """Keras's metric results, without the optional metrics not fed."""
         return am.logged(self.metrics, super().get_metrics_result(), self._in_step())
 
     # ------------------------------------------------------------ config
 
     def get_config(self):
-        attack = self.attack
         return {
             **super().get_config(),
             "classifier": keras.saving.serialize_keras_object(self.classifier),
-            "attack": None if attack is None else attack.get_config(),
-            "adv_weight": self.adv_weight,
-            "attack_mode": self.attack_mode,
-            "seed": self.seed,
-            "reuse_gradient": self.reuse_gradient,
-            "check_inputs": self.check_inputs,
-            "fused_batchnorm": self.fused_batchnorm,
-            "batchnorm_momentum": self.batchnorm_momentum,
-            "eps_ramp_steps": self.eps_ramp_steps,
+            "attack": None if self.attack is None else self.attack.get_config(),
+            **{name: getattr(self, name) for name in _CONFIG_KEYS},
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        """The model `get_config` describes (a 0.2 config loads too)."""
+        # A 0.2 config loads too.
         config = renamed_config(config)
         config["classifier"] = keras.saving.deserialize_keras_object(
             config["classifier"], custom_objects=custom_objects

@@ -1,6 +1,5 @@
 """The rules on `AdversarialModel`'s arguments, checked before anything is
-built (the constructor and `AdversarialModel.check_arguments`), and the
-arguments of its `fit`."""
+built, and the arguments of its `fit`."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import keras
 
 from advtrain.attacks import Attack, attack_settings
 from advtrain.models.batchnorm.policy import (
-    MOMENTUM_RULES,
     RENAMED_MOMENTUM,
     check_momentum,
     fit_total_steps,
@@ -37,8 +35,7 @@ ATTACK_FIELDS_0_2 = (
 
 
 def check_keywords_known(owner: str, given: dict, accepted: Iterable[str]) -> None:
-    """A TypeError (with did-you-mean) for a keyword `owner` does not
-    take; one naming the new name for a keyword renamed since 0.2."""
+    """A TypeError for a keyword `owner` does not take (or renamed since 0.2)."""
     for old, new in RENAMED.items():
         if old in given:
             raise TypeError(
@@ -49,7 +46,7 @@ def check_keywords_known(owner: str, given: dict, accepted: Iterable[str]) -> No
 
 
 def renamed_config(config: dict) -> dict:
-    """A saved config with 0.2's keys under their 0.3 names."""
+    # A saved 0.2 config's keys under their 0.3 names.
     config = dict(config)
     for old, new in RENAMED.items():
         if old in config:
@@ -63,8 +60,6 @@ def renamed_config(config: dict) -> dict:
 
 
 def _attack_without_0_2_fields(attack: dict) -> dict:
-    """A saved attack config without the 0.2 fields its method does not
-    take."""
     attack = {**attack, **(attack.get("options") or {})}
     attack.pop("options", None)
     takes = attack_settings(
@@ -78,8 +73,7 @@ def _attack_without_0_2_fields(attack: dict) -> dict:
 def checked_arguments(
     attack, adv_weight, attack_mode, eps_ramp_steps, batchnorm_momentum
 ) -> Optional[Attack]:
-    """Validates `AdversarialModel`'s arguments; returns the `Attack` (a
-    config dict turned into one)."""
+    """Validates `AdversarialModel`'s arguments; returns the `Attack`."""
     check_momentum(batchnorm_momentum, "batchnorm_momentum")
     if isinstance(attack, dict):
         attack = Attack.from_config(attack)
@@ -128,8 +122,6 @@ def _check_ramp(eps_ramp_steps, attack: Optional[Attack]) -> None:
 
 
 def check_hooks(cls: type) -> None:
-    """A TypeError unless `cls.generate_adversarial` takes the step's
-    `attack` (or `**kwargs`)."""
     names = keyword_names(cls.generate_adversarial)
     if names is None or "attack" in names:
         return
@@ -148,8 +140,8 @@ def init_keywords(
     cls: type, stop: type, skip: int = 1, passed_on: bool = False
 ) -> list[str]:
     """The keyword names of each `__init__` from `cls` up to `stop`
-    (excluded), after each one's first `skip` parameters; with `passed_on`,
-    only as far as each `__init__` takes `**kwargs` to pass on."""
+    (excluded), after its first `skip` parameters; with `passed_on`, only
+    as far as each passes `**kwargs` on."""
     names: list[str] = []
     for klass in cls.__mro__:
         if klass is stop:
@@ -170,10 +162,8 @@ def init_keywords(
 
 
 def set_momentum_for_fit(classifier: keras.Model, momentum: Any, arguments: dict):
-    """Sets `classifier`'s BatchNorm momentum per `momentum` for the `fit`
-    call `arguments` describes, warning with what changed."""
     steps = None
-    if momentum in MOMENTUM_RULES:
+    if momentum == "auto":
         names = keyword_names(fit_total_steps)
         steps = fit_total_steps(**{k: v for k, v in arguments.items() if k in names})
     note = set_momentum(classifier, momentum, steps)
@@ -184,8 +174,7 @@ def set_momentum_for_fit(classifier: keras.Model, momentum: Any, arguments: dict
 
 
 def fit_arguments(*args, **kwargs) -> Optional[dict[str, Any]]:
-    """`keras.Model.fit`'s arguments by name; None when they do not bind
-    (Keras's own fit reports that)."""
+    """`keras.Model.fit`'s arguments by name; None when they do not bind."""
     try:
         bound = inspect.signature(keras.Model.fit).bind(None, *args, **kwargs)
     except TypeError:

@@ -1,11 +1,7 @@
-"""`AdversarialModel`'s default training step: the attack, then one
-training pass over the clean and adversarial batch together; and the eps
-ramp that scales the step's attack.
-
-The attack runs through the model's hooks (`generate_adversarial`, the
-classifier in `attack_mode`) and its result is a constant of the step;
-the loss comes from `adversarial_loss`. For FGSM a step costs 3 forward +
-3 backward passes.
+"""`AdversarialModel`'s default training step: the attack through the
+model's hooks (its result a constant of the step), then one training pass
+over the clean and adversarial batch together, the loss from
+`adversarial_loss`; and the eps ramp that scales the step's attack.
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ def ramp_scale(iteration: Any, steps: int) -> Any:
 
 
 def scaled_attack(attack: Attack, scale: Any) -> Attack:
-    """`attack` with eps, and alpha, step_size and noise where its method
-    has them set, times `scale` (the largest perturbation is
-    `scale * eps`)."""
+    """`attack` with eps, and alpha, step_size and noise where set, times
+    `scale`."""
     changes = {"eps": attack.eps * scale}
     for name in ("alpha", "step_size", "noise"):
         value = attack.settings.get(name)
@@ -39,8 +34,6 @@ def scaled_attack(attack: Attack, scale: Any) -> Attack:
 
 
 def train_step_after_attack(model, attack, x, y, sample_weight) -> dict:
-    """The attack (inference mode by default), then one training pass
-    over the clean and adversarial batch together."""
     x_adv = None
     if model.adv_weight > 0 or model.needs_clean_logits:
         x_adv = model.attack_step(
@@ -62,16 +55,13 @@ def train_step_after_attack(model, attack, x, y, sample_weight) -> dict:
         # from an inference pass; it takes no part in the gradient.
         y_pred = model(x, training=False)
         if not model.clean_loss_tracker.fed:
-            clean = model.compute_loss(
-                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
-            )
+            clean = model._inference_loss(x, y, y_pred, sample_weight)
             model.track_losses(clean=clean)
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
 def _forward(model, x, x_adv):
-    """Training-mode logits for the clean and adversarial batches, in one
-    forward pass (one BatchNorm update per step)."""
+    # One forward pass: one BatchNorm update per step.
     if x_adv is None:
         return model(x, training=True), None
     if model.adv_weight == 1.0 and not model.needs_clean_logits:

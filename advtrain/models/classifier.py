@@ -24,8 +24,7 @@ from advtrain.utils.errors import ArgumentError
 
 
 def backbone_spec(name: str) -> BackboneSpec:
-    """The registry entry for `name`; an `ArgumentError` naming `backbone`
-    and listing the known ones."""
+    """The registry entry for `name` (an `ArgumentError` naming `backbone`)."""
     if name not in backbones:
         raise ArgumentError("backbone", backbones.unknown_message(name))
     return backbones.get(name)
@@ -39,13 +38,10 @@ def backbone_input_size(
     input_size: Optional[Sequence[int]] = None,
     weights: Optional[str] = None,
 ) -> tuple[int, int]:
-    """The (height, width) the backbone named `backbone` sees.
-
-    `input_size` when set (at least the backbone's minimum); else the
-    native size, scaled up (aspect kept) when its short side is below the
-    minimum: to the default size with pretrained weights, else to the
-    minimum.
-    """
+    """The (height, width) the backbone named `backbone` sees: `input_size`
+    when set (at least the backbone's minimum), else the native size,
+    scaled up (aspect kept) when its short side is below the minimum: to
+    the default size with pretrained weights, else to the minimum."""
     spec = backbone_spec(backbone)
     if input_size is not None:
         size = (int(input_size[0]), int(input_size[1]))
@@ -81,9 +77,9 @@ def build_classifier(
 ) -> keras.Model:
     """Builds a classifier taking raw pixels and returning float32 logits.
 
-    Layers: `pixels` -> `to_channels` (when needed) -> `resize` (when
-    needed, `backbone_input_size`) -> `preprocess` -> backbone (the one
-    nested model) -> `pool` -> `dropout` (when set) -> `logits`.
+    Layers: `pixels` -> `to_channels` and `resize` (when needed) ->
+    `preprocess` -> backbone (the one nested model) -> `pool` -> `dropout`
+    (when set) -> `logits`.
 
     Args:
         image_shape: the dataset's native (height, width, channels).
@@ -94,10 +90,6 @@ def build_classifier(
         input_size: (height, width) the backbone sees; None: derived.
         width: base width of the builders that take one.
         dropout: dropout rate before the logits (0: no dropout layer).
-
-    Raises:
-        ArgumentError: naming the argument (unknown backbone, input size
-            below the minimum, weights that cannot be fetched or loaded).
 
     Example:
 
@@ -121,7 +113,12 @@ def build_classifier(
     size = backbone_input_size(
         backbone, height, side, input_size=input_size, weights=weights
     )
-    x, target_channels = _input_adapter(inputs, spec, size)
+    x, target_channels = inputs, spec.channels or channels
+    if target_channels != channels:
+        x = ToChannels(target_channels, name="to_channels")(x)
+    if size != (height, side):
+        x = ResizeTo(size[0], size[1], name="resize")(x)
+    x = BackbonePreprocess(spec.preprocess, name="preprocess")(x)
 
     # Backbone and head.
     trunk = build_backbone(
@@ -140,22 +137,11 @@ def build_classifier(
     return model
 
 
-def _input_adapter(inputs, spec: BackboneSpec, size: tuple[int, int]):
-    """Layers from raw pixels to the backbone's channels, size and
-    preprocessing; returns the output and its channel count."""
-    x, channels = inputs, inputs.shape[-1]
-    target_channels = spec.channels or channels
-    if target_channels != channels:
-        x = ToChannels(target_channels, name="to_channels")(x)
-    if size != tuple(inputs.shape[1:3]):
-        x = ResizeTo(size[0], size[1], name="resize")(x)
-    return BackbonePreprocess(spec.preprocess, name="preprocess")(x), target_channels
-
-
 def classifier_head(model: keras.Model) -> list[keras.layers.Layer]:
     """The layers after the backbone (pool, dropout, logits), in order."""
-    names = ("pool", "dropout", "logits")
-    return [layer for layer in model.layers if layer.name in names]
+    return [
+        layer for layer in model.layers if layer.name in ("pool", "dropout", "logits")
+    ]
 
 
 def describe(model: keras.Model) -> Optional[str]:

@@ -1,12 +1,8 @@
 """`InputChecks`: training data that fits what the model and its attack assume.
 
 Pixels must lie in the attack's `[clip_min, clip_max]` (eps is in those
-units); labels must suit the loss (sparse: classes in [0, num_classes);
-categorical: one-hot rows as wide as the logits). A failed check is one
-line (`PixelRangeError`, `LabelError`, both `ValueError`s). The checks run
-on the data, the same on every backend: arrays before training (a strided
-sample of a large one), `PyDataset`/generator batches as produced, a
-`tf.data.Dataset` through a `map`. A distributed dataset is not checked.
+units); labels must suit the loss. A failed check is one line
+(`PixelRangeError`, `LabelError`, both `ValueError`s).
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ class LabelError(ValueError):
 
 def label_kind(loss: Any) -> Optional[str]:
     """ "sparse" or "categorical" for Keras's cross-entropy losses (object,
-    function or name); None for any other, and for a sparse loss with an
-    `ignore_class`."""
+    function or name); else None (a sparse loss with `ignore_class` too)."""
     losses = keras.losses
     if isinstance(loss, losses.SparseCategoricalCrossentropy):
         return SPARSE if loss.get_config().get("ignore_class") is None else None
@@ -57,7 +52,6 @@ def label_kind(loss: Any) -> Optional[str]:
 
 
 def loss_name(loss: Any) -> str:
-    """How the messages name a compiled loss: its class or its name."""
     if isinstance(loss, str):
         return loss
     if isinstance(loss, keras.losses.Loss):
@@ -66,8 +60,8 @@ def loss_name(loss: Any) -> str:
 
 
 def output_shape(model: keras.Model) -> Optional[tuple]:
-    """`model`'s single output shape when known without calling it, with an
-    int last axis; else None."""
+    """`model`'s single output shape, when known without calling it and its
+    last axis is an int."""
     try:
         shape = model.output_shape
     except (AttributeError, ValueError, RuntimeError):
@@ -78,8 +72,7 @@ def output_shape(model: keras.Model) -> Optional[tuple]:
 
 
 def warn_if_probability_output(model: keras.Model, loss: Any) -> None:
-    """Warns when `model` ends in softmax/sigmoid but `loss` takes logits:
-    the loss and the attacks would see probabilities as logits."""
+    """Warns when `model` ends in softmax/sigmoid but `loss` takes logits."""
     layer = model
     while isinstance(layer, keras.Model) and layer.layers:
         layer = layer.layers[-1]
@@ -99,7 +92,10 @@ def warn_if_probability_output(model: keras.Model, loss: Any) -> None:
 
 
 class InputChecks:
-    """The checks on one model's training data.
+    """The checks on one model's training data: arrays before training (a
+    strided sample of a large one), `PyDataset`/generator batches as
+    produced, a `tf.data.Dataset` through a `map` (a distributed one is not
+    checked); the same on every backend.
 
     Args:
         pixel_range: the attack's `(clip_min, clip_max)`; None skips the
@@ -133,14 +129,10 @@ class InputChecks:
         self.loss_name = loss_name
         self.failed: Optional[ValueError] = None  # what a data pipeline raised
 
-    @property
-    def active(self) -> bool:
-        return self.pixel_range is not None or self.labels is not None
-
     def checked(self, x: Any, y: Any = None) -> Any:
         """`x` as `fit` takes it, checked: arrays (and `y`) now, a
         `PyDataset`, generator or `tf.data.Dataset` batch by batch."""
-        if not self.active:
+        if self.pixel_range is None and self.labels is None:
             return x
         tf = sys.modules.get("tensorflow")
         if tf is not None and isinstance(x, tf.data.Dataset):
@@ -166,7 +158,7 @@ class InputChecks:
         for kind, values in self._checked_parts(x, y).items():
             values = np.asarray(values)
             if values.size:
-                self._raise_if_bad(kind, float(values.min()), float(values.max()))
+                self._check_range(kind, float(values.min()), float(values.max()))
 
     def _checked_parts(self, x, y) -> dict[str, Any]:
         parts = {}
@@ -177,7 +169,6 @@ class InputChecks:
         return parts
 
     def _checked_dataset(self, dataset):
-        """`dataset` with each batch's ranges checked on the host."""
         import tensorflow as tf
 
         spec = dataset.element_spec
@@ -205,14 +196,8 @@ class InputChecks:
 
     def _check_ranges(self, kinds: list[str], found) -> np.bool_:
         for kind, low, high in zip(kinds, found[::2], found[1::2], strict=True):
-            self._raise_if_bad(kind, float(low), float(high))
+            self._check_range(kind, float(low), float(high))
         return np.bool_(True)
-
-    def _raise_if_bad(self, kind: str, low: float, high: float) -> None:
-        error = self.error(kind, low, high)
-        if error is not None:
-            self.failed = error
-            raise error
 
     def check_label_shape(self, shape) -> None:
         """Raises `LabelError` when labels of `shape` do not suit the loss."""
@@ -239,35 +224,37 @@ class InputChecks:
                 f"shape={shape}"
             )
 
-    def error(self, kind: str, low: float, high: float) -> Optional[ValueError]:
-        """The error for an observed range, or None when it is fine."""
+    def _check_range(self, kind: str, low: float, high: float) -> None:
+        classes = self.num_classes
         if kind == "pixels":
             clip_min, clip_max = self.pixel_range
             if (clip_min is None or low >= clip_min - PIXEL_TOLERANCE) and (
                 clip_max is None or high <= clip_max + PIXEL_TOLERANCE
             ):
-                return None
+                return
             bounds = f"[{_number(clip_min, '-inf')}, {_number(clip_max, 'inf')}]"
             example = " (e.g. x / 255)" if self.pixel_range == (0.0, 1.0) else ""
-            return PixelRangeError(
+            error = PixelRangeError(
                 f"Training inputs must be pixels in the attack's range {bounds}, "
                 f"the units of its eps and clipping: scale them to {bounds}"
                 f"{example}, or set the attack's clip_min and clip_max to the "
                 f"data's range. Received: pixel range [{_number(low)}, "
                 f"{_number(high)}]"
             )
-        classes = self.num_classes
-        if low >= 0 and (classes is None or high <= classes - 1):
-            return None
-        expected = (
-            f"in [0, {classes}) for this model's {classes} logits"
-            if classes is not None
-            else ">= 0"
-        )
-        return LabelError(
-            f"labels must be integers {expected} ({self.loss_name}). "
-            f"Received: label range [{_number(low)}, {_number(high)}]"
-        )
+        elif low >= 0 and (classes is None or high <= classes - 1):
+            return
+        else:
+            expected = (
+                f"in [0, {classes}) for this model's {classes} logits"
+                if classes is not None
+                else ">= 0"
+            )
+            error = LabelError(
+                f"labels must be integers {expected} ({self.loss_name}). "
+                f"Received: label range [{_number(low)}, {_number(high)}]"
+            )
+        self.failed = error  # for `clean_errors`: a pipeline wraps it
+        raise error
 
     @contextlib.contextmanager
     def clean_errors(self) -> Iterator[None]:
@@ -283,8 +270,6 @@ class InputChecks:
 
 
 class _CheckedPyDataset(keras.utils.PyDataset):
-    """A `PyDataset` whose batches are checked as they are produced."""
-
     def __init__(self, dataset: keras.utils.PyDataset, check):
         super().__init__(
             workers=dataset.workers,
@@ -319,7 +304,6 @@ def _numeric(values: Any) -> bool:
 
 
 def _sample(values: Any) -> Any:
-    """`values`, or an evenly strided sample of its rows when it is large."""
     size = getattr(values, "size", None)
     if not isinstance(size, int) or size <= SAMPLE_VALUES or not len(values):
         return values
@@ -331,8 +315,7 @@ def _number(value: Optional[float], none: str = "None") -> str:
 
 
 def model_input_checks(model) -> InputChecks:
-    """The checks for a compiled `AdversarialModel` (none with
-    `check_inputs=False`)."""
+    """The checks for a compiled `AdversarialModel`."""
     if not model.check_inputs:
         return InputChecks()
     attack = model.attack

@@ -10,20 +10,15 @@ from keras import ops
 class BackbonePreprocess(keras.layers.Layer):
     """Maps [0, 1] pixels to a backbone's input space, inside the model.
 
-    Modes follow `keras.applications.imagenet_utils.preprocess_input`:
-    "caffe", "tf", "torch", "none" (unchanged) and "pixels255" (0..255,
-    for models that normalise inside, such as EfficientNet).
+    Modes follow `keras.applications.imagenet_utils.preprocess_input`
+    ("caffe", "tf", "torch"), plus "none" and "pixels255" (0..255, for
+    models that normalise inside, such as EfficientNet).
 
-    Example:
-
-    ```python
-    layer = BackbonePreprocess("caffe")
-    layer(np.ones((1, 2, 2, 3), "float32"))  # 255 - BGR ImageNet mean
-    ```
+    Example: `BackbonePreprocess("caffe")(np.ones((1, 2, 2, 3)))`: 255 minus
+    the BGR ImageNet mean.
     """
 
     MODES = ("none", "caffe", "tf", "torch", "pixels255")
-
     _MEAN = (0.485, 0.456, 0.406)
     _STD = (0.229, 0.224, 0.225)
     _CAFFE_MEAN_BGR = (103.939, 116.779, 123.68)
@@ -86,12 +81,7 @@ class ResizeTo(keras.layers.Layer):
     which would put every later BatchNormalization in training mode when
     the model is called as `model(x)`.
 
-    Example:
-
-    ```python
-    ResizeTo(75, 75)(np.zeros((2, 28, 28, 3), "float32")).shape
-    # (2, 75, 75, 3)
-    ```
+    Example: `ResizeTo(75, 75)(np.zeros((2, 28, 28, 3))).shape  # (2, 75, 75, 3)`
     """
 
     def __init__(self, height: int, width: int, **kwargs):

@@ -1,10 +1,9 @@
 """The gradient-reusing training step of `AdversarialModel`, and when it runs.
 
 For plain FGSM with a clean loss term (0 < adv_weight < 1), the clean
-pass's backward pass already holds FGSM's input gradient: the step costs
-2 forward + 2 backward passes instead of 3 + 3 (Goodfellow et al.). The
-attack sees training-mode BatchNorm, and the step calls none of the
-model's attack hooks (`REUSE_GRADIENT_BYPASSES`).
+pass's backward pass already holds FGSM's input gradient: 2 forward + 2
+backward passes instead of 3 + 3 (Goodfellow et al.). The attack sees
+training-mode BatchNorm; the step calls none of the attack hooks.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from advtrain.attacks.common import as_float_tensor
 from advtrain.models import adversarial_metrics as am
 from advtrain.utils.errors import ArgumentError
 
-# The hooks the gradient-reusing step does not call: a subclass overriding
-# one never gets that step.
+# A subclass overriding one of these hooks never gets the step.
 REUSE_GRADIENT_BYPASSES = (
     "generate_adversarial",
     "adversarial_loss",
@@ -37,23 +35,18 @@ def choose_step(
     overridden: Sequence[str] = (),
 ) -> tuple[bool, str]:
     """(whether to train with the gradient-reusing step, why), for the
-    model class `owner` that overrides the hooks `overridden`; an
-    `ArgumentError` for a `reuse_gradient` that cannot be honoured."""
-    if (
-        reuse_gradient is not True
-        and reuse_gradient is not False
-        and reuse_gradient != "auto"
-    ):
-        raise ArgumentError(
-            "reuse_gradient",
-            "must be True, False or 'auto'. "
-            f"Received: reuse_gradient={reuse_gradient!r}",
-        )
+    model class `owner` that overrides the hooks `overridden`."""
     if reuse_gradient is True:
         _check_forced(owner, attack, overridden)
         return True, "reuse_gradient=True"
     if reuse_gradient is False:
         return False, "reuse_gradient=False"
+    if reuse_gradient != "auto":
+        raise ArgumentError(
+            "reuse_gradient",
+            "must be True, False or 'auto'. "
+            f"Received: reuse_gradient={reuse_gradient!r}",
+        )
     if attack is None or adv_weight == 0:
         return False, "auto: no attack in training (adv_weight=0)"
     if overridden:
@@ -91,9 +84,9 @@ def _check_forced(owner: str, attack: Optional[Attack], overridden) -> None:
 
 
 def train_step_reusing_gradient(model, attack: Attack, x, y, sample_weight) -> dict:
-    """One training step of `model` with `attack` stepped from the clean
-    pass's input gradient; returns the logs. BatchNorm statistics update
-    twice per step; the weight gradients mix as (1 - w) clean + w adv."""
+    """One training step, `attack` stepped from the clean pass's input
+    gradient: BatchNorm statistics update twice; the weight gradients mix
+    as (1 - w) clean + w adv."""
     w = model.adv_weight
     x = as_float_tensor(x)  # the attack's own check: float pixels
 
@@ -127,7 +120,7 @@ def train_step_reusing_gradient(model, attack: Attack, x, y, sample_weight) -> d
 
 
 def _mixed(clean_grad, adv_grad, w: float):
-    """(1 - w) * clean + w * adv, a missing gradient counting as zero."""
+    # A missing gradient counts as zero.
     if clean_grad is None and adv_grad is None:
         return None
     clean_grad = 0.0 if clean_grad is None else clean_grad

@@ -1,11 +1,10 @@
 """Where backbone weights come from: the `weights` argument.
 
-- "imagenet": Keras downloads the file once into `$KERAS_HOME/models/`;
-  offline, a quick check fails within seconds with one `ArgumentError`
-  line naming the file and the folder to place it in.
-- a path: a Keras 3 `.weights.h5` / `.keras` file of the whole classifier
-  or of the backbone, or a legacy `.h5` for the backbone.
-- None: random initialisation.
+"imagenet": Keras downloads the file once into `$KERAS_HOME/models/`
+(offline, a quick check fails within seconds with one line naming the file
+and the folder to place it in); a path: a Keras 3 `.weights.h5` / `.keras`
+file of the classifier or the backbone, or a legacy `.h5` of the backbone;
+None: random initialisation.
 """
 
 from __future__ import annotations
@@ -26,21 +25,18 @@ from advtrain.models.batchnorm.walk import batchnorm_layers
 from advtrain.utils.downloads import check_reachable
 from advtrain.utils.errors import ArgumentError, one_line
 
-PRETRAINED = ("imagenet",)
 # Where keras.applications downloads its ImageNet weights from.
 WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/"
 # Per socket operation, not for the whole download.
 DOWNLOAD_TIMEOUT_S = 30.0
 # Sides Keras has MobileNetV2 ImageNet files for; others get the 224 file.
 _MOBILENET_SIDES = (96, 128, 160, 192, 224)
-
 # Quoted error lines (a download or h5 failure) are cut to this length.
 _QUOTED = 160
 
 
-def keras_models_dir() -> str:
-    """The folder Keras caches application weights in (`$KERAS_HOME`,
-    else `~/.keras`, resolved as Keras does; it has no public accessor)."""
+def _keras_models_dir() -> str:
+    # Resolved as Keras does; it has no public accessor.
     home = os.environ.get("KERAS_HOME")
     if home is None:
         base = os.path.expanduser("~")
@@ -65,9 +61,8 @@ def _socket_timeout(seconds: float):
 
 
 def _download_failure(exc: BaseException) -> Optional[str]:
-    """The URL (or "") if `exc` is a failed download, else None."""
-    text = str(exc)
-    match = re.search(r"URL fetch failure on (\S+?): ", text)
+    # The URL (or "") if `exc` is a failed download, else None.
+    match = re.search(r"URL fetch failure on (\S+?): ", str(exc))
     if match:
         return match.group(1)
     if isinstance(exc, OSError):  # timeouts, refused or reset connections
@@ -84,39 +79,37 @@ def _weights_file(spec: BackboneSpec, url: str, side: int) -> str:
     return spec.weights_file.format(size=size)
 
 
-def offline_message(
-    name: str, spec: BackboneSpec, exc: BaseException, side: int
-) -> str:
-    """The one-line error for a failed ImageNet download (an
-    `ArgumentError` message about `weights`)."""
+def _offline(name: str, spec: BackboneSpec, exc: BaseException, side: int):
     url = _download_failure(exc) or ""
     file = _weights_file(spec, url, side)
     where = f" from {url}" if url else ""
-    return (
+    return ArgumentError(
+        "weights",
         f"cannot download the imagenet weights for {name}"
         f"{where} ({one_line(exc, limit=_QUOTED)}). Place {file} in "
-        f"{keras_models_dir()}/ ($KERAS_HOME/models/, default "
+        f"{_keras_models_dir()}/ ($KERAS_HOME/models/, default "
         "~/.keras/models/), or set weights to the path of a weights file, "
         "or to None (null) to train from scratch. "
-        "Received: weights=imagenet"
+        "Received: weights=imagenet",
     )
 
 
 def _check_download(name: str, spec: BackboneSpec, side: int) -> None:
-    """Fails in seconds, before Keras tries, if its download cannot start."""
+    # Fails in seconds, before Keras tries, if its download cannot start
+    # (unless the cached file's name is unknown: that is left to Keras).
     if spec.weights_file is None:
-        return  # the cached file's name is unknown: leave it to Keras
+        return
     file = _weights_file(spec, "", side)
-    if os.path.isfile(os.path.join(keras_models_dir(), file)):
+    if os.path.isfile(os.path.join(_keras_models_dir(), file)):
         return
     try:
         check_reachable(WEIGHTS_URL)
     except OSError as exc:
-        raise ArgumentError("weights", offline_message(name, spec, exc, side)) from None
+        raise _offline(name, spec, exc, side) from None
 
 
 def is_pretrained_name(weights: Optional[str]) -> bool:
-    return weights in PRETRAINED
+    return weights == "imagenet"
 
 
 def build_backbone(
@@ -128,9 +121,8 @@ def build_backbone(
     **options,
 ) -> keras.Model:
     """Builds the backbone, fetching pretrained weights when named (a
-    weights path is loaded later, by `load_weights_file`). `options` go to
-    `BackboneSpec.build`. An `ArgumentError` for unknown pretrained weights
-    or a failed download."""
+    weights path is loaded later, by `load_weights_file`); `options` go to
+    `BackboneSpec.build`."""
     if not is_pretrained_name(weights):
         return spec.build(input_shape, weights=None, **options)
     if weights not in spec.pretrained:
@@ -147,14 +139,12 @@ def build_backbone(
             return spec.build(input_shape, weights=weights, **options)
         except Exception as exc:  # noqa: BLE001 (get_file raises Exception)
             if _download_failure(exc) is not None:
-                raise ArgumentError(
-                    "weights", offline_message(name, spec, exc, input_shape[0])
-                ) from None
+                raise _offline(name, spec, exc, input_shape[0]) from None
             if "corrupted file" in str(exc):
                 raise ArgumentError(
                     "weights",
                     f"the cached imagenet weights for {name} "
-                    f"in {keras_models_dir()}/ are corrupted "
+                    f"in {_keras_models_dir()}/ are corrupted "
                     f"({one_line(exc, limit=_QUOTED)}); delete the file to download "
                     "it again. Received: weights=imagenet",
                 ) from None
@@ -162,12 +152,8 @@ def build_backbone(
 
 
 def _strict_load(model: keras.Model, path: str) -> None:
-    """Loads `path` whether it was saved with fused or Keras BatchNorm.
-
-    A `.keras` file keys a layer's weights by its class name; on a
-    mismatch each BatchNorm layer takes the other class (same variables)
-    for the load and gets its own back afterwards.
-    """
+    # A `.keras` file keys a layer's weights by its class name: on a
+    # mismatch each BatchNorm layer takes the other class for the load.
     try:
         _load_exactly(model, path)
     except (ValueError, KeyError):
@@ -202,12 +188,9 @@ def _load_exactly(model: keras.Model, path: str) -> None:
 
 
 def load_weights_file(classifier: keras.Model, backbone: keras.Model, path: str) -> str:
-    """Loads `path` into the classifier or its backbone; returns which.
-
-    A Keras 3 file is tried on the classifier, then on the backbone; a
-    legacy `.h5` goes to the backbone. An `ArgumentError` naming `weights`
-    for a missing file, an unknown suffix or weights that fit neither.
-    """
+    """Loads `path` into the classifier or its backbone; returns which (a
+    Keras 3 file is tried on the classifier first; a legacy `.h5` goes to
+    the backbone)."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise ArgumentError(

@@ -1,10 +1,7 @@
 """BatchNormalization on TensorFlow's fused kernel (`FusedBatchNormV3`).
 
-Keras 3 computes BatchNorm from separate ops on every backend; TensorFlow's
-fused kernel (oneDNN, cuDNN) trains a BN CNN markedly faster
-(`scripts/bench_step`). `FusedBatchNormalization` keeps Keras's semantics
-and variables, so weights move freely between the two classes;
-`switch_batchnorm` moves layers between them.
+Keras 3 computes BatchNorm from separate ops on every backend; the fused
+kernel (oneDNN, cuDNN) trains a BN CNN markedly faster (`scripts/bench_step`).
 """
 
 from __future__ import annotations
@@ -26,8 +23,8 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 
     The kernel runs on TensorFlow for 4-D NHWC inputs without mask, renorm
     or synchronization; elsewhere Keras's own computation does. Same
-    arguments, variables and results (to float rounding): the biased batch
-    variance, Keras's moving-average update.
+    arguments, variables and results (to float rounding), so weights move
+    freely between the two classes.
 
     Example:
 
@@ -88,12 +85,9 @@ def switch_batchnorm(
     layers: Iterable[keras.layers.Layer], fused: bool
 ) -> list[keras.layers.Layer]:
     """Switches the plain Keras BatchNormalization layers among `layers` to
-    `FusedBatchNormalization` (`fused=True`), or the fused ones back
-    (`fused=False`), in place; returns the layers it switched.
-
-    Subclasses keep their class; variables, names and weights stay. Switch
-    before `compile`/`fit`: a traced step keeps the layers it traced.
-    """
+    `FusedBatchNormalization` (`fused=True`), or the fused ones back, in
+    place; returns those switched. Subclasses keep their class. Switch
+    before `compile`/`fit`: a traced step keeps the layers it traced."""
     plain, other = keras.layers.BatchNormalization, FusedBatchNormalization
     source, target = (plain, other) if fused else (other, plain)
     switched = [layer for layer in layers if type(layer) is source]
@@ -104,14 +98,7 @@ def switch_batchnorm(
 
 def fuse_batchnorm(model: keras.layers.Layer) -> int:
     """Switches `model`'s plain Keras BatchNormalization layers, nested
-    ones included, to the fused kernel for good; returns how many.
-
-    Example:
-
-    ```python
-    fuse_batchnorm(keras.applications.ResNet50(weights=None))  # 53
-    ```
-    """
+    ones included, to the fused kernel for good; returns how many."""
     return len(switch_batchnorm(batchnorm_layers(model), fused=True))
 
 
@@ -119,15 +106,7 @@ def fuse_batchnorm(model: keras.layers.Layer) -> int:
 def fused_kernel(layers: Iterable[keras.layers.Layer]) -> Iterator[None]:
     """Inside, the plain Keras BatchNormalization layers among `layers`
     compute with the fused kernel; on exit they are plain again, so the
-    model still saves as Keras layers.
-
-    Example:
-
-    ```python
-    with fused_kernel(batchnorm_layers(model)):
-        logs = train_function(iterator)
-    ```
-    """
+    model still saves as Keras layers."""
     switched = switch_batchnorm(layers, fused=True)
     try:
         yield

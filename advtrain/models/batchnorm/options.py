@@ -13,15 +13,12 @@ from advtrain.utils.options import Options
 class BatchNormOptions(Options):
     """BatchNorm policy (`advtrain.models.batchnorm.policy`, docs/batchnorm.md).
 
-    momentum: "auto" (default: layers still at Keras's 0.99 follow the
-        run's length), a number for every layer, or None (keep).
+    momentum: "auto" (layers still at Keras's 0.99 follow the run's
+        length), a number for every layer, or None (keep).
     trainable: whether the backbone's BN layers train while it does; None:
-        trained under freeze=all_trainable, frozen under top_k.
-    recalibrate: after training, re-estimate the trained BN layers'
-        statistics on recalibrate_batches clean batches: "auto" (when the
-        gap exceeds gap_threshold), true or false.
-    gap_threshold: warn when train- and inference-mode accuracy differ by
-        more than this.
+        under freeze=all_trainable only.
+    recalibrate: re-estimate the trained BN layers' statistics after
+        training: "auto" (when the gap exceeds gap_threshold), true, false.
     fused_kernel: compute plain Keras BN layers with TensorFlow's fused
         kernel (same results to float rounding, faster).
     """

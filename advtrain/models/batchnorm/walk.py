@@ -9,11 +9,8 @@ import keras
 
 
 def sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    """`layer`'s direct sublayers, a custom layer's own included.
-
-    Keras tracks them in `_layers` for every layer; the public
-    `Model.layers` exists for models only.
-    """
+    """`layer`'s direct sublayers, a custom layer's own included (Keras
+    tracks them in `_layers`; the public `Model.layers` is for models)."""
     return list(getattr(layer, "_layers", []))
 
 

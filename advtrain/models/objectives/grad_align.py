@@ -22,10 +22,9 @@ class GradAlign(AdversarialModel):
 
     loss = the `AdversarialModel` loss + `grad_align` * mean over examples
     of (1 - cos(grad_x CE(x), grad_x CE(x + eta))), eta uniform in the
-    attack's full eps-ball. Keeping the loss locally linear counters
-    catastrophic overfitting; the double backpropagation makes a step
-    about three times a plain FGSM step. Logged as `grad_align_loss` (the
-    penalty before the weight).
+    attack's eps-ball: a locally linear loss counters catastrophic
+    overfitting, at about three times a FGSM step's cost. Logged as
+    `grad_align_loss` (before the weight).
 
     Args:
         grad_align: the penalty's weight (the paper: 0.2 for CIFAR-10 at
@@ -54,7 +53,6 @@ class GradAlign(AdversarialModel):
             raise TypeError(
                 f"clip_noise must be true or false. Received: clip_noise={clip_noise!r}"
             )
-        self.clip_noise = clip_noise
         if isinstance(grad_align, bool) or not isinstance(grad_align, (int, float)):
             raise TypeError(
                 f"grad_align must be a number. Received: grad_align={grad_align!r}"
@@ -68,6 +66,7 @@ class GradAlign(AdversarialModel):
                 "GradAlign needs an attack (its eps). Received: attack=None"
             )
         self.grad_align = float(grad_align)
+        self.clip_noise = clip_noise
         self.grad_align_tracker = OptionalMean(name="grad_align_loss")
 
     def adversarial_loss(self, x, y, y_pred, x_adv, y_pred_adv, sample_weight):
@@ -89,8 +88,7 @@ class GradAlign(AdversarialModel):
         self.grad_align_tracker.update_state(penalty * replicas_in_sync())
         return loss + self.grad_align * penalty
 
-    def _input_gradient(self, x, y):
-        """grad_x of the summed cross-entropy, kept differentiable."""
+    def _input_gradient(self, x, y):  # kept differentiable
         return input_gradient(
             self.attack_model_fn, x, y, loss_scale=self.attack_loss_scale()
         )
@@ -104,7 +102,6 @@ class GradAlign(AdversarialModel):
 
 
 def _cosine(a, b):
-    """Per-example cosine similarity of two batches of gradients."""
     a = ops.reshape(a, (ops.shape(a)[0], -1))
     b = ops.reshape(b, (ops.shape(b)[0], -1))
     dot = ops.sum(a * b, axis=1)

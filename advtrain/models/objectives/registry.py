@@ -1,5 +1,4 @@
-"""The objective registry: training objectives (`AdversarialModel` and its
-subclasses) by name, and the keyword options each one takes."""
+"""The objective registry: `AdversarialModel` and its subclasses by name."""
 
 from __future__ import annotations
 
@@ -17,15 +16,11 @@ objectives: Registry[type[AdversarialModel]] = Registry("objective")
 def register_objective(name: str) -> Callable[[type], type]:
     """Class decorator registering a training objective under `name`.
 
-    An objective is an `AdversarialModel` subclass that changes the hooks
-    (`generate_adversarial`, `adversarial_loss`). It is built as
-    `cls(classifier, attack, adv_weight=..., ..., **options)`, so its
+    An objective is an `AdversarialModel` subclass built as
+    `cls(classifier, attack, adv_weight=..., ..., **options)`: its
     `__init__` takes `(classifier, attack=None, <its options>, **kwargs)`
-    and passes `**kwargs` on (`objective_options` lists the options). One
-    that always attacks with one method names it in `attack_method`
-    (TRADES: "pgd"). Built in: "adversarial", "trades", "grad_align".
-    A duplicate name is a ValueError; a class that is not an
-    `AdversarialModel` subclass a TypeError.
+    and passes `**kwargs` on. One that always attacks with one method names
+    it in `attack_method` (TRADES: "pgd"). A duplicate name is a ValueError.
 
     Example:
 
@@ -56,16 +51,8 @@ def register_objective(name: str) -> Callable[[type], type]:
 
 
 def objective_options(cls: type[AdversarialModel]) -> tuple[str, ...]:
-    """The keyword arguments `cls` adds to `AdversarialModel`'s (those of
-    each `__init__` up to `AdversarialModel`, as far as each passes
-    `**kwargs` on).
-
-    Example:
-
-    ```python
-    objective_options(TRADES)  # ("beta",)
-    ```
-    """
+    """The keyword arguments `cls` adds to `AdversarialModel`'s, e.g.
+    `("beta",)` for TRADES."""
     names = init_keywords(cls, AdversarialModel, skip=3, passed_on=True)
     return tuple(name for name in names if name not in RESERVED)
 

@@ -25,17 +25,14 @@ class TRADES(AdversarialModel):
     """Trades accuracy for robustness with a KL term.
 
     loss = CE(y, f(x)) + beta * KL(f(x) || f(x_adv)), x_adv maximising the
-    same KL with PGD (the attack's eps, steps, step_size). `clean_loss`
-    logs the cross-entropy, `adv_loss` the KL. Keep PGD's random start:
-    without it PGD starts at the KL's minimum, where the gradient is noise.
+    KL with PGD (the attack's eps, steps, step_size; keep its random
+    start: the KL's minimum, x, has a noise gradient). Logged: the CE as
+    `clean_loss`, the KL as `adv_loss`.
 
     Example:
 
     ```python
     model = TRADES(classifier, Attack("pgd", eps=0.3, steps=10), beta=6.0)
-    model.compile(optimizer="adam",
-                  loss=keras.losses.SparseCategoricalCrossentropy(
-                      from_logits=True))
     ```
     """
 

@@ -1,11 +1,9 @@
 """`AdversarialModel`'s step on JAX: stateless, as Keras's own JAX trainer.
 
-`train_step(state, data)` binds every variable to `state` in a
-`keras.StatelessScope`, runs the backend-neutral step and returns the new
-values. `value_and_gradients` uses `jax.value_and_grad` in a scope of its
-own and threads the non-trainable updates (BatchNorm statistics) out; the
-attack's passes keep only their random stream's advance and metric
-updates (no BatchNorm statistics, whatever `attack_mode`).
+Each step binds every variable to its state in a `keras.StatelessScope`;
+`value_and_gradients` threads the non-trainable updates (BatchNorm
+statistics) out of `jax.value_and_grad`; the attack's passes keep only
+their random stream's advance and metric updates.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ import keras
 
 
 def replicas_in_sync() -> int:
-    """1: a JAX step sees the global batch (`keras.distribution` shards it)."""
-    return 1
+    return 1  # a JAX step sees the global batch (`keras.distribution` shards it)
 
 
 def metric_count(metric) -> float:
@@ -24,7 +21,6 @@ def metric_count(metric) -> float:
 
 
 def _values(variables) -> list:
-    """The variables' current values (the enclosing scope's)."""
     return [variable.value for variable in variables]
 
 
@@ -51,7 +47,6 @@ class AdversarialTrainer:
         return self._bound(groups, state, lambda: self._test_step(data))
 
     def _bound(self, groups, state, step):
-        """`(step(), new state)` with `groups` of variables bound to `state`."""
         mapping = [
             pair
             for variables, values in zip(groups, state, strict=True)
@@ -69,10 +64,6 @@ class AdversarialTrainer:
         return self._stepping
 
     def value_and_gradients(self, loss_fn, inputs=()):
-        """`(loss, aux, input_grads, weight_grads)` for `loss_fn(*inputs) ->
-        (loss, aux)`: the gradients of the optimizer-scaled loss with
-        respect to `inputs` and the trainable variables; the variable
-        updates `loss_fn` makes are kept."""
         trainable = self.trainable_variables
         others = [
             *self.non_trainable_variables,
@@ -103,13 +94,9 @@ class AdversarialTrainer:
         return loss, aux, list(input_grads), list(weight_grads)
 
     def apply_gradients(self, gradients) -> None:
-        """The optimizer's update of the trainable variables."""
         self.optimizer.apply(gradients, self.trainable_variables)
 
     def attack_step(self, generate):
-        """Runs `generate()` (the attack) in a scope of its own and keeps
-        its metric updates and its random stream's advance only: the
-        attack's passes update no BatchNorm statistics."""
         optimizer = getattr(self, "optimizer", None)
         kept = [*self.metrics_variables, self.seed_generator.state]
         variables = [

@@ -11,14 +11,12 @@ from advtrain.models.batchnorm.walk import batchnorm_layers
 
 
 def replicas_in_sync() -> int:
-    """Replicas that each compute a share of the step (1 without tf.distribute)."""
     return tf.distribute.get_strategy().num_replicas_in_sync
 
 
 def metric_count(metric) -> float:
-    """A metric's update count, eagerly. Under a strategy the count is a
-    sync-on-read variable, which `float` refuses; read as a tensor
-    (cross-replica) it is the replicas' sum."""
+    # Under a strategy a sync-on-read variable, which `float` refuses; as a
+    # tensor (cross-replica) it is the replicas' sum.
     return float(tf.convert_to_tensor(metric.count.value))
 
 
@@ -35,9 +33,6 @@ class AdversarialTrainer:
         return not tf.executing_eagerly()
 
     def value_and_gradients(self, loss_fn, inputs=()):
-        """`(loss, aux, input_grads, weight_grads)` for `loss_fn(*inputs) ->
-        (loss, aux)`: the gradients of the optimizer-scaled loss with
-        respect to `inputs` and the trainable variables."""
         variables = self.trainable_variables
         with tf.GradientTape() as tape:
             for tensor in inputs:
@@ -49,25 +44,19 @@ class AdversarialTrainer:
         return loss, aux, gradients[:n], gradients[n:]
 
     def apply_gradients(self, gradients) -> None:
-        """The optimizer's update of the trainable variables."""
         variables = self.trainable_variables
         self.optimizer.apply_gradients(zip(gradients, variables))  # noqa: B905 (traced: autograph)
 
     def attack_step(self, generate):
-        """Runs `generate()` (the attack); its updates stand."""
         return generate()
 
     def make_train_function(self, force=False):
-        """Keras's train function, run with the fused BatchNorm kernel."""
         return self._fused(super().make_train_function, "train_function", force)
 
     def make_test_function(self, force=False):
-        """Keras's test function, run with the fused BatchNorm kernel."""
         return self._fused(super().make_test_function, "test_function", force)
 
     def _fused(self, make, name: str, force: bool):
-        """Keras's function `name` (built by `make`), run inside
-        `fused_kernel` when `fused_batchnorm` is on."""
         if getattr(self, name) is not None and not force:
             return getattr(self, name)
         make(force=force)
