@@ -1,14 +1,12 @@
 """Source `arrays`: `.npy` files streamed from disk, never loaded whole.
 
-`path` is a directory holding `x_train.npy`, `y_train.npy` and optionally
-`x_test.npy`, `y_test.npy`, or a prefix `PATH` of `PATH_x.npy` and
-`PATH_y.npy`. Without a test pair, `test_fraction` is held out as test
-(stratified, seeded by `seed`), then `val_fraction` of the rest as
-validation. Images are `(N, H, W)` or `(N, H, W, C)`, uint8 or float in
-[0, 1] (read as float32); labels are integers `(N,)` or `(N, 1)` in 0..K-1,
-K = 1 + the largest training label, held in memory. Image rows are read a
-few MB at a time (`advtrain.data.streaming`); each epoch reads the training
-rows in a fresh order drawn from `seed`, the same again in a resumed run.
+`path` is a directory of `x_train.npy`, `y_train.npy` (and optionally
+`x_test.npy`, `y_test.npy`), or a prefix `PATH` of `PATH_x.npy`,
+`PATH_y.npy`. Without a test pair, `test_fraction` is held out as test,
+then `val_fraction` of the rest (stratified, seeded by `seed`). Images are
+`(N, H, W)` or `(N, H, W, C)`, uint8 or float in [0, 1]; labels integers
+`(N,)` or `(N, 1)` in 0..K-1, K = 1 + the largest training label. Each
+epoch reads the training rows in an order drawn from `seed` alone.
 
 Example:
 
@@ -29,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from advtrain.data.errors import DataError
-from advtrain.data.sources import DataSplits, hold_out, limit, register_source, require
+from advtrain.data.sources import DataSplits, hold_out, register_source, require
 from advtrain.data.streaming import read_rows, stream_rows
 from advtrain.utils.errors import one_line
 
@@ -37,7 +35,6 @@ logger = logging.getLogger(__name__)
 
 
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
-    """Returns (shape, dtype, fortran_order, data offset) of a .npy file."""
     try:
         with path.open("rb") as f:
             fmt = np.lib.format
@@ -54,7 +51,7 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
 
 
 class _Rows:
-    """Rows of a .npy file read through a memory map, `rows` of them usable."""
+    # The rows of a .npy file; `rows` of them are complete.
 
     def __init__(self, path: Path, partial: bool):
         self.path = path
@@ -91,7 +88,6 @@ class _Rows:
         return np.memmap(self.path, self.dtype, "r", self._offset, shape, order)
 
     def read(self, index: np.ndarray) -> np.ndarray:
-        """Copies the rows at sorted `index` into a new array (`read_rows`)."""
         if self._fortran:  # rows are not contiguous on disk
             return np.array(self._open()[index])
         return read_rows(self.path, self._offset, self.shape[1:], self.dtype, index)
@@ -114,7 +110,7 @@ def _labels(path: Path, partial: bool) -> tuple[np.ndarray, int]:
 
 
 class _Part:
-    """One x / y pair: image rows on disk, labels in memory, usable indices."""
+    # One x / y pair: image rows on disk, labels in memory, usable indices.
 
     def __init__(self, x_path: Path, y_path: Path, partial: bool):
         self.x = _Rows(x_path, partial)
@@ -157,15 +153,12 @@ class _Part:
         self.skipped += int(bad.sum())
 
     def stream(self, index: np.ndarray, shuffle_seed: Optional[int] = None):
-        """The examples at `index`, read from disk a few MB at a time."""
         x, dtype = self.x, np.uint8 if self.x.dtype == np.uint8 else np.float32
         args = (x.read, self.y, index, self.image_shape, dtype, x.row_bytes)
         return stream_rows(*args, shuffle_seed)
 
 
-def _layout(
-    path: Path,
-) -> tuple[tuple[Path, Path], Optional[tuple[Path, Path]]]:
+def _layout(path: Path):
     if path.is_dir():
         train = (path / "x_train.npy", path / "y_train.npy")
         test = (path / "x_test.npy", path / "y_test.npy")
@@ -201,7 +194,6 @@ def _layout(
 
 
 def _read_parts(path: Path, partial: bool):
-    """(train, test or None, num_classes) of the files at `path`."""
     train_paths, test_paths = _layout(path)
     train = _Part(*train_paths, partial)
     num_classes = int(train.y[train.index].max()) + 1 if len(train.index) else 0
@@ -246,12 +238,10 @@ def arrays_splits(
         seed=seed,
         val_seed=seed + 1,
     )
-    train_index = limit(train.index[keep], limit_train)
+    train_index = train.index[keep][:limit_train]
     val_index = None if val is None else train.index[val]
     test_part = train if test is None else test
-    test_index = limit(
-        test.index if test is not None else train.index[held], limit_test
-    )
+    test_index = (train.index[held] if test is None else test.index)[:limit_test]
     skipped = train.skipped + (test.skipped if test is not None else 0)
     if skipped:
         logger.warning(

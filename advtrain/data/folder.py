@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from advtrain.data.errors import DataError
 from advtrain.data.pipeline import resize_pixels
-from advtrain.data.sources import DataSplits, hold_out, limit, register_source, require
+from advtrain.data.sources import DataSplits, hold_out, register_source, require
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +195,8 @@ def folder_splits(
     # Class folders are listed in order; mix them once so a shuffle buffer
     # smaller than the data set still sees every class.
     train = train[np.random.default_rng(seed).permutation(len(train))]
-    train = (limit(paths[train], limit_train), limit(labels[train], limit_train))
-    test = (limit(test[0], limit_test), limit(test[1], limit_test))
+    train = (paths[train][:limit_train], labels[train][:limit_train])
+    test = (test[0][:limit_test], test[1][:limit_test])
     channels, size = _image_format(root, paths[0], image_size)
     load = _decoder(channels, size)
 

@@ -1,10 +1,7 @@
 """Rows streamed from `.npy` files and arrays into tf.data, a few MB at a
-time, each epoch in an order drawn from the seeds alone (so a resumed run
-replays the batches an uninterrupted one would see).
-
-Files are read with plain reads, not through a memory map: every page a
-mapping touches counts as this process's resident memory, so host memory
-stays flat whatever the file's size.
+time, each epoch in an order drawn from the seeds alone (a resumed run
+replays the batches). Files are read with plain reads, not through a memory
+map, whose touched pages would count as resident memory.
 """
 
 from __future__ import annotations
@@ -19,11 +16,8 @@ import tensorflow as tf
 
 from advtrain.data.errors import DataError
 
-# In-memory arrays up to this size become one constant tensor.
-_CONSTANT_BYTES = 64 * 2**20
-
-# Bytes read per generator step.
-_CHUNK_BYTES = 4 << 20
+_CONSTANT_BYTES = 64 * 2**20  # in-memory arrays up to this become a constant
+_CHUNK_BYTES = 4 << 20  # read per generator step
 
 
 def read_rows(
@@ -57,8 +51,8 @@ def read_rows(
 
 
 def _epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
-    """`epoch(key)` for key 0, 1, 2, ... (repeat: the same stream from every
-    iterator), or one epoch with a fresh random key per iterator."""
+    # repeat: epoch(0), epoch(1), ... from every iterator; else one epoch
+    # with a fresh random key per iterator.
     if repeat:
         keys = tf.data.Dataset.counter()
     else:
@@ -153,7 +147,6 @@ def array_batches(
 
 
 def _constant_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
-    """`epoch(key)`: the batches of one epoch, gathered from constants."""
     xs, ys = tf.constant(x), tf.constant(y)
 
     def epoch(key):
@@ -171,7 +164,6 @@ def _constant_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
 
 
 def _streamed_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
-    """`epoch(key)`: the batches of one epoch, read a block at a time."""
     read = _row_reader(x)
 
     def generate(key):
@@ -179,8 +171,7 @@ def _streamed_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
         order = rng.permutation(blocks) if shuffle else np.arange(blocks)
         for block in order:
             start = int(block) * batch_size
-            xb = read(start, start + batch_size)
-            yb = y[start : start + batch_size]
+            xb, yb = read(start, start + batch_size), y[start : start + batch_size]
             if shuffle:
                 rows = rng.permutation(batch_size)
                 xb, yb = xb[rows], yb[rows]
@@ -200,7 +191,7 @@ def _streamed_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
 
 
 def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
-    """`read(start, stop)` copies rows; file reads for whole memory maps."""
+    # `read(start, stop)` copies rows: by file reads for whole memory maps.
     filename = getattr(x, "filename", None)
     base_ok = (
         isinstance(x, np.memmap)
@@ -211,12 +202,9 @@ def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
     if not base_ok:
         return lambda start, stop: np.array(x[start:stop])
     row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
-    offset = int(x.offset)
-    path = Path(filename)
+    offset, path = int(x.offset), Path(filename)
     if path.stat().st_size < offset + len(x) * row_bytes:
         raise ValueError(f"{path}: shorter than its array header says.")
-
-    def read(start: int, stop: int) -> np.ndarray:
-        return read_rows(path, offset, x.shape[1:], x.dtype, np.arange(start, stop))
-
-    return read
+    return lambda start, stop: read_rows(
+        path, offset, x.shape[1:], x.dtype, np.arange(start, stop)
+    )

@@ -27,8 +27,15 @@ ds = tfds.load("gtsrb/roi_32x32", split="train", data_dir="/tmp/tfds",
 ```
 """
 
-from advtrain.data.gtsrb.archive import URL_ENV, archives_url, locate_manual_dir
-from advtrain.data.gtsrb.builder import CLASS_NAMES, Gtsrb, GtsrbConfig, gtsrb_config
+from advtrain.data.gtsrb.builder import (
+    CLASS_NAMES,
+    URL_ENV,
+    Gtsrb,
+    GtsrbConfig,
+    archives_url,
+    gtsrb_config,
+    locate_manual_dir,
+)
 from advtrain.data.gtsrb.rows import NUM_CLASSES
 from advtrain.data.gtsrb.split import gtsrb_splits, prepare_gtsrb, split_by_track
 

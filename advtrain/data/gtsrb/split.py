@@ -13,8 +13,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from advtrain.data.errors import DataError
-from advtrain.data.gtsrb.archive import locate_manual_dir
-from advtrain.data.gtsrb.builder import CLASS_NAMES, gtsrb_config
+from advtrain.data.gtsrb.builder import CLASS_NAMES, gtsrb_config, locate_manual_dir
 from advtrain.data.gtsrb.rows import NUM_CLASSES
 from advtrain.data.sources import DataSplits, register_source, require
 
