@@ -25,13 +25,16 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import tensorflow as tf
 
-from advtrain.data.errors import DataError
+from advtrain.data.errors import DataError, check_label_count, valid_labels
 from advtrain.data.sources import DataSplits, hold_out, register_source, require
-from advtrain.data.streaming import read_rows, stream_rows
+from advtrain.data.streaming import epochs, read_rows
 from advtrain.utils.errors import one_line
 
 logger = logging.getLogger(__name__)
+
+_CHUNK_BYTES = 4 << 20  # read per generator step
 
 
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
@@ -126,36 +129,51 @@ class _Part:
                 f"{x_path}: expected uint8 or float images. "
                 f"Received: dtype={self.x.dtype}"
             )
-        declared_x, declared_y = shape[0], len(self.y) + missing_y
-        if declared_x != declared_y:
-            raise DataError(
-                f"{y_path}: expected {declared_x} labels, one per image in "
-                f"{x_path.name}. Received: {declared_y}"
-            )
+        check_label_count(x_path, y_path, shape[0], len(self.y) + missing_y)
         n = min(self.x.rows, len(self.y))
         self.index = np.arange(n)
-        self.skipped = declared_x - n
+        self.skipped = shape[0] - n
         self.y_path = y_path
         self.image_shape = shape[1:] if len(shape) == 4 else (*shape[1:], 1)
 
     def drop_out_of_range(self, num_classes: int, partial: bool, name: str):
-        y = self.y[self.index]
-        bad = (y < 0) | (y >= num_classes)
-        if not bad.any():
-            return
-        first = self.index[np.argmax(bad)]
-        if not partial:
-            raise DataError(
-                f"{self.y_path} index {first}: label out of range: expected "
-                f"0..{num_classes - 1} ({name}). Received: {self.y[first]}"
-            )
-        self.index = self.index[~bad]
-        self.skipped += int(bad.sum())
+        y = self.y[self.index]  # all complete rows so far: index == position
+        keep = valid_labels(y, num_classes, partial, self.y_path, f" ({name})")
+        self.index, self.skipped = self.index[keep], self.skipped + int((~keep).sum())
 
     def stream(self, index: np.ndarray, shuffle_seed: Optional[int] = None):
-        x, dtype = self.x, np.uint8 if self.x.dtype == np.uint8 else np.float32
-        args = (x.read, self.y, index, self.image_shape, dtype, x.row_bytes)
-        return stream_rows(*args, shuffle_seed)
+        # Unbatched (image, label) at `index`, read a chunk at a time; with
+        # `shuffle_seed`, each pass in a fresh seeded order.
+        dtype = np.uint8 if self.x.dtype == np.uint8 else np.float32
+        chunk = max(1, _CHUNK_BYTES // self.x.row_bytes)
+
+        def generate(epoch_seed):
+            order, rng = index, None
+            if shuffle_seed is not None:
+                rng = np.random.default_rng([shuffle_seed, int(epoch_seed) % 2**63])
+                order = rng.permutation(index)
+            for start in range(0, len(order), chunk):
+                # Sorted reads walk the file forward; then back to random order.
+                idx = np.sort(order[start : start + chunk])
+                x = self.x.read(idx).astype(dtype, copy=False)
+                x, y = x.reshape(-1, *self.image_shape), self.y[idx]
+                if rng is not None:
+                    perm = rng.permutation(len(idx))
+                    x, y = x[perm], y[perm]
+                yield x, y
+
+        signature = (
+            tf.TensorSpec((None, *self.image_shape), tf.as_dtype(dtype)),
+            tf.TensorSpec((None,), tf.int64),
+        )
+
+        def epoch(key):
+            return tf.data.Dataset.from_generator(
+                generate, args=(key,), output_signature=signature
+            )
+
+        ds = epochs(epoch, repeat=False, seed=shuffle_seed or 0).unbatch()
+        return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
 
 
 def _layout(path: Path):

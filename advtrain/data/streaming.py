@@ -9,7 +9,6 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -17,7 +16,6 @@ import tensorflow as tf
 from advtrain.data.errors import DataError
 
 _CONSTANT_BYTES = 64 * 2**20  # in-memory arrays up to this become a constant
-_CHUNK_BYTES = 4 << 20  # read per generator step
 
 
 def read_rows(
@@ -50,7 +48,7 @@ def read_rows(
     return out
 
 
-def _epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
+def epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
     # repeat: epoch(0), epoch(1), ... from every iterator; else one epoch
     # with a fresh random key per iterator.
     if repeat:
@@ -59,48 +57,6 @@ def _epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
         keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
         keys = keys.take(1)
     return keys.flat_map(epoch)
-
-
-def stream_rows(
-    read: Callable[[np.ndarray], np.ndarray],
-    labels: np.ndarray,
-    index: np.ndarray,
-    row_shape: tuple[int, ...],
-    dtype: np.dtype,
-    row_bytes: int,
-    shuffle_seed: Optional[int],
-) -> tf.data.Dataset:
-    """Unbatched `(row, label)` at `index`, `read(sorted index)` a chunk at a
-    time; with `shuffle_seed`, each pass in a fresh seeded order."""
-    chunk = max(1, _CHUNK_BYTES // row_bytes)
-
-    def generate(epoch_seed):
-        order, rng = index, None
-        if shuffle_seed is not None:
-            rng = np.random.default_rng([shuffle_seed, int(epoch_seed) % 2**63])
-            order = rng.permutation(index)
-        for start in range(0, len(order), chunk):
-            # Sorted reads walk the file forward; then back to random order.
-            idx = np.sort(order[start : start + chunk])
-            x = read(idx).astype(dtype, copy=False).reshape(-1, *row_shape)
-            y = labels[idx]
-            if rng is not None:
-                perm = rng.permutation(len(idx))
-                x, y = x[perm], y[perm]
-            yield x, y
-
-    signature = (
-        tf.TensorSpec((None, *row_shape), tf.as_dtype(dtype)),
-        tf.TensorSpec((None,), tf.int64),
-    )
-
-    def epoch(key):
-        return tf.data.Dataset.from_generator(
-            generate, args=(key,), output_signature=signature
-        )
-
-    ds = _epochs(epoch, repeat=False, seed=shuffle_seed or 0).unbatch()
-    return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
 
 
 def array_batches(
@@ -140,7 +96,7 @@ def array_batches(
     else:
         epoch = _streamed_epoch(x, y, blocks, batch_size, shuffle, seed)
         prefetch = 2
-    ds = _epochs(epoch, repeat=repeat, seed=seed)
+    ds = epochs(epoch, repeat=repeat, seed=seed)
     cardinality = tf.data.INFINITE_CARDINALITY if repeat else blocks
     ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
     return ds.prefetch(prefetch)
