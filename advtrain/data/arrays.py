@@ -27,7 +27,12 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from advtrain.data.errors import DataError, check_label_count, valid_labels
+from advtrain.data.errors import (
+    DataError,
+    check_label_count,
+    valid_labels,
+    warn_skipped,
+)
 from advtrain.data.sources import DataSplits, hold_out, register_source, require
 from advtrain.data.streaming import epochs, read_rows
 from advtrain.utils.errors import one_line
@@ -261,10 +266,7 @@ def arrays_splits(
     test_part = train if test is None else test
     test_index = (train.index[held] if test is None else test.index)[:limit_test]
     skipped = train.skipped + (test.skipped if test is not None else 0)
-    if skipped:
-        logger.warning(
-            "arrays: skipped %d corrupt example(s) (on_corrupt: skip).", skipped
-        )
+    warn_skipped(logger, "arrays", skipped)
     train_fn = functools.partial(train.stream, train_index, seed)
     return DataSplits(
         train=train_fn(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 from types import ModuleType
 from typing import Optional
@@ -40,6 +41,13 @@ def needs_tensorflow(what: str, received: str) -> DataError:
         f"{what} needs TensorFlow (tf.data), which is not installed: pip "
         f"install tensorflow. Received: {received}"
     )
+
+
+def warn_skipped(logger: logging.Logger, where: str, n: int, what: str = "example"):
+    if n:
+        logger.warning(
+            "%s: skipped %d corrupt %s(s) (on_corrupt: skip).", where, n, what
+        )
 
 
 def check_label_count(x_path: Path, y_path: Path, n_x: int, n_y: int) -> None:

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from advtrain.data.errors import DataError
+from advtrain.data.errors import DataError, warn_skipped
 from advtrain.data.pipeline import resize_pixels
 from advtrain.data.sources import DataSplits, hold_out, register_source, require
 
@@ -196,10 +196,7 @@ def folder_splits(
             ds = ds.ignore_errors(log_warning=True)
         return ds
 
-    if skipped:
-        logger.warning(
-            "folder: skipped %d corrupt image(s) (on_corrupt: skip).", skipped
-        )
+    warn_skipped(logger, "folder", skipped, "image")
     return DataSplits(
         train=to_ds(train),
         test=to_ds(test),

@@ -17,6 +17,7 @@ from advtrain.data.errors import (
     needs_tensorflow,
     tensorflow_or_none,
     valid_labels,
+    warn_skipped,
 )
 from advtrain.data.sources import DataSplits, register_source, splits_from_arrays
 
@@ -109,9 +110,7 @@ def _load_split(directory: Path, split: str, partial: bool):
     keep = valid_labels(labels, 10, partial, labels_path)
     images, labels = images[keep], labels[keep]
     skipped = n_images - len(labels)
-    if skipped:
-        message = "mnist %s: skipped %d corrupt example(s) (on_corrupt: skip)."
-        logger.warning(message, split, skipped)
+    warn_skipped(logger, f"mnist {split}", skipped)
     return images[..., None], labels, skipped
 
 

@@ -221,9 +221,9 @@ def splits_from_arrays(
     tf = tensorflow_or_none()
 
     def to_ds(x, y):
-        if tf is None:
-            return Examples(x, y)
-        return tf.data.Dataset.from_tensor_slices((x, y))
+        return (
+            Examples(x, y) if tf is None else tf.data.Dataset.from_tensor_slices((x, y))
+        )
 
     return DataSplits(
         train=to_ds(x_train, y_train),

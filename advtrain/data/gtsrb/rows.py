@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from PIL import Image, UnidentifiedImageError
 
-from advtrain.data.errors import DataError
+from advtrain.data.errors import DataError, warn_skipped
 from advtrain.utils.errors import one_line
 
 logger = logging.getLogger(__name__)
@@ -46,12 +46,7 @@ class _Problems:
         yield from examples
         self.info.metadata["skipped"] = len(self.messages)
         self.info.metadata["skipped_examples"] = self.messages[:_KEEP_MESSAGES]
-        if len(self.messages) > before:
-            logger.warning(
-                "gtsrb %s: skipped %d corrupt example(s) (on_corrupt: skip).",
-                split,
-                len(self.messages) - before,
-            )
+        warn_skipped(logger, f"gtsrb {split}", len(self.messages) - before)
 
 
 def open_ppm(data: bytes, name: str = "image") -> Image.Image:
