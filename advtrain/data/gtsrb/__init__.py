@@ -137,13 +137,12 @@ def _labels_and_tracks(builder) -> tuple[np.ndarray, np.ndarray]:
         split="train",
         decoders=tfds.decode.PartialDecoding({"label": True, "track": True}),
     )
-    labels, tracks = [], []
-    for batch in keys.batch(8192).as_numpy_iterator():
-        labels.append(batch["label"])
-        tracks.append(batch["track"])
-    labels = np.concatenate(labels) if labels else np.zeros(0, np.int64)
-    tracks = np.concatenate(tracks) if tracks else np.zeros(0, np.int32)
-    return labels, tracks
+    batches = list(keys.batch(8192).as_numpy_iterator())
+    if not batches:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    return tuple(
+        np.concatenate([b[key] for b in batches]) for key in ("label", "track")
+    )
 
 
 def _train_by_track(builder, held_keys: np.ndarray, want_held: bool):
