@@ -1,19 +1,14 @@
 """Datasets of raw pixels and integer labels, batched for `Model.fit`.
 
 `load_splits(source, **options)` returns unbatched train / validation /
-test datasets of `(image, label)`: uint8 (0..255) or float32 in [0, 1]
-pixels at the dataset's native size and channels; the model does the rest.
-`make_input` batches one for training or evaluation, `make_distributed_input`
-per replica under a strategy.
-
-Sources: `digits` (scikit-learn's), `mnist` (IDX files or TFDS), `gtsrb`
-(a TFDS builder over the official archives), `arrays` (`.npy` files
-streamed from disk), `folder` (one folder per class), `tfds` (any TFDS
-image classification dataset) and those added with `register_source`.
-The datasets are `tf.data` pipelines; without TensorFlow the in-memory
-sources (`digits`, `mnist` IDX, `splits_from_arrays`) hold numpy arrays,
-batched by numpy, and the others say in one line what to install. With
-TensorFlow, importing this package registers the TFDS builder `gtsrb`.
+test datasets of `(image, label)`: uint8 or float32 in [0, 1] pixels at the
+dataset's native size; `make_input` batches one for training or evaluation,
+`make_distributed_input` per replica under a strategy. Sources: `digits`,
+`mnist` (IDX files or TFDS), `gtsrb` (a TFDS builder, registered with
+TensorFlow), `arrays` (`.npy` streamed from disk), `folder` (one folder per
+class), `tfds` and those added with `register_source`. Without TensorFlow,
+the in-memory sources (`digits`, `mnist` IDX, `splits_from_arrays`) hold
+numpy arrays batched by numpy; the others say what to install.
 """
 
 from advtrain.data.errors import DataError, tensorflow_or_none

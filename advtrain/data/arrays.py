@@ -1,14 +1,12 @@
 """Source `arrays`: `.npy` files streamed from disk, never loaded whole.
 
-`path` is a directory holding `x_train.npy`, `y_train.npy` and optionally
-`x_test.npy`, `y_test.npy`, or a prefix `PATH` of `PATH_x.npy` and
-`PATH_y.npy`. Without a test pair, `test_fraction` is held out as test
-(stratified, seeded by `seed`), then `val_fraction` of the rest as
-validation. Images are `(N, H, W)` or `(N, H, W, C)`, uint8 or float in
-[0, 1] (read as float32); labels are integers `(N,)` or `(N, 1)` in 0..K-1,
-K = 1 + the largest training label, held in memory. Image rows are read a
-few MB at a time (`advtrain.data.streaming`); each epoch reads the training
-rows in a fresh order drawn from `seed`, the same again in a resumed run.
+`path` is a directory of `x_train.npy`, `y_train.npy` (and optionally
+`x_test.npy`, `y_test.npy`), or a prefix `PATH` of `PATH_x.npy`,
+`PATH_y.npy`. Without a test pair, `test_fraction` is held out as test,
+then `val_fraction` of the rest (stratified, seeded by `seed`). Images are
+`(N, H, W)` or `(N, H, W, C)`, uint8 or float in [0, 1]; labels integers
+`(N,)` or `(N, 1)` in 0..K-1, K = 1 + the largest training label. Each
+epoch reads the training rows in an order drawn from `seed` alone.
 
 Example:
 
@@ -27,17 +25,24 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import tensorflow as tf
 
-from advtrain.data.errors import DataError
-from advtrain.data.sources import DataSplits, hold_out, limit, register_source, require
-from advtrain.data.streaming import read_rows, stream_rows
+from advtrain.data.errors import (
+    DataError,
+    check_label_count,
+    valid_labels,
+    warn_skipped,
+)
+from advtrain.data.sources import DataSplits, hold_out, register_source, require
+from advtrain.data.streaming import epochs, read_rows
 from advtrain.utils.errors import one_line
 
 logger = logging.getLogger(__name__)
 
+_CHUNK_BYTES = 4 << 20  # read per generator step
+
 
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
-    """Returns (shape, dtype, fortran_order, data offset) of a .npy file."""
     try:
         with path.open("rb") as f:
             fmt = np.lib.format
@@ -54,7 +59,7 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
 
 
 class _Rows:
-    """Rows of a .npy file read through a memory map, `rows` of them usable."""
+    # The rows of a .npy file; `rows` of them are complete.
 
     def __init__(self, path: Path, partial: bool):
         self.path = path
@@ -91,7 +96,6 @@ class _Rows:
         return np.memmap(self.path, self.dtype, "r", self._offset, shape, order)
 
     def read(self, index: np.ndarray) -> np.ndarray:
-        """Copies the rows at sorted `index` into a new array (`read_rows`)."""
         if self._fortran:  # rows are not contiguous on disk
             return np.array(self._open()[index])
         return read_rows(self.path, self._offset, self.shape[1:], self.dtype, index)
@@ -114,7 +118,7 @@ def _labels(path: Path, partial: bool) -> tuple[np.ndarray, int]:
 
 
 class _Part:
-    """One x / y pair: image rows on disk, labels in memory, usable indices."""
+    # One x / y pair: image rows on disk, labels in memory, usable indices.
 
     def __init__(self, x_path: Path, y_path: Path, partial: bool):
         self.x = _Rows(x_path, partial)
@@ -130,42 +134,54 @@ class _Part:
                 f"{x_path}: expected uint8 or float images. "
                 f"Received: dtype={self.x.dtype}"
             )
-        declared_x, declared_y = shape[0], len(self.y) + missing_y
-        if declared_x != declared_y:
-            raise DataError(
-                f"{y_path}: expected {declared_x} labels, one per image in "
-                f"{x_path.name}. Received: {declared_y}"
-            )
+        check_label_count(x_path, y_path, shape[0], len(self.y) + missing_y)
         n = min(self.x.rows, len(self.y))
         self.index = np.arange(n)
-        self.skipped = declared_x - n
+        self.skipped = shape[0] - n
         self.y_path = y_path
         self.image_shape = shape[1:] if len(shape) == 4 else (*shape[1:], 1)
 
     def drop_out_of_range(self, num_classes: int, partial: bool, name: str):
-        y = self.y[self.index]
-        bad = (y < 0) | (y >= num_classes)
-        if not bad.any():
-            return
-        first = self.index[np.argmax(bad)]
-        if not partial:
-            raise DataError(
-                f"{self.y_path} index {first}: label out of range: expected "
-                f"0..{num_classes - 1} ({name}). Received: {self.y[first]}"
-            )
-        self.index = self.index[~bad]
-        self.skipped += int(bad.sum())
+        y = self.y[self.index]  # all complete rows so far: index == position
+        keep = valid_labels(y, num_classes, partial, self.y_path, f" ({name})")
+        self.index, self.skipped = self.index[keep], self.skipped + int((~keep).sum())
 
     def stream(self, index: np.ndarray, shuffle_seed: Optional[int] = None):
-        """The examples at `index`, read from disk a few MB at a time."""
-        x, dtype = self.x, np.uint8 if self.x.dtype == np.uint8 else np.float32
-        args = (x.read, self.y, index, self.image_shape, dtype, x.row_bytes)
-        return stream_rows(*args, shuffle_seed)
+        # Unbatched (image, label) at `index`, read a chunk at a time; with
+        # `shuffle_seed`, each pass in a fresh seeded order.
+        dtype = np.uint8 if self.x.dtype == np.uint8 else np.float32
+        chunk = max(1, _CHUNK_BYTES // self.x.row_bytes)
+
+        def generate(epoch_seed):
+            order, rng = index, None
+            if shuffle_seed is not None:
+                rng = np.random.default_rng([shuffle_seed, int(epoch_seed) % 2**63])
+                order = rng.permutation(index)
+            for start in range(0, len(order), chunk):
+                # Sorted reads walk the file forward; then back to random order.
+                idx = np.sort(order[start : start + chunk])
+                x = self.x.read(idx).astype(dtype, copy=False)
+                x, y = x.reshape(-1, *self.image_shape), self.y[idx]
+                if rng is not None:
+                    perm = rng.permutation(len(idx))
+                    x, y = x[perm], y[perm]
+                yield x, y
+
+        signature = (
+            tf.TensorSpec((None, *self.image_shape), tf.as_dtype(dtype)),
+            tf.TensorSpec((None,), tf.int64),
+        )
+
+        def epoch(key):
+            return tf.data.Dataset.from_generator(
+                generate, args=(key,), output_signature=signature
+            )
+
+        ds = epochs(epoch, repeat=False, seed=shuffle_seed or 0).unbatch()
+        return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
 
 
-def _layout(
-    path: Path,
-) -> tuple[tuple[Path, Path], Optional[tuple[Path, Path]]]:
+def _layout(path: Path):
     if path.is_dir():
         train = (path / "x_train.npy", path / "y_train.npy")
         test = (path / "x_test.npy", path / "y_test.npy")
@@ -201,7 +217,6 @@ def _layout(
 
 
 def _read_parts(path: Path, partial: bool):
-    """(train, test or None, num_classes) of the files at `path`."""
     train_paths, test_paths = _layout(path)
     train = _Part(*train_paths, partial)
     num_classes = int(train.y[train.index].max()) + 1 if len(train.index) else 0
@@ -246,17 +261,12 @@ def arrays_splits(
         seed=seed,
         val_seed=seed + 1,
     )
-    train_index = limit(train.index[keep], limit_train)
+    train_index = train.index[keep][:limit_train]
     val_index = None if val is None else train.index[val]
     test_part = train if test is None else test
-    test_index = limit(
-        test.index if test is not None else train.index[held], limit_test
-    )
+    test_index = (train.index[held] if test is None else test.index)[:limit_test]
     skipped = train.skipped + (test.skipped if test is not None else 0)
-    if skipped:
-        logger.warning(
-            "arrays: skipped %d corrupt example(s) (on_corrupt: skip).", skipped
-        )
+    warn_skipped(logger, "arrays", skipped)
     train_fn = functools.partial(train.stream, train_index, seed)
     return DataSplits(
         train=train_fn(),

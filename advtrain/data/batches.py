@@ -1,12 +1,10 @@
 """In-memory examples batched with numpy: the input without TensorFlow.
-
-`Examples` holds one split's arrays; `make_input` batches it as
-`ArrayBatches`, a `keras.utils.PyDataset` read as tf.data is. The same seed
-gives the same batches, though not tf.data's.
+The same seed gives the same batches, though not tf.data's.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, Optional
 
@@ -73,21 +71,15 @@ class ArrayBatches(keras.utils.PyDataset):
         return None if self.endless else self.steps
 
     def repeat(self) -> ArrayBatches:
-        return self._with(True, self.start)
+        return self._with(endless=True)
 
     def skip(self, count: int) -> ArrayBatches:
-        return self._with(self.endless, self.start + count)
+        return self._with(start=self.start + count)
 
-    def _with(self, endless: bool, start: int) -> ArrayBatches:
-        return ArrayBatches(
-            self.examples,
-            batch_size=self.batch_size,
-            training=self.training,
-            seed=self.seed,
-            augment=self.augment,
-            endless=endless,
-            start=start,
-        )
+    def _with(self, **changes: Any) -> ArrayBatches:
+        batches = copy.copy(self)
+        batches.__dict__.update(changes)
+        return batches
 
     def __getitem__(self, index: int):
         index += self.start
@@ -104,7 +96,6 @@ class ArrayBatches(keras.utils.PyDataset):
         return x, self.examples.y[rows]
 
     def _order(self, epoch: int) -> np.ndarray:
-        """Epoch `epoch`'s order of the examples (the last one kept)."""
         if self._last_order[0] != epoch:
             n = len(self.examples)
             rng = np.random.default_rng([self.seed, 0, epoch])

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
+from pathlib import Path
 from types import ModuleType
 from typing import Optional
+
+import numpy as np
 
 from advtrain.utils.errors import ArgumentError
 
@@ -37,3 +41,33 @@ def needs_tensorflow(what: str, received: str) -> DataError:
         f"{what} needs TensorFlow (tf.data), which is not installed: pip "
         f"install tensorflow. Received: {received}"
     )
+
+
+def warn_skipped(logger: logging.Logger, where: str, n: int, what: str = "example"):
+    if n:
+        logger.warning(
+            "%s: skipped %d corrupt %s(s) (on_corrupt: skip).", where, n, what
+        )
+
+
+def check_label_count(x_path: Path, y_path: Path, n_x: int, n_y: int) -> None:
+    if n_x != n_y:
+        raise DataError(
+            f"{y_path}: expected {n_x} labels, one per image in {x_path.name}. "
+            f"Received: {n_y}"
+        )
+
+
+def valid_labels(
+    labels: np.ndarray, num_classes: int, partial: bool, path: Path, note: str = ""
+) -> np.ndarray:
+    """A mask of the labels in 0..num_classes-1; unless `partial`, any other
+    is a one-line error naming `path` and its index."""
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any() and not partial:
+        first = np.argmax(bad)
+        raise DataError(
+            f"{path} index {first}: label out of range: expected "
+            f"0..{num_classes - 1}{note}. Received: {labels[first]}"
+        )
+    return ~bad

@@ -1,12 +1,10 @@
 """Source `folder`: your own images, one folder per class.
 
 `path` is `root/train/<class>/*.png|jpg|jpeg` with `root/test/<class>/...`
-(the test tree may hold a subset of the classes), or `root/<class>/...`
-with `test_fraction` held out. Class names are the sorted folder names.
-Images are decoded in tf.data, in parallel, and resized to `image_size`
-(default: the first image's size); grayscale stays one channel, RGBA
-drops alpha. Each file's signature and end marker are checked when the
-source loads, so a truncated file fails at once, by name, not mid-epoch.
+(a subset of the classes), or `root/<class>/...` with `test_fraction` held
+out; classes are the sorted folder names. Images are decoded in tf.data and
+resized to `image_size` (default: the first image's size); grayscale stays
+one channel, RGBA drops alpha. A truncated file fails at load, by name.
 
 Example:
 
@@ -24,9 +22,9 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from advtrain.data.errors import DataError
+from advtrain.data.errors import DataError, warn_skipped
 from advtrain.data.pipeline import resize_pixels
-from advtrain.data.sources import DataSplits, hold_out, limit, register_source, require
+from advtrain.data.sources import DataSplits, hold_out, register_source, require
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +32,9 @@ EXTENSIONS = (".png", ".jpg", ".jpeg")
 _PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def check_image_file(path: Path) -> Optional[str]:
-    """What is wrong with a PNG / JPEG file, or None: reads its signature
-    and the end marker (PNG IEND, JPEG EOI) a truncated file lacks."""
+def _check_image_file(path: Path) -> Optional[str]:
+    # What is wrong with a PNG / JPEG file, or None: its signature and the
+    # end marker (PNG IEND, JPEG EOI) a truncated file lacks.
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -60,12 +58,7 @@ def _class_dirs(root: Path) -> list[Path]:
     )
 
 
-def _list_tree(
-    root: Path,
-    class_names: list[str],
-    shown_root: Path,
-    partial: bool,
-) -> tuple[list[str], list[int], int]:
+def _list_tree(root: Path, class_names: list[str], shown_root: Path, partial: bool):
     paths, labels, skipped = [], [], 0
     index = {name: i for i, name in enumerate(class_names)}
     for folder in _class_dirs(root):
@@ -84,7 +77,7 @@ def _list_tree(
         for path in sorted(folder.iterdir()):
             if path.suffix.lower() not in EXTENSIONS or not path.is_file():
                 continue
-            problem = check_image_file(path)
+            problem = _check_image_file(path)
             if problem is not None:
                 message = f"{path.relative_to(shown_root)}: {problem}"
                 if not partial:
@@ -112,8 +105,6 @@ def _decoder(channels: int, size: tuple[int, int]):
 
 
 def _read_trees(root: Path, partial: bool):
-    """(class names, (train paths, labels), (test paths, labels) or None,
-    skipped) of the tree at `root`."""
     if not root.is_dir():
         raise DataError(
             f"{root}: image directory not found. Expected "
@@ -143,8 +134,6 @@ def _read_trees(root: Path, partial: bool):
 
 
 def _image_format(root: Path, first: str, image_size) -> tuple[int, tuple[int, int]]:
-    """(channels, (height, width)) the images are decoded to: those of the
-    first image, resized to `image_size` when it is set."""
     try:
         image = tf.io.decode_image(tf.io.read_file(first), expand_animations=False)
     except tf.errors.OpError as exc:
@@ -158,8 +147,7 @@ def _image_format(root: Path, first: str, image_size) -> tuple[int, tuple[int, i
         logger.info(
             "folder: images resized to %dx%d, the size of %s "
             "(set image_size to choose).",
-            size[0],
-            size[1],
+            *size,
             first,
         )
     return channels, size
@@ -195,8 +183,8 @@ def folder_splits(
     # Class folders are listed in order; mix them once so a shuffle buffer
     # smaller than the data set still sees every class.
     train = train[np.random.default_rng(seed).permutation(len(train))]
-    train = (limit(paths[train], limit_train), limit(labels[train], limit_train))
-    test = (limit(test[0], limit_test), limit(test[1], limit_test))
+    train = (paths[train][:limit_train], labels[train][:limit_train])
+    test = (test[0][:limit_test], test[1][:limit_test])
     channels, size = _image_format(root, paths[0], image_size)
     load = _decoder(channels, size)
 
@@ -208,10 +196,7 @@ def folder_splits(
             ds = ds.ignore_errors(log_warning=True)
         return ds
 
-    if skipped:
-        logger.warning(
-            "folder: skipped %d corrupt image(s) (on_corrupt: skip).", skipped
-        )
+    warn_skipped(logger, "folder", skipped, "image")
     return DataSplits(
         train=to_ds(train),
         test=to_ds(test),

@@ -1,8 +1,5 @@
 """Source `mnist`: the four original IDX files (plain or `.gz`) in `path`,
 or TFDS `mnist` (downloaded once into `tfds_data_dir`) without `path`.
-
-IDX is a big-endian header (two zero bytes, a type code, the number of
-dimensions, one uint32 per dimension) followed by the raw values.
 """
 
 from __future__ import annotations
@@ -14,7 +11,14 @@ from typing import Optional, Union
 
 import numpy as np
 
-from advtrain.data.errors import DataError, needs_tensorflow, tensorflow_or_none
+from advtrain.data.errors import (
+    DataError,
+    check_label_count,
+    needs_tensorflow,
+    tensorflow_or_none,
+    valid_labels,
+    warn_skipped,
+)
 from advtrain.data.sources import DataSplits, register_source, splits_from_arrays
 
 logger = logging.getLogger(__name__)
@@ -28,7 +32,7 @@ _IDX_TYPES = {8: "u1", 9: "i1", 11: ">i2", 12: ">i4", 13: ">f4", 14: ">f8"}
 
 
 def _read_bytes(path: Path) -> tuple[bytes, bool]:
-    """Returns the (decompressed) bytes and whether they are complete."""
+    # The (decompressed) bytes and whether they are complete.
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -46,7 +50,9 @@ def _read_bytes(path: Path) -> tuple[bytes, bool]:
 
 
 def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
-    """Returns the complete records and the count the header declares."""
+    # The complete records and the count the header declares. IDX: two zero
+    # bytes, a type code, the number of dimensions, one big-endian uint32
+    # per dimension, then the raw values.
     data, complete = _read_bytes(path)
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
         raise DataError(
@@ -60,14 +66,13 @@ def _read_idx(path: Path, partial: bool) -> tuple[np.ndarray, int]:
     shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     record = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
     have = (len(data) - offset) // record if record else shape[0]
-    if not complete or have < shape[0]:
-        if not partial:
-            reason = "gzip stream ends early" if not complete else "file ends early"
-            raise DataError(
-                f"{path}: truncated IDX: expected {shape[0]} records of shape "
-                f"{tuple(shape[1:])}, {reason}. Received: {min(have, shape[0])}"
-            )
     n = min(have, shape[0])
+    if (not complete or have < shape[0]) and not partial:
+        reason = "gzip stream ends early" if not complete else "file ends early"
+        raise DataError(
+            f"{path}: truncated IDX: expected {shape[0]} records of shape "
+            f"{tuple(shape[1:])}, {reason}. Received: {n}"
+        )
     array = np.frombuffer(
         data, dtype, count=n * record // dtype.itemsize, offset=offset
     )
@@ -87,8 +92,7 @@ def _find(directory: Path, name: str) -> Path:
 
 
 def _load_split(directory: Path, split: str, partial: bool):
-    images_path = _find(directory, FILES[split][0])
-    labels_path = _find(directory, FILES[split][1])
+    images_path, labels_path = (_find(directory, name) for name in FILES[split])
     images, n_images = _read_idx(images_path, partial)
     labels, n_labels = _read_idx(labels_path, partial)
     if images.ndim != 3 or images.dtype != np.uint8:
@@ -100,30 +104,13 @@ def _load_split(directory: Path, split: str, partial: bool):
         raise DataError(
             f"{labels_path}: expected labels of shape (N,). Received: {labels.shape}"
         )
-    if n_images != n_labels:
-        raise DataError(
-            f"{labels_path}: expected {n_images} labels, one per image in "
-            f"{images_path.name}. Received: {n_labels}"
-        )
+    check_label_count(images_path, labels_path, n_images, n_labels)
     n = min(len(images), len(labels))
-    skipped = n_images - n
     images, labels = images[:n], labels[:n].astype(np.int64)
-    bad = (labels < 0) | (labels > 9)
-    if bad.any():
-        first = np.argmax(bad)
-        if not partial:
-            raise DataError(
-                f"{labels_path} index {first}: label out of range: expected "
-                f"0..9. Received: {labels[first]}"
-            )
-        images, labels = images[~bad], labels[~bad]
-        skipped += int(bad.sum())
-    if skipped:
-        logger.warning(
-            "mnist %s: skipped %d corrupt example(s) (on_corrupt: skip).",
-            split,
-            skipped,
-        )
+    keep = valid_labels(labels, 10, partial, labels_path)
+    images, labels = images[keep], labels[keep]
+    skipped = n_images - len(labels)
+    warn_skipped(logger, f"mnist {split}", skipped)
     return images[..., None], labels, skipped
 
 

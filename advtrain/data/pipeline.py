@@ -1,6 +1,5 @@
-"""Shuffle, augment, batch, cache and prefetch in tf.data on the host CPU
-(AUTOTUNE, prefetched), so the device never waits. Without TensorFlow the
-splits are `Examples`, batched by numpy (`advtrain.data.batches`).
+"""Shuffle, augment, batch, cache and prefetch in tf.data on the host CPU,
+so the device never waits; without TensorFlow, `Examples` batched by numpy.
 """
 
 from __future__ import annotations
@@ -61,14 +60,11 @@ def has_augmentation(augment: Any) -> bool:
 
 
 def _augment(*, random_crop_pad, brightness, contrast, horizontal_flip):
-    """Stateless random ops: the same seed gives the same augmentation."""
-
     def apply(element, seed):
         image, label = element
         seeds = tf.random.experimental.stateless_split(seed, num=4)
         if random_crop_pad:
-            shape = tf.shape(image)
-            pad = random_crop_pad
+            shape, pad = tf.shape(image), random_crop_pad
             image = tf.image.pad_to_bounding_box(
                 image, pad, pad, shape[0] + 2 * pad, shape[1] + 2 * pad
             )
@@ -102,11 +98,10 @@ _SHUFFLE_BYTES = 256 << 20
 
 
 def _shuffle_buffer(ds: tf.data.Dataset, requested: int) -> int:
-    image_spec = ds.element_spec[0]
-    shape = image_spec.shape
-    if requested <= 1 or not shape.is_fully_defined():
+    spec = ds.element_spec[0]
+    if requested <= 1 or not spec.shape.is_fully_defined():
         return requested
-    example_bytes = max(1, shape.num_elements() * image_spec.dtype.size)
+    example_bytes = max(1, spec.shape.num_elements() * spec.dtype.size)
     return max(1, min(requested, _SHUFFLE_BYTES // example_bytes))
 
 
@@ -144,27 +139,21 @@ def make_input(
                        training=True, augment={"brightness": 0.1})
     ```
     """
+    augment = augment_options(augment)
     if isinstance(ds, Examples):
         return ArrayBatches(
-            ds,
-            batch_size=batch_size,
-            training=training,
-            seed=seed,
-            augment=augment_options(augment),
+            ds, batch_size=batch_size, training=training, seed=seed, augment=augment
         )
     options = tf.data.Options()
     options.deterministic = deterministic or not training
     ds = ds.with_options(options)
     # Cache the raw (often uint8) elements: 4x smaller than float pixels.
     cache = cache_mode(cache, source)
-    if cache == "memory":
-        ds = ds.cache()
-    elif cache != "none":
-        ds = ds.cache(cache)
+    if cache != "none":
+        ds = ds.cache("" if cache == "memory" else cache)
     buffer = _shuffle_buffer(ds, shuffle_buffer)
     if training and buffer > 1:
         ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    augment = augment_options(augment)
     if training and any(augment.values()):
         ds = ds.map(to_unit_pixels, num_parallel_calls=tf.data.AUTOTUNE)
         # One seed pair per element, drawn afresh each epoch: parallel map
@@ -192,9 +181,9 @@ def make_replica_input(
 ) -> tf.data.Dataset:
     """The dataset of one input pipeline: its shard, per-replica batches.
 
-    `ds` may be a function that builds the dataset (called here, so each
-    worker builds its own); `seed` gets the pipeline id folded in so
-    augmentations differ; `**input_options` go to `make_input`.
+    `ds` may be a function that builds the dataset (each worker builds its
+    own); the pipeline id is folded into `seed`; `**input_options` go to
+    `make_input`.
 
     Raises:
         ValueError: if `global_batch` does not split evenly over replicas.
@@ -255,11 +244,8 @@ def make_distributed_input(
         )
         if repeat:
             ds = ds.repeat()
-        if skip_steps:
-            local = (
-                input_context.num_replicas_in_sync // input_context.num_input_pipelines
-            )
-            ds = ds.skip(skip_steps * local)
-        return ds
+        # Each pipeline feeds its local replicas one batch each per step.
+        local = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        return ds.skip(skip_steps * local) if skip_steps else ds
 
     return strategy.distribute_datasets_from_function(dataset_fn)

@@ -1,8 +1,5 @@
 """Data sources: the registry, `load_splits`, and the `DataSplits` they give.
-
-The built-in sources register themselves when their module is imported;
-the registry imports it the first time the source is asked for, so loading
-`digits` never imports tensorflow_datasets.
+A built-in source's module is imported the first time it is asked for.
 """
 
 from __future__ import annotations
@@ -200,11 +197,6 @@ def hold_out(
     return train, val, test
 
 
-def limit(items: T, n: Optional[int]) -> T:
-    """The first `n` of `items` (all when `n` is None)."""
-    return items if n is None else items[:n]
-
-
 def splits_from_arrays(
     train: tuple[np.ndarray, np.ndarray],
     test: tuple[np.ndarray, np.ndarray],
@@ -224,14 +216,14 @@ def splits_from_arrays(
         keep, held, _ = hold_out(y_train, val_fraction=val_fraction, seed=seed)
         val = (x_train[held], y_train[held])
         x_train, y_train = x_train[keep], y_train[keep]
-    x_train, y_train = limit(x_train, limit_train), limit(y_train, limit_train)
-    x_test, y_test = limit(test[0], limit_test), limit(test[1], limit_test)
+    x_train, y_train = x_train[:limit_train], y_train[:limit_train]
+    x_test, y_test = test[0][:limit_test], test[1][:limit_test]
     tf = tensorflow_or_none()
 
     def to_ds(x, y):
-        if tf is None:
-            return Examples(x, y)
-        return tf.data.Dataset.from_tensor_slices((x, y))
+        return (
+            Examples(x, y) if tf is None else tf.data.Dataset.from_tensor_slices((x, y))
+        )
 
     return DataSplits(
         train=to_ds(x_train, y_train),

@@ -1,10 +1,7 @@
 """Rows streamed from `.npy` files and arrays into tf.data, a few MB at a
-time, each epoch in an order drawn from the seeds alone (so a resumed run
-replays the batches an uninterrupted one would see).
-
-Files are read with plain reads, not through a memory map: every page a
-mapping touches counts as this process's resident memory, so host memory
-stays flat whatever the file's size.
+time, each epoch in an order drawn from the seeds alone (a resumed run
+replays the batches). Files are read with plain reads, not through a memory
+map, whose touched pages would count as resident memory.
 """
 
 from __future__ import annotations
@@ -12,18 +9,13 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
 from advtrain.data.errors import DataError
 
-# In-memory arrays up to this size become one constant tensor.
-_CONSTANT_BYTES = 64 * 2**20
-
-# Bytes read per generator step.
-_CHUNK_BYTES = 4 << 20
+_CONSTANT_BYTES = 64 * 2**20  # in-memory arrays up to this become a constant
 
 
 def read_rows(
@@ -56,57 +48,15 @@ def read_rows(
     return out
 
 
-def _epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
-    """`epoch(key)` for key 0, 1, 2, ... (repeat: the same stream from every
-    iterator), or one epoch with a fresh random key per iterator."""
+def epochs(epoch: Callable, repeat: bool, seed: int) -> tf.data.Dataset:
+    # repeat: epoch(0), epoch(1), ... from every iterator; else one epoch
+    # with a fresh random key per iterator.
     if repeat:
         keys = tf.data.Dataset.counter()
     else:
         keys = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
         keys = keys.take(1)
     return keys.flat_map(epoch)
-
-
-def stream_rows(
-    read: Callable[[np.ndarray], np.ndarray],
-    labels: np.ndarray,
-    index: np.ndarray,
-    row_shape: tuple[int, ...],
-    dtype: np.dtype,
-    row_bytes: int,
-    shuffle_seed: Optional[int],
-) -> tf.data.Dataset:
-    """Unbatched `(row, label)` at `index`, `read(sorted index)` a chunk at a
-    time; with `shuffle_seed`, each pass in a fresh seeded order."""
-    chunk = max(1, _CHUNK_BYTES // row_bytes)
-
-    def generate(epoch_seed):
-        order, rng = index, None
-        if shuffle_seed is not None:
-            rng = np.random.default_rng([shuffle_seed, int(epoch_seed) % 2**63])
-            order = rng.permutation(index)
-        for start in range(0, len(order), chunk):
-            # Sorted reads walk the file forward; then back to random order.
-            idx = np.sort(order[start : start + chunk])
-            x = read(idx).astype(dtype, copy=False).reshape(-1, *row_shape)
-            y = labels[idx]
-            if rng is not None:
-                perm = rng.permutation(len(idx))
-                x, y = x[perm], y[perm]
-            yield x, y
-
-    signature = (
-        tf.TensorSpec((None, *row_shape), tf.as_dtype(dtype)),
-        tf.TensorSpec((None,), tf.int64),
-    )
-
-    def epoch(key):
-        return tf.data.Dataset.from_generator(
-            generate, args=(key,), output_signature=signature
-        )
-
-    ds = _epochs(epoch, repeat=False, seed=shuffle_seed or 0).unbatch()
-    return ds.apply(tf.data.experimental.assert_cardinality(len(index)))
 
 
 def array_batches(
@@ -146,14 +96,13 @@ def array_batches(
     else:
         epoch = _streamed_epoch(x, y, blocks, batch_size, shuffle, seed)
         prefetch = 2
-    ds = _epochs(epoch, repeat=repeat, seed=seed)
+    ds = epochs(epoch, repeat=repeat, seed=seed)
     cardinality = tf.data.INFINITE_CARDINALITY if repeat else blocks
     ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
     return ds.prefetch(prefetch)
 
 
 def _constant_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
-    """`epoch(key)`: the batches of one epoch, gathered from constants."""
     xs, ys = tf.constant(x), tf.constant(y)
 
     def epoch(key):
@@ -171,7 +120,6 @@ def _constant_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
 
 
 def _streamed_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
-    """`epoch(key)`: the batches of one epoch, read a block at a time."""
     read = _row_reader(x)
 
     def generate(key):
@@ -179,8 +127,7 @@ def _streamed_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
         order = rng.permutation(blocks) if shuffle else np.arange(blocks)
         for block in order:
             start = int(block) * batch_size
-            xb = read(start, start + batch_size)
-            yb = y[start : start + batch_size]
+            xb, yb = read(start, start + batch_size), y[start : start + batch_size]
             if shuffle:
                 rows = rng.permutation(batch_size)
                 xb, yb = xb[rows], yb[rows]
@@ -200,7 +147,7 @@ def _streamed_epoch(x, y, blocks, batch_size, shuffle, seed) -> Callable:
 
 
 def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
-    """`read(start, stop)` copies rows; file reads for whole memory maps."""
+    # `read(start, stop)` copies rows: by file reads for whole memory maps.
     filename = getattr(x, "filename", None)
     base_ok = (
         isinstance(x, np.memmap)
@@ -211,12 +158,9 @@ def _row_reader(x: np.ndarray) -> Callable[[int, int], np.ndarray]:
     if not base_ok:
         return lambda start, stop: np.array(x[start:stop])
     row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
-    offset = int(x.offset)
-    path = Path(filename)
+    offset, path = int(x.offset), Path(filename)
     if path.stat().st_size < offset + len(x) * row_bytes:
         raise ValueError(f"{path}: shorter than its array header says.")
-
-    def read(start: int, stop: int) -> np.ndarray:
-        return read_rows(path, offset, x.shape[1:], x.dtype, np.arange(start, stop))
-
-    return read
+    return lambda start, stop: read_rows(
+        path, offset, x.shape[1:], x.dtype, np.arange(start, stop)
+    )

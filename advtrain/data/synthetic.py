@@ -46,11 +46,9 @@ class GtsrbImage:
 
 
 def _smooth_image(rng, height: int, width: int) -> np.ndarray:
-    """Blocks of colour plus a little noise: compresses roughly like a photo."""
+    # Blocks of colour plus a little noise: compresses roughly like a photo.
     grid = rng.integers(0, 256, (5, 5, 3), dtype=np.int16)
-    rows = np.arange(height) * 5 // height
-    cols = np.arange(width) * 5 // width
-    field = grid[rows][:, cols]
+    field = grid[np.arange(height) * 5 // height][:, np.arange(width) * 5 // width]
     field += rng.integers(-8, 9, field.shape, dtype=np.int16)
     return np.clip(field, 0, 255).astype(np.uint8)
 
@@ -96,13 +94,40 @@ def write_gtsrb(
     (GTSRB: 15..250); `pattern` is "noise" or "smooth" (photo-like).
     """
     rng = np.random.default_rng(seed)
+    lo, hi = sizes
     files: dict[str, bytes] = {}
     written: list[GtsrbImage] = []
+
+    def add(split, folder, name, size, cls, track, comment=None):
+        image, roi = _gtsrb_image(rng, size, pattern)
+        files[f"{folder}/{name}"] = encode_ppm(image, comment)
+        written.append(GtsrbImage(split, f"{folder}/{name}", cls, track, roi, image))
+        height, width = image.shape[:2]
+        return ";".join(str(v) for v in (name, width, height, *roi, cls))
+
     for cls in classes:
-        _write_train_class(
-            files, written, rng, cls, tracks_per_class, frames_per_track, sizes, pattern
-        )
-    gt_csv = _write_test(files, written, rng, classes, test_per_class, sizes, pattern)
+        folder = f"GTSRB/Final_Training/Images/{cls:05d}"
+        rows = [_HEADER]
+        for track in range(tracks_per_class):
+            # Like the real tracks: the last frame's size is log-uniform
+            # (most signs stay small), the first is 2.5x smaller.
+            end = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+            start = max(lo, end / 2.5)
+            step = (end - start) / max(1, frames_per_track - 1)
+            for frame in range(frames_per_track):
+                name = f"{track:05d}_{frame:05d}.ppm"
+                size = int(round(start + step * frame))
+                rows.append(add("train", folder, name, size, cls, track))
+        files[f"{folder}/GT-{cls:05d}.csv"] = _csv(rows)
+    test_rows, gt_rows = [_HEADER.rsplit(";", 1)[0]], [_HEADER]
+    folder = "GTSRB/Final_Test/Images"
+    for i in range(test_per_class * len(classes)):
+        cls, size = classes[i % len(classes)], int(rng.integers(lo, hi + 1))
+        row = add("test", folder, f"{i:05d}.ppm", size, cls, -1, "written by advtrain")
+        gt_rows.append(row)
+        test_rows.append(row.rsplit(";", 1)[0])
+    files[f"{folder}/GT-final_test.test.csv"] = _csv(test_rows)
+    gt_csv = _csv(gt_rows)
     root = Path(root)
     if extracted:
         for rel, data in files.items():
@@ -118,58 +143,6 @@ def write_gtsrb(
         _write_zip(root / "GTSRB_Final_Test_Images.zip", test)
         _write_zip(root / "GTSRB_Final_Test_GT.zip", {"GT-final_test.csv": gt_csv})
     return written
-
-
-def _write_train_class(
-    files, written, rng, cls, tracks_per_class, frames_per_track, sizes, pattern
-) -> None:
-    """Adds class `cls`'s training images and CSV to `files`."""
-    lo, hi = sizes
-    folder = f"GTSRB/Final_Training/Images/{cls:05d}"
-    rows = [_HEADER]
-    for track in range(tracks_per_class):
-        # Like the real tracks: the last frame's size is log-uniform
-        # (most signs stay small), the first is 2.5x smaller.
-        end = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
-        start = max(lo, end / 2.5)
-        step = (end - start) / max(1, frames_per_track - 1)
-        for frame in range(frames_per_track):
-            size = int(round(start + step * frame))
-            image, roi = _gtsrb_image(rng, size, pattern)
-            name = f"{track:05d}_{frame:05d}.ppm"
-            files[f"{folder}/{name}"] = encode_ppm(image)
-            rows.append(_csv_row(name, image, roi, cls))
-            written.append(
-                GtsrbImage("train", f"{folder}/{name}", cls, track, roi, image)
-            )
-    files[f"{folder}/GT-{cls:05d}.csv"] = _csv(rows)
-
-
-def _write_test(files, written, rng, classes, test_per_class, sizes, pattern) -> bytes:
-    """Adds the test images and their unlabelled CSV to `files`; returns
-    the labelled GT-final_test.csv."""
-    lo, hi = sizes
-    test_rows, gt_rows = [_HEADER.rsplit(";", 1)[0]], [_HEADER]
-    index = 0
-    for _ in range(test_per_class):
-        for cls in classes:
-            size = int(rng.integers(lo, hi + 1))
-            image, roi = _gtsrb_image(rng, size, pattern)
-            name = f"{index:05d}.ppm"
-            index += 1
-            path = f"GTSRB/Final_Test/Images/{name}"
-            files[path] = encode_ppm(image, comment="written by advtrain")
-            row = _csv_row(name, image, roi, cls)
-            gt_rows.append(row)
-            test_rows.append(row.rsplit(";", 1)[0])
-            written.append(GtsrbImage("test", path, cls, -1, roi, image))
-    files["GTSRB/Final_Test/Images/GT-final_test.test.csv"] = _csv(test_rows)
-    return _csv(gt_rows)
-
-
-def _csv_row(name, image, roi, cls) -> str:
-    height, width = image.shape[:2]
-    return ";".join(str(v) for v in (name, width, height, *roi, cls))
 
 
 def _csv(rows: list[str]) -> bytes:
@@ -209,10 +182,7 @@ def write_mnist(
     rng = np.random.default_rng(seed)
     suffix = ".gz" if gz else ""
     out = {}
-    for split, prefix, n in (
-        ("train", "train", n_train),
-        ("test", "t10k", n_test),
-    ):
+    for split, prefix, n in (("train", "train", n_train), ("test", "t10k", n_test)):
         x = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
         y = (np.arange(n) % 10).astype(np.uint8)
         rng.shuffle(y)

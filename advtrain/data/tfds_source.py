@@ -1,11 +1,9 @@
 """Source `tfds`: any TFDS image classification dataset, by `tfds_name`.
 
-Prepared once into `tfds_data_dir` (`path` is the TFDS manual directory);
-it must have supervised keys `(image, label)`. The validation split is the
-first `val_fraction` of `train`; without a `test` split, the last
-`test_fraction` of `train` is the test split. Offline, the download fails
-within seconds instead of TFDS's minutes of retries. With `image_size`,
-images are resized (antialiased) so datasets of mixed sizes batch.
+Prepared once into `tfds_data_dir` (`path`: the TFDS manual directory),
+with supervised keys `(image, label)`. Validation is the first
+`val_fraction` of `train`; without a `test` split, test is the last
+`test_fraction` of `train`. `image_size` resizes (antialiased).
 """
 
 from __future__ import annotations
@@ -24,16 +22,6 @@ from advtrain.utils.downloads import check_reachable
 from advtrain.utils.errors import one_line
 
 
-def _check_hosts(builder: tfds.core.DatasetBuilder) -> None:
-    """Fails in seconds if a host in the dataset's registered checksums is
-    unreachable (TFDS retries each URL for minutes)."""
-    hosts = {}
-    for url in builder.url_infos or {}:
-        hosts.setdefault(urllib.parse.urlsplit(url).netloc, url)
-    for url in hosts.values():
-        check_reachable(url)
-
-
 def prepare_tfds(
     name: str, *, path: Optional[str] = None, tfds_data_dir: Optional[str] = None
 ) -> tfds.core.DatasetBuilder:
@@ -48,7 +36,13 @@ def prepare_tfds(
     manual = None if path is None else str(Path(path).expanduser())
     try:
         if not builder.is_prepared():
-            _check_hosts(builder)
+            # Fail in seconds where a host is unreachable (TFDS retries each
+            # URL for minutes): one URL per host of its registered checksums.
+            hosts = {}
+            for url in builder.url_infos or {}:
+                hosts.setdefault(urllib.parse.urlsplit(url).netloc, url)
+            for url in hosts.values():
+                check_reachable(url)
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(manual_dir=manual)
         )
@@ -72,7 +66,6 @@ def prepare_tfds(
 
 
 def _class_label(name: str, info: tfds.core.DatasetInfo):
-    """(image key, label feature) of a supervised classification dataset."""
     if info.supervised_keys is None or len(info.supervised_keys) != 2:
         raise DataArgumentError(
             "tfds_name", f"{name} has no (image, label) supervised keys."

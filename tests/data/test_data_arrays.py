@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from advtrain.data import arrays as arrays_module
-from advtrain.data import load_splits, make_input, streaming
+from advtrain.data import load_splits, make_input
 
 
 def _images(n, shape=(5, 4, 3), dtype=np.uint8):
@@ -44,7 +44,7 @@ def _read(ds):
 def test_directory_layout_streams_exact_values(tmp_path, monkeypatch):
     x, y, xt, yt = _save_dir(tmp_path / "d")
     # Small chunks: the generator reads several slices per epoch.
-    monkeypatch.setattr(streaming, "_CHUNK_BYTES", 7 * x[0].nbytes)
+    monkeypatch.setattr(arrays_module, "_CHUNK_BYTES", 7 * x[0].nbytes)
     splits = load_splits("arrays", path=str(tmp_path / "d"))
     assert splits.image_shape == (5, 4, 3) and splits.num_classes == 4
     assert (splits.train_size, splits.test_size) == (40, 10)

@@ -1,10 +1,16 @@
 """The TFDS builder `gtsrb` and its configs (`full`, `roi`, `roi_32x32`,
-...): how the images are stored, each prepared once into its own folder.
+...), each prepared once into its own folder, and where its files come from:
+the three official archives, downloaded or in a manual directory (zips or
+the folders they extract to).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Optional
 
@@ -13,19 +19,139 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from advtrain.data.errors import DataArgumentError, DataError
-from advtrain.data.gtsrb.archive import (
-    ARCHIVES,
-    TEST_DIR,
-    TEST_GT,
-    URL,
-    _Layout,
-    _locate_downloaded,
-    archives_url,
-    locate_manual_dir,
-)
-from advtrain.data.gtsrb.rows import _examples, _Problems, _train_examples
+from advtrain.data.gtsrb.rows import NUM_CLASSES, _examples, _Problems
 from advtrain.utils.downloads import check_reachable
 from advtrain.utils.errors import one_line
+
+URL = "https://sid.erda.dk/public/archives/daaeac0d7ce1152aea9b61d9f1e19370/"
+URL_ENV = "ADVTRAIN_GTSRB_URL"  # a mirror of the archives, same file names
+ARCHIVES = {
+    "train": "GTSRB_Final_Training_Images.zip",
+    "test": "GTSRB_Final_Test_Images.zip",
+    "test_gt": "GTSRB_Final_Test_GT.zip",
+}
+TRAIN_DIR = "GTSRB/Final_Training/Images"
+TEST_DIR = "GTSRB/Final_Test/Images"
+TEST_GT = "GT-final_test.csv"
+
+
+def archives_url() -> str:
+    """Where the archives download from: $ADVTRAIN_GTSRB_URL, else `URL`."""
+    url = os.environ.get(URL_ENV) or URL
+    return url if url.endswith("/") else url + "/"
+
+
+class _Tree:
+    # Files under a directory or in a zip archive, by '/'-separated paths.
+
+    def __init__(self, root: Path, archive: bool = False):
+        self.root, self.prefix = root, f"{root.name}:" if archive else ""
+        if archive:
+            try:
+                self.zip = zipfile.ZipFile(root)
+                self.root = zipfile.Path(self.zip)
+            except (OSError, zipfile.BadZipFile) as exc:
+                raise DataError(
+                    f"{root.name}: not a readable zip archive ({one_line(exc)})."
+                ) from None
+
+    def name(self, rel: str) -> str:
+        return self.prefix + rel
+
+    def is_file(self, rel: str) -> bool:
+        return (self.root / rel).is_file()
+
+    def is_dir(self, rel: str) -> bool:
+        return (self.root / rel).is_dir()
+
+    def subdirs(self, rel: str) -> list[str]:
+        return sorted(p.name for p in (self.root / rel).iterdir() if p.is_dir())
+
+    def read(self, rel: str) -> bytes:
+        try:
+            return (self.root / rel).read_bytes()
+        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+            raise OSError(f"corrupt archive member ({one_line(exc)})") from None
+
+
+def _listing(root: Path, limit: int = 8) -> str:
+    names = sorted(p.name for p in root.iterdir())
+    shown = ", ".join(names[:limit]) or "nothing"
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _find_tree(root: Path, rel_dir: str, archive: str):
+    if (root / rel_dir).is_dir():
+        return _Tree(root)
+    if (root / archive).is_file():
+        tree = _Tree(root / archive, archive=True)
+        if not tree.is_dir(rel_dir):
+            raise DataError(
+                f"{archive}: expected the folder {rel_dir}/ inside "
+                "(official GTSRB archive layout)."
+            )
+        return tree
+    raise DataError(
+        f"{root}: expected {rel_dir}/ or {archive} (official GTSRB layout). "
+        f"Received: {_listing(root)}"
+    )
+
+
+def _find_gt(root: Path):
+    for rel in (
+        TEST_GT,
+        f"GTSRB/{TEST_GT}",
+        f"GTSRB/Final_Test/{TEST_GT}",
+        f"{TEST_DIR}/{TEST_GT}",
+    ):
+        if (root / rel).is_file():
+            return _Tree(root), rel
+    if (root / ARCHIVES["test_gt"]).is_file():
+        return _gt_in_zip(root / ARCHIVES["test_gt"])
+    raise DataError(
+        f"{root}: expected {TEST_GT} (test labels) or {ARCHIVES['test_gt']}. "
+        f"Received: {_listing(root)}"
+    )
+
+
+def _gt_in_zip(path: Path):
+    tree = _Tree(path, archive=True)
+    for rel in sorted(tree.zip.namelist()):
+        if rel.split("/")[-1] == TEST_GT:
+            return tree, rel
+    raise DataError(f"{path.name}: expected {TEST_GT} inside.")
+
+
+def locate_manual_dir(root: Path) -> tuple:
+    """Finds the train images, test images and test labels under `root`."""
+    if not root.is_dir():
+        raise DataError(
+            f"{root}: GTSRB directory not found. Expected the official zips "
+            "or their extracted GTSRB/ folder there."
+        )
+    if root.name == "GTSRB" and (root / "Final_Training" / "Images").is_dir():
+        root = root.parent
+    train = _find_tree(root, TRAIN_DIR, ARCHIVES["train"])
+    test = _find_tree(root, TEST_DIR, ARCHIVES["test"])
+    return (train, test, *_find_gt(root))
+
+
+def _train_examples(tree, cfg, problems):
+    class_dirs = tree.subdirs(TRAIN_DIR)
+    if not class_dirs:
+        raise DataError(f"{tree.name(TRAIN_DIR)}: expected class folders 00000..00042.")
+    for name in class_dirs:
+        if not (len(name) == 5 and name.isdigit()):
+            raise DataError(
+                f"{tree.name(TRAIN_DIR + '/' + name)}: expected a class folder "
+                f"named 00000..000{NUM_CLASSES - 1}."
+            )
+        folder = f"{TRAIN_DIR}/{name}"
+        csv_rel = f"{folder}/GT-{name}.csv"
+        if not tree.is_file(csv_rel):
+            raise DataError(f"{tree.name(folder)}: GT-{name}.csv not found")
+        yield from _examples(tree, folder, tree, csv_rel, cfg, problems, int(name))
+
 
 CLASS_NAMES = (
     "speed limit 20;speed limit 30;speed limit 50;speed limit 60;"
@@ -64,32 +190,26 @@ class GtsrbConfig(tfds.core.BuilderConfig):
     image_size: Optional[tuple[int, int]] = None
 
 
-def _config_name(roi_crop: bool, image_size) -> str:
-    name = "roi" if roi_crop else "full"
-    if image_size is not None:
-        name += f"_{int(image_size[0])}x{int(image_size[1])}"
-    return name
-
-
-def _make_config(roi_crop: bool, image_size) -> GtsrbConfig:
-    size = None if image_size is None else tuple(int(s) for s in image_size)
-    crop = "cropped to the sign's ROI" if roi_crop else "whole images"
-    shape = f"resized to {size[0]}x{size[1]}" if size else "at native size"
-    return GtsrbConfig(
-        name=_config_name(roi_crop, size),
-        description=f"GTSRB {crop}, {shape}.",
-        roi_crop=roi_crop,
-        image_size=size,
-    )
-
-
 def gtsrb_config(
     roi_crop: bool, image_size: Optional[tuple[int, int]] = None
 ) -> GtsrbConfig:
     """The builder config for these options (a predefined one if it exists)."""
-    name = _config_name(roi_crop, image_size)
-    predefined = Gtsrb.builder_configs.get(name)
-    return predefined if predefined is not None else _make_config(roi_crop, image_size)
+    size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
+    return _config(bool(roi_crop), size)
+
+
+# Cached: TFDS accepts a config named like a predefined one only if it is it.
+@functools.cache
+def _config(roi_crop: bool, size: Optional[tuple[int, int]]) -> GtsrbConfig:
+    name = ("roi" if roi_crop else "full") + (f"_{size[0]}x{size[1]}" if size else "")
+    crop = "cropped to the sign's ROI" if roi_crop else "whole images"
+    shape = f"resized to {size[0]}x{size[1]}" if size else "at native size"
+    return GtsrbConfig(
+        name=name,
+        description=f"GTSRB {crop}, {shape}.",
+        roi_crop=roi_crop,
+        image_size=size,
+    )
 
 
 class Gtsrb(tfds.core.GeneratorBasedBuilder):
@@ -105,12 +225,12 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Official GTSRB final training and test sets."}
     BUILDER_CONFIGS = [
-        _make_config(False, None),
-        _make_config(True, None),
-        _make_config(False, (32, 32)),
-        _make_config(True, (32, 32)),
-        _make_config(True, (48, 48)),
-        _make_config(True, (64, 64)),
+        gtsrb_config(False, None),
+        gtsrb_config(True, None),
+        gtsrb_config(False, (32, 32)),
+        gtsrb_config(True, (32, 32)),
+        gtsrb_config(True, (48, 48)),
+        gtsrb_config(True, (64, 64)),
     ]
     DEFAULT_BUILDER_CONFIG_NAME = "full"
     MANUAL_DOWNLOAD_INSTRUCTIONS = f"""\
@@ -178,7 +298,7 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
             metadata=tfds.core.MetadataDict(),
         )
 
-    def _locate(self, dl_manager) -> _Layout:
+    def _locate(self, dl_manager) -> tuple:
         try:
             manual = dl_manager.manual_dir
         except AssertionError:  # TFDS: no manual dir, or an empty one.
@@ -190,7 +310,9 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
         try:
             # TFDS would retry an unreachable host for minutes.
             check_reachable(base)
-            return _locate_downloaded(dl_manager.download(urls))
+            paths = {k: Path(v) for k, v in dl_manager.download(urls).items()}
+            train, test = (_Tree(paths[k], archive=True) for k in ("train", "test"))
+            return (train, test, *_gt_in_zip(paths["test_gt"]))
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 (any network failure)
@@ -205,14 +327,12 @@ class Gtsrb(tfds.core.GeneratorBasedBuilder):
             ) from None
 
     def _split_generators(self, dl_manager):
-        layout = self._locate(dl_manager)
+        train, test, gt, gt_rel = self._locate(dl_manager)
         cfg = self.builder_config
         problems = _Problems(self._on_corrupt, self.info)
-        test = _examples(
-            layout.test, TEST_DIR, layout.gt, layout.gt_rel, cfg, problems, None
-        )
+        test = _examples(test, TEST_DIR, gt, gt_rel, cfg, problems, None)
         return {
-            "train": problems.count("train", _train_examples(layout, cfg, problems)),
+            "train": problems.count("train", _train_examples(train, cfg, problems)),
             "test": problems.count("test", test),
         }
 

@@ -14,8 +14,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from PIL import Image, UnidentifiedImageError
 
-from advtrain.data.errors import DataError
-from advtrain.data.gtsrb.archive import TRAIN_DIR, _Layout
+from advtrain.data.errors import DataError, warn_skipped
 from advtrain.utils.errors import one_line
 
 logger = logging.getLogger(__name__)
@@ -25,15 +24,12 @@ NUM_CLASSES = 43
 CSV_HEADER = tuple(
     "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId".split(";")
 )
-
-
-# Skipped examples named in the prepared dataset's metadata.json.
-_KEEP_MESSAGES = 20
+_KEEP_MESSAGES = 20  # skipped examples named in the dataset's metadata.json
 
 
 class _Problems:
-    """Raises on the first problem, or (skip mode) logs each and records the
-    count in the dataset's metadata after each split (`count`)."""
+    # Raises on the first problem, or (skip) logs each and records the count
+    # in the dataset's metadata after each split (`count`).
 
     def __init__(self, on_corrupt: str, info: tfds.core.DatasetInfo):
         self.on_corrupt, self.info = on_corrupt, info
@@ -50,12 +46,7 @@ class _Problems:
         yield from examples
         self.info.metadata["skipped"] = len(self.messages)
         self.info.metadata["skipped_examples"] = self.messages[:_KEEP_MESSAGES]
-        if len(self.messages) > before:
-            logger.warning(
-                "gtsrb %s: skipped %d corrupt example(s) (on_corrupt: skip).",
-                split,
-                len(self.messages) - before,
-            )
+        warn_skipped(logger, f"gtsrb {split}", len(self.messages) - before)
 
 
 def open_ppm(data: bytes, name: str = "image") -> Image.Image:
@@ -82,7 +73,7 @@ def open_ppm(data: bytes, name: str = "image") -> Image.Image:
 
 
 def _read_csv(tree, rel: str) -> list[tuple[int, str]]:
-    """Returns (row, line) per data line; row 1 is the line after the header."""
+    # (row, line) per data line; row 1 is the line after the header.
     name = tree.name(rel)
     try:
         raw = tree.read(rel)
@@ -102,23 +93,8 @@ def _read_csv(tree, rel: str) -> list[tuple[int, str]]:
     return [(n, line.strip()) for n, line in enumerate(lines[1:], 1) if line.strip()]
 
 
-def _parse_row(csv_name: str, n: int, line: str):
-    fields = line.split(";")
-    try:
-        if len(fields) != len(CSV_HEADER):
-            raise ValueError
-        values = [int(v) for v in fields[1:]]
-    except ValueError:
-        raise DataError(
-            f"{csv_name} row {n}: expected {len(CSV_HEADER)} ';'-separated "
-            f"fields with integers after Filename. Received: {line[:100]!r}"
-        ) from None
-    return fields[0], values
-
-
-# Stored without zlib compression, so preparing is not slower than the
-# numpy encoder this replaced (scripts/bench_gtsrb_prepare); the records
-# take about 1.4x the disk and are read once per run, then cached decoded.
+# Uncompressed: Pillow's zlib would make preparing slower (docs/data.md);
+# the records take about 1.4x the disk and are read once per run.
 _PNG_OPTIONS = {"compress_level": 0}
 
 
@@ -127,15 +103,6 @@ def _encode_png(image: Image.Image) -> bytes:
     out = io.BytesIO()
     image.save(out, format="PNG", **_PNG_OPTIONS)
     return out.getvalue()
-
-
-def _resize(image: Image.Image, size) -> Image.Image:
-    # Pillow widens its bilinear filter by the shrink factor (antialias), as
-    # tf.image.resize(antialias=True) does; results agree to +-1 of 255.
-    height, width = int(size[0]), int(size[1])
-    if image.size == (width, height):
-        return image
-    return image.resize((width, height), Image.Resampling.BILINEAR)
 
 
 def _examples(
@@ -149,11 +116,16 @@ def _examples(
 ) -> Iterator[tuple[str, dict]]:
     csv_name = csv_tree.name(csv_rel)
     for n, line in _read_csv(csv_tree, csv_rel):
+        where = f"{csv_name} row {n}"
         try:
-            filename, (width, height, x1, y1, x2, y2, label) = _parse_row(
-                csv_name, n, line
-            )
-            where = f"{csv_name} row {n}"
+            filename, *fields = line.split(";")
+            try:
+                width, height, x1, y1, x2, y2, label = (int(v) for v in fields)
+            except ValueError:
+                raise DataError(
+                    f"{where}: expected {len(CSV_HEADER)} ';'-separated fields "
+                    f"with integers after Filename. Received: {line[:100]!r}"
+                ) from None
             track = -1
             if expected_class is not None:
                 stem = filename.rsplit(".", 1)[0].split("_")
@@ -200,8 +172,11 @@ def _examples(
             # x2 / y2 are exclusive: this leaves the sign's documented
             # border of at least 5 px outside the crop on every side.
             image = image.crop((x1, y1, x2, y2))
-        if cfg.image_size is not None:
-            image = _resize(image, cfg.image_size)
+        size = None if cfg.image_size is None else cfg.image_size[::-1]
+        if size is not None and image.size != size:
+            # Pillow widens its bilinear filter by the shrink factor, as
+            # tf.image.resize(antialias=True) does: within 1 of 255.
+            image = image.resize(size, Image.Resampling.BILINEAR)
         yield (
             rel,
             {
@@ -212,21 +187,3 @@ def _examples(
                 "filename": rel,
             },
         )
-
-
-def _train_examples(layout: _Layout, cfg, problems):
-    tree = layout.train
-    class_dirs = tree.subdirs(TRAIN_DIR)
-    if not class_dirs:
-        raise DataError(f"{tree.name(TRAIN_DIR)}: expected class folders 00000..00042.")
-    for name in class_dirs:
-        if not (len(name) == 5 and name.isdigit()):
-            raise DataError(
-                f"{tree.name(TRAIN_DIR + '/' + name)}: expected a class folder "
-                f"named 00000..000{NUM_CLASSES - 1}."
-            )
-        folder = f"{TRAIN_DIR}/{name}"
-        csv_rel = f"{folder}/GT-{name}.csv"
-        if not tree.is_file(csv_rel):
-            raise DataError(f"{tree.name(folder)}: GT-{name}.csv not found")
-        yield from _examples(tree, folder, tree, csv_rel, cfg, problems, int(name))
