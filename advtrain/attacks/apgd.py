@@ -88,10 +88,9 @@ def apgd_ce(
         return lambda logits: loss_fn(y, logits)
 
     return _best_over_runs(
-        model_fn, x, labels, objective, restarts,
-        dict(eps=eps, steps=steps, norm=norm, rho=rho, momentum=momentum,
-             clip_min=clip_min, clip_max=clip_max, loss_scale=loss_scale,
-             seed=seed),
+        model_fn, x, labels, objective, restarts, eps=eps, steps=steps,
+        norm=norm, rho=rho, momentum=momentum, clip_min=clip_min,
+        clip_max=clip_max, loss_scale=loss_scale, seed=seed,
     )  # fmt: skip
 
 
@@ -147,10 +146,9 @@ def apgd_dlr(
 
     runs = restarts * max(targets, 1)
     return _best_over_runs(
-        model_fn, x, labels, objective, runs,
-        dict(eps=eps, steps=steps, norm=norm, rho=rho, momentum=momentum,
-             clip_min=clip_min, clip_max=clip_max, loss_scale=loss_scale,
-             seed=seed),
+        model_fn, x, labels, objective, runs, eps=eps, steps=steps,
+        norm=norm, rho=rho, momentum=momentum, clip_min=clip_min,
+        clip_max=clip_max, loss_scale=loss_scale, seed=seed,
     )  # fmt: skip
 
 
@@ -232,11 +230,11 @@ def _loss_gradient_wrong(model_fn, x, labels, objective, loss_scale):
     return loss, grad, predicted(logits) != labels
 
 
-def _best_over_runs(model_fn, x, labels, objective, runs, options):
+def _best_over_runs(model_fn, x, labels, objective, runs, seed, **options):
     # Run r attacks `objective(r)`; per example the worst case (`worse_of`),
     # until every example is misclassified. Each run draws its start
     # inside the loop, from its own folded seed.
-    pair = seed_pair(options.pop("seed"))
+    pair = seed_pair(seed)
 
     def body(run, *best):
         found = _apgd_run(
@@ -245,15 +243,11 @@ def _best_over_runs(model_fn, x, labels, objective, runs, options):
         return (run + 1, *worse_of(best, found))
 
     batch = ops.shape(x)[0]
+    none_yet = (ops.zeros((batch,), "bool"), ops.full((batch,), -math.inf, "float32"))
     _, best, _, _ = ops.while_loop(
         lambda run, _, fooled, __: (run < runs) & ~ops.all(fooled),
         body,
-        (
-            ops.convert_to_tensor(0, "int32"),
-            x,
-            ops.zeros((batch,), "bool"),
-            ops.full((batch,), -math.inf, "float32"),
-        ),
+        (ops.convert_to_tensor(0, "int32"), x, *none_yet),
         maximum_iterations=runs,
     )
     return ops.stop_gradient(best)
@@ -284,7 +278,16 @@ def _apgd_run(
         return ops.where(per_example(mask, rank), a, b)
 
     start = to_ball(x + _on_sphere(x, eps_t, norm, seed))
-    state = _initial_state(start, *gradient_at(start), eps_t)
+    loss, grad, wrong = gradient_at(start)
+    batch = ops.shape(x)[0]
+    state = dict(
+        current=start, previous=start, best=start, adversarial=start,
+        grad=grad, best_grad=grad, loss=loss, best_loss=loss,
+        best_at_check=loss, fooled=wrong,
+        eta=ops.full((batch,) + (1,) * (rank - 1), 2.0 * eps_t, x.dtype),
+        rises=ops.zeros((batch,), "float32"),
+        halved_at_check=ops.zeros((batch,), "bool"),
+    )  # fmt: skip
     interval = _intervals(steps)
 
     def body(i, s):
@@ -314,12 +317,8 @@ def _apgd_run(
         length = ops.take(interval, i)
         return i + 1, ops.cond(length > 0, lambda: _review(s, length, rho), lambda: s)
 
-    _, s = ops.while_loop(
-        lambda i, _: i < steps,
-        body,
-        (ops.convert_to_tensor(0, "int32"), state),
-        maximum_iterations=steps,
-    )
+    state = (ops.convert_to_tensor(0, "int32"), state)
+    _, s = ops.while_loop(lambda i, _: i < steps, body, state, maximum_iterations=steps)
     point = where(s["fooled"], s["adversarial"], s["best"])
     return point, s["fooled"], s["best_loss"]
 
@@ -331,26 +330,6 @@ def _intervals(steps: int) -> Any:
     for before, after in zip(marks[:-1], marks[1:], strict=True):
         interval[after - 1] = float(after - before)
     return ops.convert_to_tensor(interval, "float32")
-
-
-def _initial_state(start, loss, grad, wrong, eps) -> dict:
-    batch = ops.shape(start)[0]
-    step_shape = (batch,) + (1,) * (ops.ndim(start) - 1)
-    return dict(
-        current=start,
-        previous=start,
-        grad=grad,
-        loss=loss,
-        best=start,
-        best_grad=grad,
-        best_loss=loss,
-        adversarial=start,
-        fooled=wrong,
-        eta=ops.full(step_shape, 2.0 * eps, start.dtype),
-        rises=ops.zeros((batch,), "float32"),
-        best_at_check=loss,
-        halved_at_check=ops.zeros((batch,), "bool"),
-    )
 
 
 def _review(s: dict, length: Any, rho: float) -> dict:

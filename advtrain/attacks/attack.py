@@ -44,20 +44,15 @@ def register_attack(
 ) -> Callable[[Callable], Callable]:
     """Decorator registering an attack function under a method name.
 
-    The function has the shape of the built-in attacks:
-    `fn(model_fn, x, y, *, eps, norm, ...) -> x_adv`, pixels in, pixels
-    out. Its keyword arguments are the method's settings:
-    `Attack(name, eps=..., <setting>=...)` accepts those and no others and
-    passes them on every call, in training and in evaluation, with the
-    call's `loss_fn`, `loss_scale` (mixed precision: multiply the loss
-    before differentiating) and `seed` where the function takes them. A
-    config names it as `method: <name>`. A duplicate name is a ValueError.
-
-    A single-step method may give `from_gradient`,
-    `fn(x, grad, *, eps, ...) -> x_adv`: its result for an input gradient
-    computed elsewhere (the same settings, and `seed`), which the
-    gradient-reusing training step (`reuse_gradient=True`) calls with the
-    clean loss's own gradient.
+    The function has the shape of the built-in attacks,
+    `fn(model_fn, x, y, *, eps, norm, ...) -> x_adv`, pixels in and out;
+    its keyword arguments are the method's settings, which `Attack(name,
+    ...)` accepts and passes on every call, with the call's `loss_fn`,
+    `loss_scale` (multiply the loss before differentiating) and `seed`
+    where the function takes them. A duplicate name is a ValueError. A
+    single-step method may give `from_gradient`, `fn(x, grad, *, eps, ...)
+    -> x_adv`, its result for an input gradient computed elsewhere: the
+    gradient-reusing training step passes the clean loss's own.
 
     Example:
 
@@ -91,8 +86,7 @@ def register_attack(
 
 def attack_settings(method: str, backend: str = "advtrain") -> Optional[dict]:
     """The settings `method` takes beyond the shared ones, with their
-    defaults (`inspect.Parameter.empty` for a required one), in the order
-    its function declares them; None when the function takes `**kwargs`.
+    defaults (`inspect.Parameter.empty`: required); None for `**kwargs`.
 
     Example:
 
@@ -119,18 +113,16 @@ def _parameters(method: str, backend: str) -> Optional[dict[str, Any]]:
 
 
 class Attack:
-    """An attack method and its settings, in pixel space; calling it runs
-    the attack: `attack(model_fn, x, y)` returns adversarial pixels.
+    """An attack method and its settings; `attack(model_fn, x, y)` returns
+    adversarial pixels.
 
-    `method` names a registered attack: "fgsm", "fgsm_rs", "n_fgsm",
-    "zerograd", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square"
-    (gradient-free), or one added with `register_attack`. Every method
-    takes the shared settings `eps` (pixel units), `norm` ("inf" or 2) and
-    the pixel range `clip_min`, `clip_max`; `backend` is "advtrain" or
-    "cleverhans" (fgsm and pgd). The other keyword arguments are the
-    method's own settings (`attack_settings(method)`), unset ones taking
-    their function's default; one the method does not take is an
-    `ArgumentError`. `options` is the same as keywords, as a mapping. An
+    `method` names a registered attack ("fgsm", "fgsm_rs", "n_fgsm",
+    "zerograd", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square", or one
+    added with `register_attack`). Every method takes `eps` (pixel units),
+    `norm` ("inf" or 2) and the pixel range `clip_min`, `clip_max`;
+    `backend` is "advtrain" or "cleverhans" (fgsm and pgd). Other keywords
+    (or `options`, a mapping) are the method's own settings
+    (`attack_settings(method)`); any other is an `ArgumentError`. An
     `Attack` is immutable and hashable; `replace` returns a changed copy.
 
     Example:
@@ -181,10 +173,9 @@ class Attack:
         # Only called when ordinary lookup fails: the shared and own settings.
         state = self.__dict__
         if "_own" in state:
-            if name in state["_shared"]:
-                return state["_shared"][name]
-            if name in state["_own"]:
-                return state["_own"][name]
+            values = {**state["_own"], **state["_shared"]}
+            if name in values:
+                return values[name]
             raise AttributeError(
                 f"{state['method']} has no setting '{name}'; it takes "
                 f"{_takes_text(_parameters(state['method'], state['backend']))}"
@@ -270,8 +261,8 @@ class Attack:
         return step(x, grad, **self._arguments(step, {"seed": seed}))
 
     def replace(self, **changes: Any) -> Attack:
-        """A copy with `changes` (settings, `method` or `backend`) applied;
-        a new method keeps the settings it takes as well."""
+        """A copy with `changes` (settings, `method` or `backend`); a new
+        method keeps the settings it takes."""
         method = changes.pop("method", self.method)
         backend = changes.pop("backend", self.backend)
         values = {**self._shared, **self._own}

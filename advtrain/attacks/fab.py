@@ -29,6 +29,7 @@ from advtrain.attacks.common import (
     int_labels,
     is_number,
     per_example,
+    predicted,
 )
 from advtrain.utils.errors import ArgumentError
 
@@ -84,7 +85,7 @@ def fab_t(
     x, y = attack_inputs(model_fn, x, y)
     dtype = x.dtype
     x = ops.cast(x, "float32")
-    labels = ops.cast(int_labels(y), "int32")
+    labels = int_labels(y)
     clean_logits = ops.cast(model_fn(x), "float32")
     classes = clean_logits.shape[-1]
     if classes is not None and classes < 2:
@@ -94,7 +95,7 @@ def fab_t(
     # Target k is the (k + 2)-th most likely class on the clean input, as in
     # AutoAttack (for a correctly classified input: the k-th wrong class).
     ranked = ops.cast(ops.argsort(-clean_logits, axis=-1), "int32")
-    wrong = ops.not_equal(ops.cast(ops.argmax(clean_logits, axis=-1), "int32"), labels)
+    wrong = ops.not_equal(predicted(clean_logits), labels)
     box = (float(clip_min), float(clip_max))
     starts = _random_starts(x, eps, restarts, box, seed)
     eps = ops.cast(eps, "float32")
@@ -191,8 +192,7 @@ def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta
         alpha = per_example(alpha, ops.ndim(x0))
         x1 = (x1 + eta * d1) * (1 - alpha) + (x0 + eta * d2) * alpha
         x1 = ops.clip(x1, *box)
-        predicted = ops.cast(ops.argmax(model_fn(x1), axis=-1), "int32")
-        fooled = ops.not_equal(predicted, labels)
+        fooled = ops.not_equal(predicted(model_fn(x1)), labels)
         size = ops.max(ops.abs(ops.reshape(x1 - x0, flat)), axis=1)
         closer = ops.logical_and(fooled, ops.less(size, distance))
         best = ops.where(per_example(closer, ops.ndim(x0)), x1, best)

@@ -49,8 +49,7 @@ def fgsm(
         eps: perturbation size in pixel units.
         norm: "inf" or 2.
         loss_fn: `(labels, logits) -> per-example loss`; cross-entropy.
-        clip_min: lower end of the valid pixel range (None: no clipping).
-        clip_max: upper end of the valid pixel range (None: no clipping).
+        clip_min, clip_max: the valid pixel range (None: open on that side).
         loss_scale: multiplies the loss before differentiating (mixed
             precision); the step only uses the gradient's direction.
         return_gradient: also return the input gradient the step used.
@@ -122,7 +121,12 @@ def fgsm_random_start(
     ```
     """
     alpha = 1.25 * eps if alpha is None else alpha
-    return _step_from_noise(**locals(), noise=eps, project_to_eps=True)
+    return _step_from_noise(
+        model_fn, x, y, eps=eps, alpha=alpha, noise=eps, project_to_eps=True,
+        norm=norm, loss_fn=loss_fn, clip_min=clip_min, clip_max=clip_max,
+        loss_scale=loss_scale, seed=seed, return_gradient=return_gradient,
+        clip_start=clip_start,
+    )  # fmt: skip
 
 
 def fgsm_random_start_from_gradient(
@@ -178,7 +182,12 @@ def n_fgsm(
     """
     alpha = eps if alpha is None else alpha
     noise = 2 * eps if noise is None else noise
-    return _step_from_noise(**locals(), project_to_eps=False)
+    return _step_from_noise(
+        model_fn, x, y, eps=eps, alpha=alpha, noise=noise, project_to_eps=False,
+        norm=norm, loss_fn=loss_fn, clip_min=clip_min, clip_max=clip_max,
+        loss_scale=loss_scale, seed=seed, return_gradient=return_gradient,
+        clip_start=clip_start,
+    )  # fmt: skip
 
 
 def zerograd(
@@ -213,10 +222,15 @@ def zerograd(
     """
     check_fraction("zero_quantile", zero_quantile)
     alpha = 1.25 * eps if alpha is None else alpha
-    return _step_from_noise(**locals(), noise=eps, project_to_eps=True)
+    return _step_from_noise(
+        model_fn, x, y, eps=eps, alpha=alpha, noise=eps, project_to_eps=True,
+        norm=norm, loss_fn=loss_fn, clip_min=clip_min, clip_max=clip_max,
+        loss_scale=loss_scale, seed=seed, return_gradient=return_gradient,
+        clip_start=clip_start,
+        zero_quantile=zero_quantile,
+    )  # fmt: skip
 
 
-# The three variants above pass their arguments on (`**locals()`).
 def _step_from_noise(
     model_fn, x, y, *, eps, alpha, noise, project_to_eps, norm, loss_fn,
     clip_min, clip_max, loss_scale, seed, return_gradient, clip_start,
