@@ -1,14 +1,11 @@
 """Auto-PGD (Croce and Hein 2020): APGD-CE and targeted APGD-DLR, the two
 gradient attacks of AutoAttack.
 
-The step size needs no tuning: it starts at `2 * eps` and is halved at
-checkpoints where the loss stopped rising, the search then resuming from
-the best point so far; a momentum term (0.75) smooths the steps. The DLR
-loss is invariant to shifting and rescaling the logits, so the logit
-scaling that hides gradients from cross-entropy does not fool it. Runs
-in-graph on the whole batch, every example with its own step size; where
-the paper and the authors' code (fra31/auto-attack) differ, `checkpoints`
-and `_apgd_run` say which is taken.
+The step size starts at `2 * eps` and is halved, per example, at
+checkpoints where the loss stopped rising; a momentum term smooths the
+steps. The DLR loss is invariant to rescaling the logits. Where the paper
+and the authors' code (fra31/auto-attack) differ, `checkpoints` and
+`_apgd_run` say which is taken.
 """
 
 from __future__ import annotations

@@ -112,6 +112,9 @@ def _parameters(method: str, backend: str) -> Optional[dict[str, Any]]:
     return {k: defaults[k].default for k in names if k not in CALL_KEYS}
 
 
+_UNSET = object()  # a shared setting the caller did not give
+
+
 class Attack:
     """An attack method and its settings; `attack(model_fn, x, y)` returns
     adversarial pixels.
@@ -141,12 +144,16 @@ class Attack:
         self,
         method: str = "fgsm_rs",
         *,
+        eps: Any = _UNSET,
+        norm: Any = _UNSET,
+        clip_min: Any = _UNSET,
+        clip_max: Any = _UNSET,
         backend: str = "advtrain",
         options: Optional[Mapping[str, Any]] = None,
         **settings: Any,
     ):
-        # eps, norm, clip_min, clip_max: shared, by keyword only.
-        given = {k: settings.pop(k) for k in SHARED if k in settings}
+        given = dict(eps=eps, norm=norm, clip_min=clip_min, clip_max=clip_max)
+        given = {k: v for k, v in given.items() if v is not _UNSET}
         _check_backend(method, backend)
         settings = _merged(settings, options)
         parameters = _parameters(method, backend)

@@ -1,14 +1,11 @@
 """FAB-T (Croce and Hein 2020): the targeted Fast Adaptive Boundary attack,
 the third member of AutoAttack's standard set.
 
-FAB looks for the adversarial point closest to the input: each step
-linearises the decision boundary between the true and a target class,
-projects the current point and the original input onto that hyperplane
-(inside the pixel box, minimal L-inf distance), and moves to a blend of
-the two that leans towards the input; from an adversarial point it steps
-back towards the input. An example is broken when the closest adversarial
-point found lies within eps. Settings follow the authors' code
-(fra31/auto-attack, standard version).
+Each step linearises the boundary between the true and a target class,
+projects the current point and the input onto it (minimal L-inf move
+inside the pixel box) and moves to a blend of the two leaning towards the
+input. An example is broken when the closest adversarial point found lies
+within eps. Settings follow fra31/auto-attack's standard version.
 """
 
 from __future__ import annotations

@@ -102,12 +102,9 @@ def pgd(
         found = (x_adv, *outcome(model_fn, x_adv, y, loss_fn))
         return (i + 1, *worse_of(best, found))
 
-    start = (
-        ops.convert_to_tensor(1, "int32"),
-        best,
-        *outcome(model_fn, best, y, loss_fn),
-    )
-    _, best, _, _ = ops.while_loop(lambda i, *_: i < restarts, restart, start)
+    first = (ops.convert_to_tensor(1, "int32"), best)
+    state = (*first, *outcome(model_fn, best, y, loss_fn))
+    _, best, _, _ = ops.while_loop(lambda i, *_: i < restarts, restart, state)
     return best
 
 

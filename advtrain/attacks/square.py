@@ -1,18 +1,11 @@
 """Square Attack (Andriushchenko, Croce, Flammarion and Hein, ECCV 2020).
 
-Score-based and gradient-free: it only reads the logits, so gradient
-masking cannot hide a model's weakness from it. Each query changes the
-perturbation inside one random square window and keeps the change when it
-lowers the margin `z_y - max_{j != y} z_j`, until the image is
-misclassified. The window's share `p` of the image halves at fixed query
-counts (the paper's schedule). L-inf: the start is vertical stripes of
-+-eps, a query sets the window to +-eps per channel. L2: the start is a
-grid of the paper's "pseudo-Gaussian" blocks scaled to norm eps, a query
-moves perturbation mass from a second window into the first.
-
-In-graph on the whole batch: every image draws its own windows and signs,
-counts its own queries and stops once fooled (on JAX the fooled ones are
-queried and ignored: `advtrain.backend.active_indices`).
+Gradient-free, so gradient masking cannot hide a weakness from it: each
+query changes the perturbation inside one random square window (whose
+share of the image halves on the paper's schedule) and keeps the change
+when it lowers the margin `z_y - max_{j != y} z_j`. Every image draws its
+own windows and stops once fooled (on JAX the fooled ones are queried and
+ignored: `advtrain.backend.active_indices`).
 """
 
 from __future__ import annotations
@@ -194,11 +187,12 @@ def _search(model_fn, x, labels, done_margin, start, propose, iterations):
         counted = ops.take(used, index, axis=0) + ops.cast(live, "int32")
         return i + 1, best, margin, ops.scatter_update(used, at, counted)
 
+    def more(i, best, margin, used):
+        return (i < iterations) & ops.any(margin > 0)
+
+    state = (ops.convert_to_tensor(0, "int32"), start, margin, used)
     _, best, margin, used = ops.while_loop(
-        lambda i, best, margin, used: (i < iterations) & ops.any(margin > 0),
-        body,
-        (ops.convert_to_tensor(0, "int32"), start, margin, used),
-        maximum_iterations=iterations,
+        more, body, state, maximum_iterations=iterations
     )
     return best, margin, used
 
