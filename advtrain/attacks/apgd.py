@@ -1,27 +1,16 @@
-"""Auto-PGD (Croce and Hein 2020): APGD-CE and targeted APGD-DLR.
+"""Auto-PGD (Croce and Hein 2020): APGD-CE and targeted APGD-DLR, the two
+gradient attacks of AutoAttack.
 
-"Reliable evaluation of adversarial robustness with an ensemble of diverse
-parameter-free attacks" (ICML 2020), the two gradient attacks of
-AutoAttack. Compared with PGD the step size needs no tuning: it starts at
-`2 * eps` and is halved at checkpoints where the loss stopped rising, and
-the search then restarts from the best point found so far; a momentum
-term (0.75) smooths the steps. APGD-DLR maximises the Difference of Logits
-Ratio, which is invariant to shifting and rescaling the logits, so it is
-not fooled by the logit scaling that can hide gradients from
-cross-entropy; the targeted version attacks the most likely wrong
-classes in turn.
-
-Everything runs in-graph (under `tf.function` and XLA, or `jax.jit`: no
-data-dependent shapes), on the whole batch at once; every example keeps its own step
-size. Facts follow the paper and the authors' code (fra31/auto-attack);
-where they differ, the docstrings of `checkpoints` and `_apgd_run` say which is
-taken.
+The step size starts at `2 * eps` and is halved, per example, at
+checkpoints where the loss stopped rising; a momentum term smooths the
+steps. The DLR loss is invariant to rescaling the logits. Where the paper
+and the authors' code (fra31/auto-attack) differ, `checkpoints` and
+`_apgd_run` say which is taken.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, Optional
 
 from keras import ops
@@ -53,10 +42,7 @@ from advtrain.attacks.common import (
 # shrink by 0.03 down to a minimum of 0.06 of the iterations.
 _P1, _SHRINK, _MIN_INTERVAL = 0.22, 0.03, 0.06
 _DLR_TINY = 1e-12
-# AutoAttack's APGD-T attacks the 9 most likely wrong classes.
-DEFAULT_TARGETS = 9
-
-Objective = Callable[[Any], Any]
+DEFAULT_TARGETS = 9  # AutoAttack's APGD-T: the 9 most likely wrong classes
 
 
 def apgd_ce(
@@ -78,26 +64,11 @@ def apgd_ce(
 ) -> Any:
     """APGD on the cross-entropy loss (AutoAttack's first attack).
 
-    Args:
-        model_fn: maps pixels to logits.
-        x: float pixels.
-        y: integer labels (or probability rows); None uses predictions.
-        eps: radius of the ball in pixel units.
-        steps: iterations per restart (AutoAttack: 100).
-        norm: "inf" or 2.
-        restarts: runs from fresh random starts; a misclassified result
-            beats a correct one, so more restarts never help the model.
-        loss_fn: `(labels, logits) -> per-example loss`; cross-entropy.
-        rho: halve the step at a checkpoint when the loss rose in at most
-            this fraction of the iterations since the last one.
-        momentum: weight of the new step against the previous move.
-        clip_min, clip_max: valid pixel range.
-        loss_scale: multiplies the loss before differentiating.
-        seed: None, an int or a `keras.random.SeedGenerator`.
-
-    Returns:
-        Per example, a misclassified point if one was found, else the
-        point of highest loss; the dtype of `x`.
+    Per example, returns a misclassified point if one was found, else the
+    point of highest loss. `steps` are per restart (AutoAttack: 100);
+    `rho`: halve the step at a checkpoint when the loss rose in at most
+    this share of the iterations since the last one; `momentum`: weight of
+    the new step against the previous move. The other arguments as `pgd`.
 
     Example:
 
@@ -110,15 +81,13 @@ def apgd_ce(
     loss_fn = loss_fn or per_example_cross_entropy
     labels = int_labels(y)
 
-    def objective(run):
-        del run  # every run attacks the same loss
+    def objective(run):  # every run attacks the same loss
         return lambda logits: loss_fn(y, logits)
 
     return _best_over_runs(
-        model_fn, x, labels, objective, restarts,
-        dict(eps=eps, steps=steps, norm=norm, rho=rho, momentum=momentum,
-             clip_min=clip_min, clip_max=clip_max, loss_scale=loss_scale,
-             seed=seed),
+        model_fn, x, labels, objective, restarts, eps=eps, steps=steps,
+        norm=norm, rho=rho, momentum=momentum, clip_min=clip_min,
+        clip_max=clip_max, loss_scale=loss_scale, seed=seed,
     )  # fmt: skip
 
 
@@ -141,28 +110,13 @@ def apgd_dlr(
 ) -> Any:
     """APGD on the (targeted) Difference of Logits Ratio loss.
 
-    Targeted (AutoAttack's APGD-T), for each of the `targets` classes the
-    model ranks highest after the true one on the clean input, in turn:
-    maximise `-(z_y - z_t) / (z_1 - (z_3 + z_4) / 2)`, with `z_1 >= z_2
-    >= ...` the sorted logits. `targets=0` runs the untargeted DLR loss
-    `-(z_y - max_{i != y} z_i) / (z_1 - z_3)` instead. Stops early once
-    every example is misclassified.
-
-    Args:
-        model_fn: maps pixels to logits (at least 4 classes; 3 untargeted).
-        x: float pixels.
-        y: integer labels (or probability rows); None uses predictions.
-        eps: radius of the ball in pixel units.
-        steps: iterations per run (AutoAttack: 100).
-        norm: "inf" or 2.
-        targets: target classes tried (AutoAttack: 9); at most the number
-            of classes minus one are used. 0: untargeted DLR.
-        restarts: random starts per target.
-        rho, momentum, clip_min, clip_max, loss_scale, seed: as `apgd_ce`.
-
-    Returns:
-        Per example, a misclassified point if one was found, else the
-        point of highest loss of the runs; the dtype of `x`.
+    Targeted (AutoAttack's APGD-T), for each of the `targets` classes
+    (at most classes - 1) the model ranks highest after the true one on
+    the clean input, in turn, with `restarts` runs each: maximise
+    `-(z_y - z_t) / (z_1 - (z_3 + z_4) / 2)`, `z_1 >= z_2 >= ...` the
+    sorted logits (at least 4 classes). `targets=0` runs the untargeted
+    `-(z_y - max_{i != y} z_i) / (z_1 - z_3)` instead (3 classes). Stops
+    once every example is misclassified. The rest as `apgd_ce`.
 
     Example:
 
@@ -189,16 +143,13 @@ def apgd_dlr(
 
     runs = restarts * max(targets, 1)
     return _best_over_runs(
-        model_fn, x, labels, objective, runs,
-        dict(eps=eps, steps=steps, norm=norm, rho=rho, momentum=momentum,
-             clip_min=clip_min, clip_max=clip_max, loss_scale=loss_scale,
-             seed=seed),
+        model_fn, x, labels, objective, runs, eps=eps, steps=steps,
+        norm=norm, rho=rho, momentum=momentum, clip_min=clip_min,
+        clip_max=clip_max, loss_scale=loss_scale, seed=seed,
     )  # fmt: skip
 
 
 def _usable_targets(targets: int, classes: Optional[int]) -> int:
-    """`targets`, at most classes - 1; the DLR loss needs 4 classes
-    (targeted) or 3 (untargeted)."""
     needed = 4 if targets else 3
     if classes is not None and classes < needed:
         raise ValueError(
@@ -260,9 +211,8 @@ def _dlr_targeted(logits: Any, labels: Any, target: Any) -> Any:
 
 
 def _loss_gradient_wrong(model_fn, x, labels, objective, loss_scale):
-    """Per-example loss, its input gradient and whether the model is
-    wrong, from one forward pass (common.input_gradient returns only the
-    gradient, and APGD needs all three at every step)."""
+    # Per-example loss, its input gradient and whether the model is wrong,
+    # from one forward pass.
 
     def total(z):
         logits = model_fn(z)
@@ -277,12 +227,11 @@ def _loss_gradient_wrong(model_fn, x, labels, objective, loss_scale):
     return loss, grad, predicted(logits) != labels
 
 
-def _best_over_runs(model_fn, x, labels, objective, runs, options):
-    """Runs APGD `runs` times (run r attacks `objective(r)`) and keeps,
-    per example, a misclassified point over a correct one and otherwise
-    the highest loss. Stops once every example is misclassified."""
-    # Each run draws its start inside the loop, from its own folded seed.
-    pair = seed_pair(options.pop("seed"))
+def _best_over_runs(model_fn, x, labels, objective, runs, seed, **options):
+    # Run r attacks `objective(r)`; per example the worst case (`worse_of`),
+    # until every example is misclassified. Each run draws its start
+    # inside the loop, from its own folded seed.
+    pair = seed_pair(seed)
 
     def body(run, *best):
         found = _apgd_run(
@@ -291,15 +240,11 @@ def _best_over_runs(model_fn, x, labels, objective, runs, options):
         return (run + 1, *worse_of(best, found))
 
     batch = ops.shape(x)[0]
+    none_yet = (ops.zeros((batch,), "bool"), ops.full((batch,), -math.inf, "float32"))
     _, best, _, _ = ops.while_loop(
         lambda run, _, fooled, __: (run < runs) & ~ops.all(fooled),
         body,
-        (
-            ops.convert_to_tensor(0, "int32"),
-            x,
-            ops.zeros((batch,), "bool"),
-            ops.full((batch,), -math.inf, "float32"),
-        ),
+        (ops.convert_to_tensor(0, "int32"), x, *none_yet),
         maximum_iterations=runs,
     )
     return ops.stop_gradient(best)
@@ -309,19 +254,13 @@ def _apgd_run(
     model_fn, x, labels, objective, *, eps, steps, norm, rho, momentum,
     clip_min, clip_max, loss_scale, seed,
 ):  # fmt: skip
-    """One APGD run from a random start (paper, Algorithm 1).
-
-    Returns `(point, wrong, loss)` per example: the last misclassified
-    point if any (else the highest-loss one), whether one was found, and
-    the highest loss reached.
-
-    Where the paper leaves it open, the authors' code decides: the start
-    is a random point on the surface of the eps-ball; condition 1 halves
-    the step when the loss rose in at most `rho` of the interval's
-    iterations (the paper writes "fewer than"); after a halving the search
-    resumes at the best point with its gradient, and the momentum term
-    keeps the previous point.
-    """
+    # One run (paper, Algorithm 1): per example the last misclassified
+    # point (else the highest-loss one), whether one was found, the highest
+    # loss. Where the paper leaves it open, the authors' code decides: the
+    # start is on the surface of the eps-ball; condition 1 halves the step
+    # when the loss rose in at most `rho` of the interval (the paper: "fewer
+    # than"); after a halving the search resumes at the best point with its
+    # gradient, and the momentum term keeps the previous point.
     rank = ops.ndim(x)
     eps_t = ops.cast(eps, x.dtype)
 
@@ -336,7 +275,16 @@ def _apgd_run(
         return ops.where(per_example(mask, rank), a, b)
 
     start = to_ball(x + _on_sphere(x, eps_t, norm, seed))
-    state = _initial_state(start, *gradient_at(start), eps_t)
+    loss, grad, wrong = gradient_at(start)
+    batch = ops.shape(x)[0]
+    state = dict(
+        current=start, previous=start, best=start, adversarial=start,
+        grad=grad, best_grad=grad, loss=loss, best_loss=loss,
+        best_at_check=loss, fooled=wrong,
+        eta=ops.full((batch,) + (1,) * (rank - 1), 2.0 * eps_t, x.dtype),
+        rises=ops.zeros((batch,), "float32"),
+        halved_at_check=ops.zeros((batch,), "bool"),
+    )  # fmt: skip
     interval = _intervals(steps)
 
     def body(i, s):
@@ -366,19 +314,14 @@ def _apgd_run(
         length = ops.take(interval, i)
         return i + 1, ops.cond(length > 0, lambda: _review(s, length, rho), lambda: s)
 
-    _, s = ops.while_loop(
-        lambda i, _: i < steps,
-        body,
-        (ops.convert_to_tensor(0, "int32"), state),
-        maximum_iterations=steps,
-    )
+    state = (ops.convert_to_tensor(0, "int32"), state)
+    _, s = ops.while_loop(lambda i, _: i < steps, body, state, maximum_iterations=steps)
     point = where(s["fooled"], s["adversarial"], s["best"])
     return point, s["fooled"], s["best_loss"]
 
 
 def _intervals(steps: int) -> Any:
-    """Per iteration i (0-based): w_j - w_{j-1} when it completes the
-    w_j-th step, else 0."""
+    # Per iteration i: w_j - w_{j-1} when it completes the w_j-th step, else 0.
     marks = checkpoints(steps)
     interval = [0.0] * steps
     for before, after in zip(marks[:-1], marks[1:], strict=True):
@@ -386,32 +329,10 @@ def _intervals(steps: int) -> Any:
     return ops.convert_to_tensor(interval, "float32")
 
 
-def _initial_state(start, loss, grad, wrong, eps) -> dict:
-    """The loop state of `_apgd_run` at its random start."""
-    batch = ops.shape(start)[0]
-    step_shape = (batch,) + (1,) * (ops.ndim(start) - 1)
-    return dict(
-        current=start,
-        previous=start,
-        grad=grad,
-        loss=loss,
-        best=start,
-        best_grad=grad,
-        best_loss=loss,
-        adversarial=start,
-        fooled=wrong,
-        eta=ops.full(step_shape, 2.0 * eps, start.dtype),
-        rises=ops.zeros((batch,), "float32"),
-        best_at_check=loss,
-        halved_at_check=ops.zeros((batch,), "bool"),
-    )
-
-
 def _review(s: dict, length: Any, rho: float) -> dict:
-    """The checkpoint: halve the step where the loss rose too rarely
-    (condition 1) or where the step was not halved last time and the best
-    loss has not improved since (condition 2); those examples resume at
-    their best point."""
+    # The checkpoint: halve the step where the loss rose too rarely
+    # (condition 1) or where the step was not halved last time and the best
+    # loss has not improved since (condition 2); those resume at their best.
     rank = ops.ndim(s["current"])
     rarely = s["rises"] <= rho * length
     stalled = ~s["halved_at_check"] & (s["best_at_check"] >= s["best_loss"])
@@ -430,9 +351,7 @@ def _review(s: dict, length: Any, rho: float) -> dict:
 
 
 def _on_sphere(x: Any, eps: Any, norm: str, seed: Any) -> Any:
-    """A random perturbation of norm exactly eps (AutoAttack's start):
-    uniform noise scaled to max |.| = eps (L-inf), or a random direction of
-    length eps (L2)."""
+    # A random perturbation of norm exactly eps (AutoAttack's start).
     noise = random_in_ball(x, 1.0, norm, seed)
     axes = reduce_axes(x)
     if norm == "inf":

@@ -1,17 +1,9 @@
 """`Attack`: an attack method and its own settings, callable; the attack
-registry.
-
-Each registered attack declares the settings it takes in one place: the
-keyword arguments of its function (after `model_fn, x, y`), with their
-defaults. `attack_settings(method)` lists them. An `Attack` holds the
-settings every method shares (`eps`, `norm`, the pixel range `clip_min`,
-`clip_max`, `backend`) and its method's own; any other setting is an
-`ArgumentError` naming the method, the setting and what the method takes.
-"""
+registry. A method's settings are the keyword arguments of its function
+after `model_fn, x, y` (`attack_settings`)."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -25,6 +17,7 @@ from advtrain.attacks.common import (
     check_count,
     check_eps,
     check_fraction,
+    is_number,
     is_tensor,
 )
 from advtrain.utils.errors import ArgumentError, did_you_mean
@@ -32,21 +25,17 @@ from advtrain.utils.keywords import keyword_names
 from advtrain.utils.registry import Registry
 
 attacks: Registry[Callable] = Registry("attack")
-# Method name -> its step from a gradient computed elsewhere
-# (`register_attack(..., from_gradient=...)`).
+# Method name -> its `from_gradient` step (`register_attack`).
 gradient_steps: dict[str, Callable] = {}
 
 BACKENDS = ("advtrain", "cleverhans")
 
-# The settings every method shares, with their defaults: the threat model
-# (eps in pixel units, the norm) and the valid pixel range.
+# The settings every method shares, with their defaults.
 SHARED = {"eps": 8 / 255, "norm": "inf", "clip_min": 0.0, "clip_max": 1.0}
 
-# Keywords the caller of an attack gives per call (`Attack.__call__`,
-# `return_gradient`, `return_queries`): never settings.
+# Keywords given per call, never settings.
 CALL_KEYS = ("loss_fn", "loss_scale", "seed", "return_gradient", "return_queries")
 
-# The built-in single-step attacks (advtrain backend).
 SINGLE_STEP = ("fgsm", "fgsm_rs", "n_fgsm", "zerograd")
 
 
@@ -55,23 +44,15 @@ def register_attack(
 ) -> Callable[[Callable], Callable]:
     """Decorator registering an attack function under a method name.
 
-    The function has the shape of the built-in attacks:
-    `fn(model_fn, x, y, *, eps, norm, ...) -> x_adv`, pixels in, pixels
-    out. Its keyword arguments are the method's settings, declared once:
-    `Attack(name, eps=..., <setting>=...)` accepts those and no others
-    (`attack_settings(name)` lists them with their defaults), and passes
-    them on every call, in training (`AdversarialModel`) and in
-    evaluation, with the call's `loss_fn`, `loss_scale` (mixed precision:
-    multiply the loss before differentiating) and `seed` (a `keras.random`
-    seed) where the function takes them. A config names it as
-    `method: <name>` (`Attack.from_config`). A duplicate name is a
-    ValueError.
-
-    A single-step method may give `from_gradient`,
-    `fn(x, grad, *, eps, ...) -> x_adv`: its result for an input gradient
-    computed elsewhere (the same settings, and `seed`). The
-    gradient-reusing training step (`reuse_gradient=True`) calls it with
-    the clean loss's own gradient.
+    The function has the shape of the built-in attacks,
+    `fn(model_fn, x, y, *, eps, norm, ...) -> x_adv`, pixels in and out;
+    its keyword arguments are the method's settings, which `Attack(name,
+    ...)` accepts and passes on every call, with the call's `loss_fn`,
+    `loss_scale` (multiply the loss before differentiating) and `seed`
+    where the function takes them. A duplicate name is a ValueError. A
+    single-step method may give `from_gradient`, `fn(x, grad, *, eps, ...)
+    -> x_adv`, its result for an input gradient computed elsewhere: the
+    gradient-reusing training step passes the clean loss's own.
 
     Example:
 
@@ -105,9 +86,7 @@ def register_attack(
 
 def attack_settings(method: str, backend: str = "advtrain") -> Optional[dict]:
     """The settings `method` takes beyond the shared ones, with their
-    defaults (`inspect.Parameter.empty` for a required one), in the order
-    its function declares them; None when the function takes `**kwargs`
-    (any name goes).
+    defaults (`inspect.Parameter.empty`: required); None for `**kwargs`.
 
     Example:
 
@@ -124,46 +103,30 @@ def attack_settings(method: str, backend: str = "advtrain") -> Optional[dict]:
 
 
 def _parameters(method: str, backend: str) -> Optional[dict[str, Any]]:
-    """Every setting (shared ones included) the function of `method`
-    takes by keyword, with its default; None for `**kwargs`."""
-    return _defaults(attacks.get(_function_name(method, backend)))
-
-
-@functools.cache
-def _defaults(fn: Callable) -> Optional[dict[str, Any]]:
-    parameters = list(inspect.signature(fn).parameters.values())[3:]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+    # Every setting the method's function takes, shared ones included.
+    fn = attacks.get(_function_name(method, backend))
+    names = keyword_names(fn, skip=3)
+    if names is None:
         return None
-    by_keyword = (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.KEYWORD_ONLY,
-    )
-    return {
-        p.name: p.default
-        for p in parameters
-        if p.kind in by_keyword and p.name not in CALL_KEYS
-    }
+    defaults = inspect.signature(fn).parameters
+    return {k: defaults[k].default for k in names if k not in CALL_KEYS}
 
 
-_SHARED_DEFAULT = object()  # a shared setting the caller did not give
+_UNSET = object()  # a shared setting the caller did not give
 
 
 class Attack:
-    """An attack method and its settings, in pixel space; calling it runs
-    the attack: `attack(model_fn, x, y)` returns adversarial pixels.
+    """An attack method and its settings; `attack(model_fn, x, y)` returns
+    adversarial pixels.
 
-    `method` names a registered attack: "fgsm", "fgsm_rs", "n_fgsm",
-    "zerograd", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square"
-    (gradient-free),
-    or one added with `register_attack`. Every method takes the shared
-    settings `eps` (pixel units), `norm` ("inf" or 2) and the pixel range
-    `clip_min`, `clip_max`; `backend` is "advtrain" or "cleverhans" (fgsm
-    and pgd). The other keyword arguments are the method's own settings,
-    the keyword arguments of its function (`attack_settings(method)`):
-    one the method does not take is an `ArgumentError` naming the method,
-    the setting and what it takes. Unset, a setting has its function's
-    default. `options` is the same as keywords, as a mapping. An `Attack`
-    is immutable and hashable; `replace` returns a changed copy.
+    `method` names a registered attack ("fgsm", "fgsm_rs", "n_fgsm",
+    "zerograd", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square", or one
+    added with `register_attack`). Every method takes `eps` (pixel units),
+    `norm` ("inf" or 2) and the pixel range `clip_min`, `clip_max`;
+    `backend` is "advtrain" or "cleverhans" (fgsm and pgd). Other keywords
+    (or `options`, a mapping) are the method's own settings
+    (`attack_settings(method)`); any other is an `ArgumentError`. An
+    `Attack` is immutable and hashable; `replace` returns a changed copy.
 
     Example:
 
@@ -171,7 +134,6 @@ class Attack:
     attack = Attack("pgd", eps=0.1, steps=20, restarts=5)
     x_adv = attack(lambda x: model(x, training=False), x, y)
     attack.settings  # {"steps": 20, "step_size": None, ...}
-    Attack("apgd_ce", eps=0.1, steps=50, rho=0.5)  # APGD's checkpoint rule
     Attack("fgsm", eps=0.1, steps=50)
     # ArgumentError: steps: fgsm does not take steps; it takes eps, norm,
     # clip_min, clip_max. Received: steps=50
@@ -182,24 +144,23 @@ class Attack:
         self,
         method: str = "fgsm_rs",
         *,
-        eps: Any = _SHARED_DEFAULT,
-        norm: Any = _SHARED_DEFAULT,
-        clip_min: Any = _SHARED_DEFAULT,
-        clip_max: Any = _SHARED_DEFAULT,
+        eps: Any = _UNSET,
+        norm: Any = _UNSET,
+        clip_min: Any = _UNSET,
+        clip_max: Any = _UNSET,
         backend: str = "advtrain",
         options: Optional[Mapping[str, Any]] = None,
         **settings: Any,
     ):
-        given = {"eps": eps, "norm": norm, "clip_min": clip_min, "clip_max": clip_max}
-        given = {k: v for k, v in given.items() if v is not _SHARED_DEFAULT}
+        given = dict(eps=eps, norm=norm, clip_min=clip_min, clip_max=clip_max)
+        given = {k: v for k, v in given.items() if v is not _UNSET}
         _check_backend(method, backend)
         settings = _merged(settings, options)
         parameters = _parameters(method, backend)
         _check_taken(method, parameters, {**given, **settings})
         shared = {**SHARED, **given}
         shared["norm"] = canonical_norm(shared["norm"])
-        own = {} if parameters is None else attack_settings(method, backend)
-        own.update(settings)
+        own = {**(attack_settings(method, backend) or {}), **settings}
         missing = [k for k, v in own.items() if v is inspect.Parameter.empty]
         if missing:
             raise ArgumentError(
@@ -219,13 +180,12 @@ class Attack:
         # Only called when ordinary lookup fails: the shared and own settings.
         state = self.__dict__
         if "_own" in state:
-            if name in state["_shared"]:
-                return state["_shared"][name]
-            if name in state["_own"]:
-                return state["_own"][name]
+            values = {**state["_own"], **state["_shared"]}
+            if name in values:
+                return values[name]
             raise AttributeError(
                 f"{state['method']} has no setting '{name}'; it takes "
-                f"{_takes_text(state['method'], state['backend'])}"
+                f"{_takes_text(_parameters(state['method'], state['backend']))}"
             )
         raise AttributeError(name)
 
@@ -241,8 +201,7 @@ class Attack:
         return dict(self._own)
 
     def _key(self) -> tuple:
-        items = {**self._shared, **self._own}
-        return (self.method, self.backend, tuple(_frozen(items)))
+        return (self.method, self.backend, _frozen({**self._shared, **self._own}))
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, Attack) and self._key() == other._key()
@@ -272,15 +231,13 @@ class Attack:
         seed: Any = None,
         **extra: Any,
     ) -> Any:
-        """Runs the attack. `extra` goes to the attack function as it is,
-        e.g. `return_gradient=True` for the single-step attacks."""
+        """Runs the attack; `extra` (e.g. `return_gradient=True`) goes to
+        the attack function as it is."""
         fn = attacks.get(_function_name(self.method, self.backend))
         per_call = {"loss_fn": loss_fn, "loss_scale": loss_scale, "seed": seed}
         return fn(model_fn, x, y, **self._arguments(fn, per_call), **extra)
 
     def _arguments(self, fn: Callable, per_call: dict[str, Any]) -> dict[str, Any]:
-        """The shared settings and per-call values `fn` takes, and the
-        method's own settings."""
         takes = keyword_names(fn)  # None: **kwargs, any name
         return {
             **{k: v for k, v in self._shared.items() if takes is None or k in takes},
@@ -290,21 +247,17 @@ class Attack:
 
     @property
     def single_step(self) -> bool:
-        """FGSM-type: one input gradient, at the clean point or a random one
-        (the attack can return it: `return_gradient=True`)."""
+        """FGSM-type: one input gradient (`return_gradient=True` returns it)."""
         return self.backend == "advtrain" and self.method in SINGLE_STEP
 
     @property
     def fusable(self) -> bool:
-        """Whether the method has a step from a gradient computed elsewhere
-        (`register_attack(..., from_gradient=...)`: FGSM and FGSM-RS), which
-        the gradient-reusing training step takes."""
+        """Whether the method has a `from_gradient` step (FGSM, FGSM-RS)."""
         return self.backend == "advtrain" and self.method in gradient_steps
 
     def step_from_gradient(self, x, grad, seed: Any = None) -> Any:
-        """The method's result for the input gradient `grad` computed
-        elsewhere (the gradient-reusing training step passes the clean
-        loss's own), by the method's own `from_gradient` function."""
+        """The method's result for an input gradient `grad` computed
+        elsewhere, by its `from_gradient` function."""
         if not self.fusable:
             raise ValueError(
                 "step_from_gradient needs a method with a step from a gradient "
@@ -315,8 +268,8 @@ class Attack:
         return step(x, grad, **self._arguments(step, {"seed": seed}))
 
     def replace(self, **changes: Any) -> Attack:
-        """A copy with `changes` (settings, `method` or `backend`) applied;
-        a new method keeps the settings it takes as well."""
+        """A copy with `changes` (settings, `method` or `backend`); a new
+        method keeps the settings it takes."""
         method = changes.pop("method", self.method)
         backend = changes.pop("backend", self.backend)
         values = {**self._shared, **self._own}
@@ -337,8 +290,7 @@ class Attack:
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Attack:
         """The `Attack` of a `get_config` dict: `method` (default
-        "fgsm_rs") and `Attack`'s keyword arguments. The one way from a
-        config to an `Attack` (`advtrain.fit`, `AdversarialModel`).
+        "fgsm_rs") and `Attack`'s keyword arguments.
 
         Example:
 
@@ -371,7 +323,6 @@ def _check_backend(method: str, backend: str) -> None:
 
 
 def _merged(settings: dict[str, Any], options: Any) -> dict[str, Any]:
-    """The keyword settings and `options` (the same, as a mapping)."""
     if options is None:
         return settings
     if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
@@ -390,8 +341,6 @@ def _merged(settings: dict[str, Any], options: Any) -> dict[str, Any]:
 
 
 def _check_taken(method: str, parameters: Optional[dict], given: dict) -> None:
-    """Every setting in `given` is one `method` takes (any, for a function
-    with `**kwargs`); else an ArgumentError naming it."""
     for name, value in given.items():
         if name in CALL_KEYS:
             raise ArgumentError(
@@ -407,42 +356,32 @@ def _check_taken(method: str, parameters: Optional[dict], given: dict) -> None:
         raise ArgumentError(
             name,
             f"{method} does not take {name}; it takes "
-            f"{_takes_text(method, parameters=parameters)}.{hint} "
+            f"{_takes_text(parameters)}.{hint} "
             f"Received: {name}={value!r}",
         )
 
 
-def _takes_text(method: str, backend: str = "advtrain", parameters=None) -> str:
-    if parameters is None:
-        parameters = _parameters(method, backend)
+def _takes_text(parameters: Optional[dict]) -> str:
     if parameters is None:
         return "any keyword (its function takes **kwargs)"
     return ", ".join(["eps", *(k for k in parameters if k != "eps")])
 
 
 def _check_numbers(shared: dict[str, Any], own: dict[str, Any]) -> None:
-    """The pixel range, then eps (an L-inf ball fits in the pixel range),
-    the step sizes, shares and counts the method has."""
     low, high = shared["clip_min"], shared["clip_max"]
-    width = None
-    if _is_number(low) and _is_number(high):
+    upper, why = None, ""
+    if is_number(low) and is_number(high):
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise ArgumentError(
                 "clip_max",
                 "must be a finite number > clip_min (the pixel range). "
                 f"Received: clip_min={low!r}, clip_max={high!r}",
             )
-        width = high - low
-    if shared["norm"] == "inf" and width is not None:
-        check_eps(
-            "eps",
-            shared["eps"],
-            upper=width,
-            why=f", the width of the pixel range [{low:g}, {high:g}] "
-            "(eps is in pixel units)",
-        )
-    else:
-        check_eps("eps", shared["eps"])
+        if shared["norm"] == "inf":  # the L-inf ball fits in the pixel range
+            upper = high - low
+            why = f", the width of the pixel range [{low:g}, {high:g}] "
+            why += "(eps is in pixel units)"
+    check_eps("eps", shared["eps"], upper, why)
     for name in ("alpha", "step_size", "noise"):
         if own.get(name) is not None:
             check_eps(name, own[name])
@@ -453,25 +392,16 @@ def _check_numbers(shared: dict[str, Any], own: dict[str, Any]) -> None:
             check_count(name, own[name])
 
 
-def _frozen(items: dict[str, Any]) -> list[tuple[str, Any]]:
-    """`items` as sorted pairs of hashable values (lists as tuples)."""
-
-    def frozen(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return tuple(frozen(v) for v in value)
-        if isinstance(value, Mapping):
-            return tuple(sorted((k, frozen(v)) for k, v in value.items()))
-        return value
-
-    return sorted((k, frozen(v)) for k, v in items.items())
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _frozen(value: Any) -> Any:
+    # Hashable: lists as tuples, mappings as sorted pairs.
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
 
 
 def _function_name(method: str, backend: str) -> str:
-    """The registry name of `method` on `backend`."""
     return method if backend == "advtrain" else f"cleverhans_{method}"
 
 

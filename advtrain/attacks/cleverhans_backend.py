@@ -1,14 +1,8 @@
-"""cleverhans.tf2's FGM and PGD behind advtrain's attack interface.
-
-`cleverhans_fgsm` and `cleverhans_pgd` take exactly the arguments of
-`advtrain.attacks.fgsm` and `advtrain.attacks.pgd` (their signatures are
-those functions'), so `Attack(..., backend="cleverhans")` swaps one for
-the other. What cleverhans cannot do is refused: a returned gradient,
-several restarts, a step larger than eps. Its random start is unseeded.
-
-cleverhans.tf2 runs on TensorFlow only: it is imported on first use, and
-without TensorFlow and cleverhans (or on another Keras backend) a call is
-a one-line error saying what to install.
+"""cleverhans.tf2's FGM and PGD with the arguments of `advtrain.attacks.fgsm`
+and `advtrain.attacks.pgd` (their signatures), so that
+`Attack(..., backend="cleverhans")` swaps one for the other. What cleverhans
+cannot do is refused: a returned gradient, restarts, a step larger than
+eps. TensorFlow only, imported on first use.
 """
 
 from __future__ import annotations
@@ -17,14 +11,13 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
 from advtrain.attacks.common import (
-    LossFn,
     attack_inputs,
     checked_norm,
     per_example_cross_entropy,
@@ -33,31 +26,8 @@ from advtrain.attacks.fgsm import fgsm
 from advtrain.attacks.pgd import default_step_size, pgd
 
 
-def _cleverhans_loss(loss_fn: Optional[LossFn], loss_scale: Optional[Any]):
-    """Our per-example loss, times the mixed-precision loss scale: cleverhans
-    only uses the gradient's direction, so the scale cancels, and it keeps
-    a float16 backward pass from underflowing to a zero gradient."""
-    loss_fn = loss_fn or per_example_cross_entropy
-
-    def wrapped(labels, logits):
-        loss = ops.cast(loss_fn(labels, logits), "float32")
-        if loss_scale is not None:
-            loss = loss * ops.cast(loss_scale, "float32")
-        return loss
-
-    return wrapped
-
-
-def _finite_or_clean(x_adv: Any, x: Any) -> Any:
-    # An overflowing scaled loss gives a NaN gradient; no step beats a NaN
-    # image (advtrain's own attacks zero such gradients the same way).
-    x_adv = ops.cast(x_adv, x.dtype)
-    return ops.where(ops.isfinite(x_adv), x_adv, x)
-
-
-def _cleverhans_attack(module: str, name: str) -> Callable:
-    """`cleverhans.tf2.attacks.<module>.<name>`, imported on first use; a
-    one-line error without TensorFlow and cleverhans or off TensorFlow."""
+def _cleverhans_attack(module: str) -> Callable:
+    # `cleverhans.tf2.attacks.<module>.<module>`, imported on first use.
     if keras.backend.backend() != "tensorflow":
         raise ValueError(
             "The cleverhans backend runs on TensorFlow only; use "
@@ -71,12 +41,11 @@ def _cleverhans_attack(module: str, name: str) -> Callable:
             "The cleverhans backend needs TensorFlow and cleverhans: pip "
             f"install tensorflow cleverhans. Received: {error}"
         ) from None
-    return getattr(found, name)
+    return getattr(found, module)
 
 
 def _same_arguments(ours: Callable) -> Callable:
-    """Gives a cleverhans wrapper the signature of our attack `ours` and
-    calls it with every argument bound by name, defaults filled in."""
+    # The wrapper takes `ours`'s signature and gets every argument by name.
     signature = inspect.signature(ours)
 
     def decorate(wrapper: Callable) -> Callable:
@@ -93,51 +62,54 @@ def _same_arguments(ours: Callable) -> Callable:
 
 
 def _run(attack, a: dict, *args: Any, **kwargs: Any) -> Any:
-    """Calls the cleverhans `attack(model_fn, x, eps, *args, norm, ...)` on
-    our arguments `a`: labels (or predictions), the loss times the loss
-    scale, the pixel range; NaN results fall back to the clean pixels."""
+    # cleverhans's `attack(model_fn, x, eps, *args, norm, ...)` on our
+    # arguments `a`.
     norm = checked_norm(a["norm"], a["eps"])
     x, y = attack_inputs(a["model_fn"], a["x"], a["y"])
+    loss_fn, loss_scale = a["loss_fn"] or per_example_cross_entropy, a["loss_scale"]
+
+    def scaled_loss(labels, logits):
+        # The mixed-precision loss scale: cleverhans only uses the
+        # gradient's direction, so it cancels.
+        loss = ops.cast(loss_fn(labels, logits), "float32")
+        if loss_scale is not None:
+            loss = loss * ops.cast(loss_scale, "float32")
+        return loss
+
     x_adv = attack(
         a["model_fn"],
         x,
         a["eps"],
         *args,
         np.inf if norm == "inf" else 2,
-        loss_fn=_cleverhans_loss(a["loss_fn"], a["loss_scale"]),
+        loss_fn=scaled_loss,
         clip_min=a["clip_min"],
         clip_max=a["clip_max"],
         y=y,
         **kwargs,
     )
-    return _finite_or_clean(x_adv, x)
+    # An overflowing scaled loss gives a NaN gradient: no step beats a NaN
+    # image (advtrain's own attacks zero such gradients the same way).
+    x_adv = ops.cast(x_adv, x.dtype)
+    return ops.where(ops.isfinite(x_adv), x_adv, x)
 
 
 @_same_arguments(fgsm)
 def cleverhans_fgsm(**a: Any) -> Any:
-    """`cleverhans.tf2.attacks.fast_gradient_method` with `fgsm`'s arguments.
-
-    cleverhans computes in float32; the result is cast back to `x.dtype`.
-    `loss_scale` multiplies the loss before differentiating (mixed
-    precision), as in advtrain's own attacks.
-    """
+    """`cleverhans.tf2.attacks.fast_gradient_method` with `fgsm`'s
+    arguments; the result is cast back to `x.dtype`."""
     if a["return_gradient"]:
         raise ValueError(
             "The cleverhans backend does not return the input gradient. "
             "Received: return_gradient=True"
         )
-    return _run(_cleverhans_attack("fast_gradient_method", "fast_gradient_method"), a)
+    return _run(_cleverhans_attack("fast_gradient_method"), a)
 
 
 @_same_arguments(pgd)
 def cleverhans_pgd(**a: Any) -> Any:
     """`cleverhans.tf2.attacks.projected_gradient_descent` with `pgd`'s
-    arguments.
-
-    One start per example: cleverhans has no restarts. `seed` is not used
-    (cleverhans draws its random start unseeded). `loss_scale` as in
-    `cleverhans_fgsm`.
-    """
+    arguments: one start per example, drawn unseeded (`seed` is unused)."""
     if not (isinstance(a["restarts"], int) and a["restarts"] == 1):
         raise ValueError(
             "The cleverhans backend runs one start per example. "
@@ -153,7 +125,7 @@ def cleverhans_pgd(**a: Any) -> Any:
             f"Received: step_size={step_size}, eps={eps}"
         )
     return _run(
-        _cleverhans_attack("projected_gradient_descent", "projected_gradient_descent"),
+        _cleverhans_attack("projected_gradient_descent"),
         a,
         step_size,
         steps,

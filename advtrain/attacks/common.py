@@ -1,10 +1,5 @@
-"""Pieces every attack shares: norms, input gradients, steps, projections.
-
-Written once in `keras.ops`: every function runs on TensorFlow (under
-`tf.function` and XLA) and on JAX (under `jax.jit`), and follows the
-dtype of the input images. What differs per backend is in
-`advtrain.backend`.
-"""
+"""Pieces every attack shares: norms, input gradients, steps, projections;
+in `keras.ops`, following the dtype of the input images."""
 
 from __future__ import annotations
 
@@ -38,19 +33,21 @@ def canonical_norm(norm: Norm) -> str:
 
 
 def is_tensor(value: Any) -> bool:
-    """A tensor or variable of the current Keras backend (a value known
-    only when the graph runs), not a Python number."""
+    """A tensor or variable of the Keras backend, not a Python number."""
     return ops.is_tensor(value) or isinstance(value, keras.Variable)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_eps(
     name: str, value: Any, upper: Optional[float] = None, why: str = ""
 ) -> None:
-    """Validates a non-negative finite scalar hyperparameter up front; with
-    `upper`, at most that (`why` says what the bound is)."""
+    """Validates a finite number >= 0 (<= `upper`, `why` saying why)."""
     if is_tensor(value):
         return
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not is_number(value):
         raise TypeError(f"{name} must be a number. Received: {name}={value!r}")
     if not math.isfinite(value) or value < 0:
         raise ArgumentError(
@@ -63,9 +60,7 @@ def check_eps(
 
 
 def check_count(name: str, value: Any, tensor: bool = True) -> None:
-    """Validates a count (`steps`, `restarts`, `queries`): an int >= 1, or
-    with `tensor` a scalar integer tensor of any backend (known when the
-    graph runs)."""
+    """Validates an int >= 1 (or, with `tensor`, a scalar integer tensor)."""
     if tensor and is_tensor(value):
         dtype = keras.backend.standardize_dtype(value.dtype)
         if "int" in dtype and len(value.shape) == 0:
@@ -78,7 +73,6 @@ def check_count(name: str, value: Any, tensor: bool = True) -> None:
 
 
 def check_fraction(name: str, value: Any) -> None:
-    """Validates a share in [0, 1) up front (e.g. ZeroGrad's quantile)."""
     if not 0.0 <= value < 1.0:
         raise ArgumentError(name, f"must be in [0, 1). Received: {name}={value!r}")
 
@@ -101,26 +95,23 @@ def input_gradient(
     loss_fn: Optional[LossFn] = None,
     loss_scale: Optional[Any] = None,
 ) -> Any:
-    """Gradient of the summed per-example loss with respect to `x`
-    (cross-entropy unless `loss_fn` is given), non-finite entries zeroed.
+    """Gradient of the summed per-example loss (cross-entropy unless
+    `loss_fn` is given) with respect to `x`, non-finite entries zeroed.
 
-    `loss_scale` multiplies the loss before differentiating, as mixed
-    precision training does for weight gradients: a float16 backward pass
-    would otherwise underflow to zero and `sign` would give no perturbation.
-    Attack steps only use the gradient's direction, so the scale cancels.
-    The backend's differentiation is `advtrain.backend.input_gradient`.
+    `loss_scale` multiplies the loss before differentiating (mixed
+    precision: a float16 backward pass would otherwise underflow to zero);
+    attack steps only use the gradient's direction, so it cancels.
     """
     loss_fn = loss_fn or per_example_cross_entropy
     return backend.input_gradient(model_fn, x, y, loss_fn, loss_scale)
 
 
 def reduce_axes(x: Any) -> tuple[int, ...]:
-    """Every axis but the batch axis."""
     return tuple(range(1, ops.ndim(x)))
 
 
 def per_example(mask: Any, rank: int) -> Any:
-    """A per-example vector shaped to broadcast over examples of `rank`."""
+    # A per-example vector shaped to broadcast over examples of `rank`.
     return ops.reshape(mask, (-1,) + (1,) * (rank - 1))
 
 
@@ -157,10 +148,8 @@ def project(delta: Any, eps: Any, norm: str) -> Any:
 
 
 def seed_pair(seed: Any) -> Any:
-    """Two int32 words drawn from `seed` (None, an int or a
-    `keras.random.SeedGenerator`): the seed of the stateless draws an
-    attack makes inside its loops (`fold_seed`), where a `SeedGenerator`
-    cannot advance on every backend."""
+    """Two int32 words drawn from `seed`: the seed of the stateless draws
+    inside loops (`fold_seed`), where a `SeedGenerator` cannot advance."""
     return keras.random.randint((2,), 0, 2**31 - 1, dtype="int32", seed=seed)
 
 
@@ -171,8 +160,7 @@ def fold_seed(pair: Any, i: Any, salt: int = 0) -> Any:
 
 
 def uniform(shape: Any, seed: Any, minval: float = 0.0, maxval: float = 1.0):
-    """Float32 uniform draws: from `keras.random` for a seed it takes (None,
-    an int, a `SeedGenerator`), statelessly for a seed pair tensor."""
+    """Float32 uniform draws; stateless for a seed pair tensor."""
     if is_tensor(seed):
         unit = backend.stateless_uniform(shape, seed, "float32")
         return minval + (maxval - minval) * unit
@@ -192,12 +180,8 @@ def normal(shape: Any, seed: Any) -> Any:
 
 
 def random_in_ball(x: Any, eps: Any, norm: str, seed: Any = None) -> Any:
-    """A perturbation drawn uniformly from the eps-ball of `norm`.
-
-    `seed` is anything `keras.random` accepts: None, an int, or a
-    `keras.random.SeedGenerator` (whose state is checkpointed with a
-    model); or a seed pair tensor (`seed_pair`, `fold_seed`) inside loops.
-    """
+    """A perturbation drawn uniformly from the eps-ball of `norm`; `seed`
+    as `keras.random` takes it, or a seed pair tensor (`fold_seed`)."""
     eps = ops.cast(eps, x.dtype)
     shape = ops.shape(x)
     if norm == "inf":
@@ -212,8 +196,7 @@ def random_in_ball(x: Any, eps: Any, norm: str, seed: Any = None) -> Any:
 
 
 def int_labels(y: Any) -> Any:
-    """Integer class labels (int32, one per example) from integer labels or
-    probability rows."""
+    """Int32 class labels from integer labels or probability rows."""
     if ops.ndim(y) > 1:
         return ops.cast(ops.argmax(y, axis=-1), "int32")
     return ops.cast(ops.reshape(y, (-1,)), "int32")
@@ -230,20 +213,11 @@ def predicted(logits: Any) -> Any:
     return ops.cast(ops.argmax(logits, axis=-1), "int32")
 
 
-def labels_or_predictions(model_fn: ModelFn, x: Any, y: Optional[Any]) -> Any:
-    """Uses the model's own predictions when no labels are given, which
-    avoids label leaking (Kurakin et al. 2016)."""
-    if y is not None:
-        return ops.convert_to_tensor(y)
-    return predicted(model_fn(x))
-
-
 def attack_inputs(model_fn: ModelFn, x: Any, y: Any) -> tuple[Any, Any]:
-    """`x` as a float tensor and the labels to attack (the model's own
-    predictions when `y` is None); every attack starts with this, after
-    validating its hyperparameters."""
+    """`x` as a float tensor and the labels to attack: the model's own
+    predictions when `y` is None (no label leaking, Kurakin et al. 2016)."""
     x = as_float_tensor(x)
-    return x, labels_or_predictions(model_fn, x, y)
+    return x, predicted(model_fn(x)) if y is None else ops.convert_to_tensor(y)
 
 
 def checked_norm(norm: Norm, eps: Any) -> str:
@@ -262,7 +236,6 @@ def clip_pixels(x: Any, clip_min: Optional[float], clip_max: Optional[float]):
 
 
 def as_float_tensor(x: Any) -> Any:
-    """Converts input pixels to a float tensor, keeping a float dtype."""
     x = ops.convert_to_tensor(x)
     dtype = keras.backend.standardize_dtype(x.dtype)
     if not keras.backend.is_float_dtype(dtype):

@@ -1,22 +1,11 @@
-"""FAB-T (Croce and Hein 2020): the targeted Fast Adaptive Boundary attack.
+"""FAB-T (Croce and Hein 2020): the targeted Fast Adaptive Boundary attack,
+the third member of AutoAttack's standard set.
 
-"Minimally distorted adversarial examples with a fast adaptive boundary
-attack" (ICML 2020), the third member of AutoAttack's standard set. FAB
-looks for the adversarial point closest to the input: at each step it
-linearises the decision boundary between the true class and a target
-class, projects both the current point and the original input onto that
-hyperplane (inside the pixel box, minimal L-inf distance), and moves to
-a blend of the two projections that leans towards the original input;
-once a point is adversarial it steps back towards the input. An example
-is broken when the closest adversarial point found lies within eps.
-
-The targeted version attacks, in turn, the classes the model ranks
-highest after the true one on the clean input, so each step needs only
-the gradient of one logit difference. Settings follow the authors' code
-(fra31/auto-attack, its standard version): 9 target classes, 100
-iterations, one run per target, `alpha_max=0.1`, `eta=1.05`, `beta=0.9`.
-
-Written in `keras.ops` with fixed shapes, on the whole batch at once.
+Each step linearises the boundary between the true and a target class,
+projects the current point and the input onto it (minimal L-inf move
+inside the pixel box) and moves to a blend of the two leaning towards the
+input. An example is broken when the closest adversarial point found lies
+within eps. Settings follow fra31/auto-attack's standard version.
 """
 
 from __future__ import annotations
@@ -35,12 +24,13 @@ from advtrain.attacks.common import (
     check_count,
     checked_norm,
     int_labels,
+    is_number,
     per_example,
+    predicted,
 )
 from advtrain.utils.errors import ArgumentError
 
-# AutoAttack's FAB-T attacks the 9 most likely wrong classes.
-DEFAULT_TARGETS = 9
+DEFAULT_TARGETS = 9  # AutoAttack's FAB-T: the 9 most likely wrong classes
 _TINY = 1e-12
 _MIN_STEP = 1e-8  # the reference's floor on the projections' lengths
 
@@ -62,32 +52,17 @@ def fab_t(
     clip_max: float = 1.0,
     seed: Any = None,
 ) -> Any:
-    """Targeted FAB, L-inf (AutoAttack's FAB-T).
+    """Targeted FAB, L-inf only (AutoAttack's FAB-T).
 
-    Args:
-        model_fn: maps pixels to logits (at least 2 classes).
-        x: float pixels.
-        y: integer labels (or probability rows); None uses predictions.
-        eps: radius of the ball in pixel units: a point found further
-            away does not count.
-        norm: "inf" only (the L-inf projection is the one implemented).
-        steps: iterations per run (AutoAttack: 100).
-        targets: target classes tried, the most likely wrong ones on the
-            clean input first (AutoAttack: 9); at most classes - 1.
-        restarts: runs per target; runs after the first start at a random
-            point at L-inf distance eps / 2 (AutoAttack's FAB-T: 1).
-        alpha_max: the largest weight of the projection of the original
-            input in each step's blend.
-        eta: overshoot of each projection (> 1 lands past the boundary).
-        beta: once adversarial, the point moves back to `x + beta * delta`.
-        clip_min, clip_max: the pixel box (finite).
-        seed: None, an int or a `keras.random.SeedGenerator`; used only
-            with `restarts > 1`.
-
-    Returns:
-        Per example, the closest adversarial point found within eps, else
-        `x` unchanged (also for an example misclassified already); the
-        dtype of `x`.
+    Tries the `targets` classes (at most classes - 1) the model ranks
+    highest after the true one on the clean input, `steps` iterations and
+    `restarts` runs each (runs after the first start at a random point at
+    L-inf distance eps / 2, drawn from `seed`). `alpha_max` caps the
+    weight of the input's projection in each step's blend; `eta` is each
+    projection's overshoot; from an adversarial point the next is
+    `x + beta * delta`. `clip_min`, `clip_max` must be finite. Returns
+    per example the closest adversarial point found within eps, else `x`
+    unchanged (also for an example misclassified already).
 
     Example:
 
@@ -96,11 +71,18 @@ def fab_t(
     ```
     """
     _validate(eps, norm, steps, targets, restarts, alpha_max, eta, beta)
-    _check_box(clip_min, clip_max)
+    finite = all(is_number(v) and math.isfinite(v) for v in (clip_min, clip_max))
+    if not finite or not clip_min < clip_max:
+        raise ArgumentError(
+            "clip_max",
+            "fab_t projects inside the pixel box: clip_min and clip_max must be "
+            f"finite numbers, clip_min < clip_max. Received: clip_min={clip_min!r}"
+            f", clip_max={clip_max!r}",
+        )
     x, y = attack_inputs(model_fn, x, y)
     dtype = x.dtype
     x = ops.cast(x, "float32")
-    labels = ops.cast(int_labels(y), "int32")
+    labels = int_labels(y)
     clean_logits = ops.cast(model_fn(x), "float32")
     classes = clean_logits.shape[-1]
     if classes is not None and classes < 2:
@@ -110,7 +92,7 @@ def fab_t(
     # Target k is the (k + 2)-th most likely class on the clean input, as in
     # AutoAttack (for a correctly classified input: the k-th wrong class).
     ranked = ops.cast(ops.argsort(-clean_logits, axis=-1), "int32")
-    wrong = ops.not_equal(ops.cast(ops.argmax(clean_logits, axis=-1), "int32"), labels)
+    wrong = ops.not_equal(predicted(clean_logits), labels)
     box = (float(clip_min), float(clip_max))
     starts = _random_starts(x, eps, restarts, box, seed)
     eps = ops.cast(eps, "float32")
@@ -128,12 +110,8 @@ def fab_t(
     def more(run, best, done):
         return ops.logical_and(ops.less(run, runs), ops.logical_not(ops.all(done)))
 
-    _, best, _ = ops.while_loop(
-        more,
-        body,
-        (ops.convert_to_tensor(0, "int32"), x, wrong),
-        maximum_iterations=runs,
-    )
+    start = (ops.convert_to_tensor(0, "int32"), x, wrong)
+    _, best, _ = ops.while_loop(more, body, start, maximum_iterations=runs)
     return ops.cast(ops.stop_gradient(best), dtype)
 
 
@@ -155,23 +133,8 @@ def _validate(eps, norm, steps, targets, restarts, alpha_max, eta, beta) -> None
         raise ArgumentError("beta", f"must be in (0, 1]. Received: beta={beta!r}")
 
 
-def _check_box(clip_min: Any, clip_max: Any) -> None:
-    finite = all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        for v in (clip_min, clip_max)
-    )
-    if not finite or not clip_min < clip_max:
-        raise ArgumentError(
-            "clip_max",
-            "fab_t projects inside the pixel box: clip_min and clip_max must be "
-            f"finite numbers, clip_min < clip_max. Received: clip_min={clip_min!r}"
-            f", clip_max={clip_max!r}",
-        )
-
-
 def _random_starts(x, eps, restarts: int, box, seed):
-    """The random starts of runs 1.. of each target, drawn once up front
-    (AutoAttack: uniform noise rescaled to L-inf length eps / 2)."""
+    # Runs 1.. of each target: uniform noise rescaled to L-inf length eps / 2.
     if restarts == 1:
         return None
     shape = (restarts - 1, *ops.shape(x))
@@ -182,23 +145,21 @@ def _random_starts(x, eps, restarts: int, box, seed):
 
 
 def _start_of(x, starts, restart):
-    """The start of run `restart` of a target: `x` for the first."""
     index = ops.maximum(restart - 1, 0)
     drawn = ops.take(starts, index, axis=0)
     return ops.where(ops.equal(restart, 0), x, drawn)
 
 
 def _margin(pair, logits):
-    """Per example, target logit minus true logit; `pair` holds the true
-    and the target class in its two columns."""
+    # Target logit minus true logit; `pair`: (true, target) per example.
     logits = ops.cast(logits, "float32")
     chosen = ops.take_along_axis(logits, pair, axis=1)
     return chosen[:, 1] - chosen[:, 0]
 
 
 def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta, box):
-    """One FAB run towards `target` from `start`: per example, the closest
-    adversarial point found and its L-inf distance from `x0` (inf if none)."""
+    # Per example the closest adversarial point found and its L-inf distance
+    # from `x0` (inf if none).
     batch = ops.shape(x0)[0]
     flat = (batch, -1)
     pair = ops.stack([labels, target], axis=1)
@@ -228,8 +189,7 @@ def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta
         alpha = per_example(alpha, ops.ndim(x0))
         x1 = (x1 + eta * d1) * (1 - alpha) + (x0 + eta * d2) * alpha
         x1 = ops.clip(x1, *box)
-        predicted = ops.cast(ops.argmax(model_fn(x1), axis=-1), "int32")
-        fooled = ops.not_equal(predicted, labels)
+        fooled = ops.not_equal(predicted(model_fn(x1)), labels)
         size = ops.max(ops.abs(ops.reshape(x1 - x0, flat)), axis=1)
         closer = ops.logical_and(fooled, ops.less(size, distance))
         best = ops.where(per_example(closer, ops.ndim(x0)), x1, best)

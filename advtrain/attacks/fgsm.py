@@ -1,5 +1,4 @@
-"""Fast Gradient Sign Method: plain, from a uniform random start (FGSM-RS),
-N-FGSM and ZeroGrad."""
+"""FGSM: plain, from a uniform random start (FGSM-RS), N-FGSM, ZeroGrad."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def fgsm(
         eps: perturbation size in pixel units.
         norm: "inf" or 2.
         loss_fn: `(labels, logits) -> per-example loss`; cross-entropy.
-        clip_min: lower end of the valid pixel range (None: no clipping).
-        clip_max: upper end of the valid pixel range (None: no clipping).
+        clip_min, clip_max: the valid pixel range (None: open on that side).
         loss_scale: multiplies the loss before differentiating (mixed
             precision); the step only uses the gradient's direction.
         return_gradient: also return the input gradient the step used.
@@ -83,9 +81,7 @@ def fgsm_from_gradient(
     clip_min: Optional[float] = 0.0,
     clip_max: Optional[float] = 1.0,
 ) -> Any:
-    """FGSM's result for the input gradient `grad` at `x` (computed
-    elsewhere: the gradient-reusing training step passes the clean loss's
-    own); `fgsm` is this after its gradient."""
+    """FGSM's result for an input gradient `grad` computed elsewhere."""
     step = steepest_step(grad, eps, canonical_norm(norm))
     return clip_pixels(x + step, clip_min, clip_max)
 
@@ -114,12 +110,9 @@ def fgsm_random_start(
     the eps-ball and the pixel range.
 
     `clip_start=False` takes the gradient at the random point as drawn,
-    even where it leaves the pixel range (the paper's MNIST code does
-    this); the default clips it first, as cleverhans does. On images with
-    many saturated pixels (MNIST's black background) clipping puts half of
-    them back at their clean value, and the start is much less random:
-    scripts/bench_mnist_robust measured 82.5% PGD-50x10 unclipped against
-    76.0% clipped, one seed (README has the spread across seeds).
+    even outside the pixel range (the paper's MNIST code); the default
+    clips it first, as cleverhans does, which on images with many
+    saturated pixels (MNIST) makes the start much less random.
 
     Example:
 
@@ -148,12 +141,8 @@ def fgsm_random_start_from_gradient(
     seed: Any = None,
     clip_start: bool = True,
 ) -> Any:
-    """FGSM-RS's result with the gradient `grad` computed elsewhere: the
-    random start drawn from `seed` as `fgsm_random_start` draws it, then
-    its step along `grad`. Given the gradient at that start and the same
-    seed, the result is `fgsm_random_start`'s; the gradient-reusing
-    training step passes the clean point's gradient instead (an
-    approximation: no gradient at the random point)."""
+    """FGSM-RS's step along a gradient `grad` computed elsewhere, from the
+    random start `fgsm_random_start` draws from the same `seed`."""
     norm = canonical_norm(norm)
     alpha = 1.25 * eps if alpha is None else alpha
     start = _random_start(x, eps, norm, seed, clip_start, clip_min, clip_max)
@@ -180,12 +169,10 @@ def n_fgsm(
     """N-FGSM (de Jorge et al. 2022): FGSM from stronger noise, unprojected.
 
     The start is drawn uniformly from the `noise`-ball (default `2 * eps`)
-    and the step `alpha` (default `eps`) is taken from there, without
-    projecting back onto the eps-ball, so the training perturbation can
-    reach `noise + alpha` (only the pixel range clips it). `eps` sets the
-    defaults alone. The paper's defaults are for CIFAR-10 at eps 8/255; at
-    MNIST's eps 0.3 a perturbation of up to 0.9 erases the digit, so pass a
-    smaller `noise` there (scripts/bench_mnist_robust compares settings).
+    and the step `alpha` (default `eps`) is taken from there without
+    projecting onto the eps-ball, so the perturbation can reach
+    `noise + alpha` (only the pixel range clips it). The defaults suit
+    CIFAR-10 at eps 8/255; at MNIST's eps 0.3 pass a smaller `noise`.
 
     Example:
 
@@ -222,11 +209,10 @@ def zerograd(
 ) -> Any:
     """ZeroGrad (Golgooni et al. 2021): FGSM-RS that ignores small gradients.
 
-    As `fgsm_random_start` (step `alpha`, default 1.25 * eps, projected
-    onto the eps-ball), except that in each example the input-gradient
-    entries whose magnitude is below that example's `zero_quantile`
-    quantile (default 0.35, the paper's CIFAR-10 value) are set to zero, so
-    those pixels take no step. The returned gradient is the masked one.
+    As `fgsm_random_start`, except that in each example the input-gradient
+    entries below that example's `zero_quantile` quantile of magnitude
+    (default 0.35, the paper's CIFAR-10 value) are set to zero, so those
+    pixels take no step. The returned gradient is the masked one.
 
     Example:
 
@@ -241,41 +227,34 @@ def zerograd(
         norm=norm, loss_fn=loss_fn, clip_min=clip_min, clip_max=clip_max,
         loss_scale=loss_scale, seed=seed, return_gradient=return_gradient,
         clip_start=clip_start,
-        mask=lambda grad: _zero_small(grad, zero_quantile),
+        zero_quantile=zero_quantile,
     )  # fmt: skip
 
 
 def _step_from_noise(
     model_fn, x, y, *, eps, alpha, noise, project_to_eps, norm, loss_fn,
     clip_min, clip_max, loss_scale, seed, return_gradient, clip_start,
-    mask=None,
+    zero_quantile=0.0,
 ):  # fmt: skip
-    """One signed step of size `alpha` from a uniform point of the
-    `noise`-ball around `x`, onto the eps-ball (`project_to_eps`) and the
-    pixel range; `mask` transforms the gradient first."""
     norm = checked_norm(norm, eps)
     check_eps("alpha", alpha)
     check_eps("noise", noise)
     x, y = attack_inputs(model_fn, x, y)
     start = _random_start(x, noise, norm, seed, clip_start, clip_min, clip_max)
     grad = input_gradient(model_fn, start, y, loss_fn, loss_scale)
-    if mask is not None:
-        grad = mask(grad)
+    grad = _zero_small(grad, zero_quantile)
     projected_to = eps if project_to_eps else None
     x_adv = _step(x, start, grad, alpha, projected_to, norm, clip_min, clip_max)
     return (x_adv, grad) if return_gradient else x_adv
 
 
 def _random_start(x, noise, norm, seed, clip_start, clip_min, clip_max):
-    """A uniform point of the `noise`-ball around `x`, in the pixel range
-    with `clip_start`."""
     start = x + random_in_ball(x, noise, norm, seed)
     return clip_pixels(start, clip_min, clip_max) if clip_start else start
 
 
 def _step(x, start, grad, alpha, eps, norm, clip_min, clip_max):
-    """A step of size `alpha` along `grad` from `start`, onto the eps-ball
-    around `x` (None: not projected) and the pixel range."""
+    # From `start` along `grad`, onto the eps-ball (None: not projected).
     delta = start + steepest_step(grad, alpha, norm) - x
     if eps is not None:
         delta = project(delta, eps, norm)
@@ -283,9 +262,8 @@ def _step(x, start, grad, alpha, eps, norm, clip_min, clip_max):
 
 
 def _zero_small(grad: Any, quantile: float) -> Any:
-    """`grad` with each example's entries below its `quantile` of |grad|
-    set to zero (the quantile interpolated linearly between order
-    statistics, numpy's default)."""
+    # Each example's entries below its `quantile` of |grad| set to zero
+    # (the quantile interpolated linearly, numpy's default).
     if quantile == 0.0:
         return grad
     ordered = ops.sort(ops.reshape(ops.abs(grad), (ops.shape(grad)[0], -1)), axis=1)

@@ -1,4 +1,4 @@
-"""Projected Gradient Descent (Madry et al. 2018), L-inf and L2."""
+"""Projected Gradient Descent, L-inf and L2."""
 
 from __future__ import annotations
 
@@ -46,28 +46,23 @@ def pgd(
     loss_scale: Optional[Any] = None,
     seed: Any = None,
 ) -> Any:
-    """Iterated steepest-ascent steps, each projected onto the eps-ball.
-
-    With `restarts > 1` the attack is run from several random starts and the
-    worst case is kept per example: a misclassified result beats a correct
-    one, and among equals the higher loss wins. So more restarts can only
-    lower the accuracy under attack.
+    """Iterated steepest-ascent steps, each projected onto the eps-ball
+    (Madry et al. 2018). With `restarts > 1`, the worst case per example
+    over several random starts: misclassified beats correct, then the
+    higher loss wins, so more restarts can only lower the accuracy.
 
     Args:
         model_fn: maps pixels to logits.
         x: float pixels.
         y: integer labels (or probability rows); None uses predictions.
         eps: radius of the ball in pixel units.
-        steps: iterations per restart: an int, or a scalar integer tensor
-            (one traced graph then serves every step count).
+        steps: iterations per restart: an int or a scalar integer tensor.
         step_size: per-iteration step; defaults to `2.5 * eps / steps`.
         norm: "inf" or 2.
         random_start: start uniformly inside the ball (else at `x`).
-        restarts: independent runs; the worst case per example is kept.
-            An int, or a scalar integer tensor (as `steps`).
+        restarts: independent runs, as `steps` an int or a tensor.
         loss_fn: `(labels, logits) -> per-example loss`.
-        clip_min: lower end of the valid pixel range.
-        clip_max: upper end of the valid pixel range.
+        clip_min, clip_max: the valid pixel range.
         loss_scale: multiplies the loss before differentiating.
         seed: None, an int or a `keras.random.SeedGenerator`.
 
@@ -86,28 +81,31 @@ def pgd(
     x, y = attack_inputs(model_fn, x, y)
     loss_fn = loss_fn or per_example_cross_entropy
 
-    settings = dict(
-        eps=eps, norm=norm, step_size=step_size, loss_fn=loss_fn,
-        loss_scale=loss_scale, clip_min=clip_min, clip_max=clip_max,
-    )  # fmt: skip
+    box = dict(eps=eps, norm=norm, clip_min=clip_min, clip_max=clip_max)
 
     def one_run(run_seed):
-        start = pgd_start(
-            x, eps=eps, norm=norm, random_start=random_start, clip_min=clip_min,
-            clip_max=clip_max, seed=run_seed,
+        start = pgd_start(x, random_start=random_start, seed=run_seed, **box)
+        return pgd_steps(
+            model_fn, x, y, start, steps=steps, step_size=step_size,
+            loss_fn=loss_fn, loss_scale=loss_scale, **box,
         )  # fmt: skip
-        return pgd_steps(model_fn, x, y, start, steps=steps, **settings)
 
     best = one_run(seed)
     if isinstance(restarts, int) and restarts == 1:
         return best
-    # Later runs draw inside a loop: from seeds folded out of one pair.
+    # Later runs draw inside a loop (`restarts` may be a tensor): from seeds
+    # folded out of one pair.
     pair = seed_pair(seed) if random_start else None
 
-    def later_run(i):
-        return one_run(None if pair is None else fold_seed(pair, i))
+    def restart(i, *best):
+        x_adv = one_run(None if pair is None else fold_seed(pair, i))
+        found = (x_adv, *outcome(model_fn, x_adv, y, loss_fn))
+        return (i + 1, *worse_of(best, found))
 
-    return _worst_over_restarts(model_fn, y, loss_fn, later_run, best, restarts)
+    first = (ops.convert_to_tensor(1, "int32"), best)
+    state = (*first, *outcome(model_fn, best, y, loss_fn))
+    _, best, _, _ = ops.while_loop(lambda i, *_: i < restarts, restart, state)
+    return best
 
 
 def pgd_start(x, *, eps, norm, random_start, clip_min, clip_max, seed) -> Any:
@@ -120,47 +118,19 @@ def pgd_steps(
     model_fn, x, y, x_adv, *, steps, eps, norm, step_size, loss_fn, loss_scale,
     clip_min, clip_max,
 ) -> Any:  # fmt: skip
-    """`steps` projected steepest-ascent steps from `x_adv` around `x`
-    (unrolled on JAX for an int `steps`: `backend.counted_loop`)."""
+    """`steps` projected steepest-ascent steps from `x_adv` around `x`."""
 
     def body(i, x_adv):
         grad = input_gradient(model_fn, x_adv, y, loss_fn, loss_scale)
-        # Clip, project, clip again: the order cleverhans uses, so the two
-        # backends agree for L2 too.
-        moved = clip_pixels(
-            x_adv + steepest_step(grad, step_size, norm), clip_min, clip_max
-        )
-        delta = project(moved - x, eps, norm)
+        # Clip, project, clip again: cleverhans's order, so the two agree.
+        step = steepest_step(grad, step_size, norm)
+        delta = project(clip_pixels(x_adv + step, clip_min, clip_max) - x, eps, norm)
         return i + 1, clip_pixels(x + delta, clip_min, clip_max)
 
     _, x_adv = backend.counted_loop(
         body, (ops.convert_to_tensor(0, "int32"), x_adv), steps
     )
     return ops.stop_gradient(x_adv)
-
-
-def _worst_over_restarts(model_fn, y, loss_fn, one_run, best, restarts):
-    """Runs `one_run(i)` for i = 1, ... until `restarts` runs are done;
-    keeps per example the worst case (`worse_of`)."""
-
-    def restart(i, *best):
-        candidate = one_run(i)
-        return (
-            i + 1,
-            *worse_of(best, (candidate, *outcome(model_fn, candidate, y, loss_fn))),
-        )
-
-    # A loop, not unrolled: `restarts` may be a tensor (AttackRunner).
-    _, best, _, _ = ops.while_loop(
-        lambda i, *_: i < restarts,
-        restart,
-        (
-            ops.convert_to_tensor(1, "int32"),
-            best,
-            *outcome(model_fn, best, y, loss_fn),
-        ),
-    )
-    return best
 
 
 def default_step_size(eps: Any, steps: Any) -> Any:

@@ -1,26 +1,11 @@
 """Square Attack (Andriushchenko, Croce, Flammarion and Hein, ECCV 2020).
 
-A score-based, gradient-free attack: it only reads the logits, so gradient
-masking cannot hide a model's weakness from it. Each query changes the
-perturbation inside one random square window and keeps the change when it
-lowers the margin `z_y - max_{j != y} z_j`; an image is done once its margin
-is negative (misclassified). The window's side follows the paper's schedule:
-a share `p` of the image, halved at fixed query counts (10, 50, 200, 500,
-1,000, 2,000, 4,000, 6,000, 8,000 on the 10,000-query scale).
-
-L-inf: the start is vertical stripes of +-eps; a query sets the window to
-+-eps per channel. L2: the start is a grid of the paper's centred
-"pseudo-Gaussian" blocks scaled to norm eps; a query moves perturbation
-mass from a second window into the first, keeping the norm at eps.
-
-Everything runs in-graph on the whole batch: every image draws its own
-window position and signs, keeps its own query counter and stops
-querying once fooled (on TensorFlow the model only sees the images still
-standing; JAX's compiled loop keeps its shapes, so it queries them all
-and ignores the fooled ones: `advtrain.backend.active_indices`).
-Settings follow the paper and AutoAttack's Square (p_init 0.8, margin
-loss, the unscaled schedule); where they differ from AutoAttack's code,
-`square` says so.
+Gradient-free, so gradient masking cannot hide a weakness from it: each
+query changes the perturbation inside one random square window (whose
+share of the image halves on the paper's schedule) and keeps the change
+when it lowers the margin `z_y - max_{j != y} z_j`. Every image draws its
+own windows and stops once fooled (on JAX the fooled ones are queried and
+ignored: `advtrain.backend.active_indices`).
 """
 
 from __future__ import annotations
@@ -46,8 +31,7 @@ from advtrain.attacks.common import (
     seed_pair,
 )
 
-# The query counts (on a 10,000-query scale) after which the window's
-# share of the image halves.
+# Query counts (of 10,000) after which the window's share halves.
 _HALVINGS = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
 _TINY = 1e-12
 
@@ -70,26 +54,13 @@ def square(
 ) -> Any:
     """Square Attack on a batch of images (channels last).
 
-    Args:
-        model_fn: maps pixels to logits.
-        x: float pixels, shape `(batch, height, width, channels)`.
-        y: integer labels (or probability rows); None uses predictions.
-        eps: radius of the ball in pixel units.
-        norm: "inf" or 2.
-        queries: model queries per image and restart, the first (the
-            random start) included; AutoAttack: 5,000.
-        restarts: runs from fresh starts for the images still standing.
-        p_init: the window's initial share of the image (AutoAttack: 0.8).
-        rescale_schedule: spread the halvings over `queries` instead of
-            10,000 queries (AutoAttack's ensemble does not rescale).
-        clip_min, clip_max: valid pixel range.
-        seed: None, an int or a `keras.random.SeedGenerator`.
-        return_queries: also return the queries each image used.
-
-    Returns:
-        Per example, a misclassified point if one was found, else the point
-        of smallest margin; the dtype of `x`. With `return_queries`, the
-        pair `(x_adv, queries_used)` (int32 per example).
+    `queries` per image and restart count the random start (AutoAttack:
+    5,000); `restarts` rerun the images still standing; `p_init` is the
+    window's initial share of the image (AutoAttack: 0.8);
+    `rescale_schedule` spreads the halvings over `queries` instead of
+    10,000 (AutoAttack does not). Returns per example a misclassified
+    point if one was found, else the one of smallest margin; with
+    `return_queries`, also the queries each image used (int32).
 
     Example:
 
@@ -98,7 +69,10 @@ def square(
     ```
     """
     norm = checked_norm(norm, eps)
-    _check_settings(queries, restarts, p_init)
+    check_count("queries", queries, tensor=False)
+    check_count("restarts", restarts, tensor=False)
+    if not 0.0 < p_init <= 1.0:
+        raise ValueError(f"p_init must be in (0, 1]. Received: p_init={p_init!r}")
     x, y = attack_inputs(model_fn, x, y)
     if ops.ndim(x) != 4:
         raise ValueError(
@@ -109,13 +83,11 @@ def square(
     labels = int_labels(y)
     iterations = queries - 1  # the random start is the first query
     sides = _window_sides(iterations, p_init, height, width, norm, rescale_schedule)
-    # Two int32 words seed every stateless draw below (one per restart and
-    # query), so the whole attack follows from `seed`.
+    # Every stateless draw below follows from these two int32 words.
     base = seed_pair(seed)
     run = _linf_run if norm == "inf" else _l2_run
     geometry = (height, width, channels)
-    best = x
-    batch = ops.shape(x)[0]
+    best, batch = x, ops.shape(x)[0]
     margin = ops.full((batch,), math.inf, "float32")
     used = ops.zeros((batch,), "int32")
     for r in range(restarts):
@@ -132,23 +104,15 @@ def square(
     return (best, used) if return_queries else best
 
 
-def _check_settings(queries, restarts, p_init) -> None:
-    check_count("queries", queries, tensor=False)
-    check_count("restarts", restarts, tensor=False)
-    if not 0.0 < p_init <= 1.0:
-        raise ValueError(f"p_init must be in (0, 1]. Received: p_init={p_init!r}")
-
-
 def share_at(query: int, p_init: float, total: int, rescale: bool) -> float:
-    """The window's share of the image at iteration `query` (0-based,
-    the random start not counted): the paper's piecewise schedule."""
+    """The window's share of the image at iteration `query` (0-based, the
+    random start not counted)."""
     step = int(query / total * 10000) if rescale else query
     halvings = sum(step > mark for mark in _HALVINGS)
     return p_init / 2**halvings
 
 
 def _window_sides(iterations, p_init, height, width, norm, rescale) -> list[int]:
-    """The window's side at each iteration (at least one entry)."""
     smallest = 1 if norm == "inf" else 3
     sides = []
     for i in range(max(iterations, 1)):
@@ -169,15 +133,15 @@ def margin_of(logits: Any, labels: Any) -> Any:
 
 
 def _uniform_int(seeds, count, high):
-    """Per image, an int32 drawn uniformly from [0, high), shape (count, 1)."""
+    # Per image, an int32 drawn uniformly from [0, high), shape (count, 1).
     unit = backend.stateless_uniform((count, 1), seeds)
     draw = ops.cast(ops.floor(unit * ops.cast(high, "float32")), "int32")
     return ops.minimum(draw, high - 1)  # float rounding at the top end
 
 
 def _window(seeds, count, side, height, width):
-    """Per image, a random `side` x `side` window inside the image: a mask
-    of shape (count, height, width, 1) and the top-left corners."""
+    # Per image, a random `side` x `side` window: a (count, height, width, 1)
+    # mask and the top-left corners.
     top = _uniform_int(seeds, count, height - side + 1)
     left = _uniform_int(seeds + ops.convert_to_tensor([0, 1], "int32"), count,
                         width - side + 1)  # fmt: skip
@@ -192,21 +156,14 @@ def _inside(position, first, side):
 
 
 def _signs(seeds, shape, dtype):
-    """+-1 with equal odds."""
     draw = backend.stateless_uniform(shape, seeds)
     return ops.cast(ops.where(draw < 0.5, -1.0, 1.0), dtype)
 
 
 def _search(model_fn, x, labels, done_margin, start, propose, iterations):
-    """The query loop both norms share.
-
-    `propose(i, x_standing, best_standing)` returns new candidates for the
-    images still standing; a candidate replaces an image's best point when
-    it lowers the margin. Images with a margin <= 0 (including those fooled
-    by an earlier restart: `done_margin`) stop querying. Where the backend
-    hands back every image (`advtrain.backend.active_indices`), the fooled
-    ones' candidates are ignored.
-    """
+    # The query loop of both norms: `propose(i, x_standing, best_standing)`
+    # gives candidates for the images still standing (margin > 0), kept
+    # where they lower the margin.
     margin = margin_of(model_fn(start), labels)
     # Images an earlier restart fooled stay out of this run.
     margin = ops.where(done_margin <= 0, done_margin, margin)
@@ -230,11 +187,12 @@ def _search(model_fn, x, labels, done_margin, start, propose, iterations):
         counted = ops.take(used, index, axis=0) + ops.cast(live, "int32")
         return i + 1, best, margin, ops.scatter_update(used, at, counted)
 
+    def more(i, best, margin, used):
+        return (i < iterations) & ops.any(margin > 0)
+
+    state = (ops.convert_to_tensor(0, "int32"), start, margin, used)
     _, best, margin, used = ops.while_loop(
-        lambda i, best, margin, used: (i < iterations) & ops.any(margin > 0),
-        body,
-        (ops.convert_to_tensor(0, "int32"), start, margin, used),
-        maximum_iterations=iterations,
+        more, body, state, maximum_iterations=iterations
     )
     return best, margin, used
 
@@ -243,9 +201,7 @@ def _linf_run(
     model_fn, x, labels, done_margin, sides, iterations, geometry, seeds, *,
     eps, clip_min, clip_max,
 ):  # fmt: skip
-    """One L-inf run: vertical stripes of +-eps, then each query sets one
-    window to +-eps per channel (AutoAttack adds +-2 eps and projects,
-    which lands on the same points)."""
+    # AutoAttack adds +-2 eps and projects: the same points.
     height, width, channels = geometry
     eps_t = ops.cast(eps, x.dtype)
     stripes = _signs(seeds, (ops.shape(x)[0], 1, width, channels), x.dtype)
@@ -263,8 +219,8 @@ def _linf_run(
 
 
 def _eta_rectangles(rows: int, cols: int) -> np.ndarray:
-    """Nested rectangles around the centre, weight 1 / (k + 1)^2 for the
-    k-th, unit L2 norm (the paper's building block)."""
+    # Nested rectangles around the centre, weight 1 / (k + 1)^2 for the
+    # k-th, unit L2 norm.
     delta = np.zeros((rows, cols))
     if rows == 0 or cols == 0:
         return delta
@@ -277,8 +233,7 @@ def _eta_rectangles(rows: int, cols: int) -> np.ndarray:
 
 
 def _eta(side: int) -> np.ndarray:
-    """The paper's L2 window pattern: a positive block of rectangles over a
-    negative one, unit L2 norm."""
+    # The paper's L2 window pattern: positive rectangles over negative ones.
     top = _eta_rectangles(side // 2, side)
     bottom = -_eta_rectangles(side - side // 2, side)
     delta = np.concatenate([top, bottom], axis=0)
@@ -286,8 +241,8 @@ def _eta(side: int) -> np.ndarray:
 
 
 def _padded_patterns(sides: list[int]) -> tuple[np.ndarray, list[int]]:
-    """`_eta` of each distinct side, zero-padded to the largest, as an array
-    (pattern, orientation, row, col); and per iteration its pattern."""
+    # `_eta` of each distinct side, zero-padded to the largest, as an array
+    # (pattern, orientation, row, col); and per iteration its pattern.
     distinct = sorted(set(sides))
     size = max(distinct)
     patterns = np.zeros((len(distinct), 2, size, size), np.float32)
@@ -299,9 +254,8 @@ def _padded_patterns(sides: list[int]) -> tuple[np.ndarray, list[int]]:
 
 
 def _l2_start(x, seeds, height, width, channels, eps, clip_min, clip_max):
-    """AutoAttack's L2 start: a grid of `_eta` blocks of side height // 5,
-    each with a random sign per channel and a random orientation, scaled to
-    norm eps."""
+    # AutoAttack's: a grid of `_eta` blocks of side height // 5, each with a
+    # random sign per channel and orientation, scaled to norm eps.
     side = max(height // 5, 1)
     offset = (height - 5 * side) // 2
     block = np.full((height, width), -1, np.int32)
@@ -339,9 +293,8 @@ def _l2_run(
     model_fn, x, labels, done_margin, sides, iterations, geometry, seeds, *,
     eps, clip_min, clip_max,
 ):  # fmt: skip
-    """One L2 run: each query draws two windows, moves the second window's
-    perturbation mass into the first (a fresh `_eta` pattern plus the
-    first's old content), and renormalises the whole perturbation to eps."""
+    # Each query moves the second window's perturbation mass into the first
+    # (a fresh `_eta` plus its old content) and renormalises to eps.
     height, width, channels = geometry
     eps_t = ops.cast(eps, x.dtype)
     start = _l2_start(x, seeds, height, width, channels, eps_t, clip_min, clip_max)
