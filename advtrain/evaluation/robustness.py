@@ -445,44 +445,21 @@ def evaluate_robustness(
     """Accuracy of `model` on clean and attacked batches; the headline is
     the worst case per example over every attack, AutoAttack included.
 
-    With `max_examples` set, a seeded random subset of that many examples
-    is evaluated (`seeded_subset`), not the first N: test splits stored in
-    class order would otherwise be judged on a few classes. The same seed
-    gives the same subset and random starts, so two models are compared
-    on identical examples.
-
-    Args:
-        model: maps [0, 1] pixels to logits.
-        batches: `(x, y)` batches (float pixels, integer labels): numpy
-            arrays or tensors, e.g. a `tf.data.Dataset`.
-        default_eps: eps used when `eps` is None (the training eps).
-        num_classes: for macro F1 and the per-class table.
-        max_examples: evaluate a seeded random subset of this size.
-        seed: seed of the subset and of the attacks' random starts.
-        batch_size: batch size of the subset's batches and the cascade.
-        budget: AutoAttack's budget, "standard" or "cheap" (`BUDGETS`).
-        progress: called with a short line after each batch.
-        strategy: TensorFlow: the run's `tf.distribute` strategy, whose
-            scope the attacks run in (default: the current one).
-        return_examples: also return the worst-case adversarial inputs:
-            True for every example, a number for a random subset of at
-            most that many, drawn with `seed`.
-        **attack_keys: `ATTACK_KEYS`, as `evaluation_attacks` takes them.
+    `max_examples` evaluates a seeded random subset (`seeded_subset`),
+    not the first N (test splits stored in class order). The other
+    arguments are `evaluate`'s, plus `default_eps` (eps when `eps` is
+    None), `progress` (called with a line per batch) and `strategy` (the
+    `tf.distribute` strategy whose scope the attacks run in).
 
     Returns:
-        A JSON-ready dict. The headline: `robust_accuracy` (right on clean
-        and under every attack, per example), `robust_accuracy_ci95`
-        (Wilson interval), `robust_accuracy_over` (the attacks),
-        `robust_accuracy_ensemble` (AutoAttack's name and budget, or None
-        when it did not run) and `examples`. Then `clean_accuracy`,
-        `<attack>_accuracy` and `<attack>_attack` (its settings) for each
-        attack run on every example; `autoattack` (per cascade step: the
-        examples attacked and broken, the robust accuracy after it) and
-        `autoattack_<member>_accuracy`; `gradient_free_only` (examples only
-        a gradient-free attack broke: the masking check's count);
-        `macro_f1`, `eps_sweep`, per-class support and accuracy, and
-        `subset_of` when a subset was drawn. With `return_examples`,
-        `adversarial_examples` (an `AdversarialExamples`, not JSON).
+        A JSON-ready dict: `robust_accuracy` (right on clean and under
+        every attack, per example), `robust_accuracy_ci95` (Wilson),
+        `robust_accuracy_over`, `robust_accuracy_ensemble` (None without
+        AutoAttack), `examples`, `clean_accuracy`, `<attack>_accuracy` and
+        `<attack>_attack`; `autoattack` (per cascade step) and
+        `autoattack_<member>_accuracy`; `gradient_free_only` (the masking
+        check's count); `macro_f1`, `eps_sweep`, per-class tables,
+        `subset_of`; with `return_examples`, `adversarial_examples`.
     """
     check_keywords("evaluate_robustness", attack_keys, ATTACK_KEYS)
     total, batch_count = None, _batch_count(batches)

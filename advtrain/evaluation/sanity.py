@@ -1,26 +1,13 @@
 """Sanity checks that flag gradient masking in a robustness evaluation.
 
-A robust accuracy is only as good as the attack that measured it. Models
-that mask or obfuscate their gradients (catastrophic overfitting after FGSM
+Models that mask their gradients (catastrophic overfitting after FGSM
 training is the common case) look robust to gradient attacks without being
-so. These checks follow the warning signs listed by Athalye, Carlini and
-Wagner (2018) and Croce and Hein (2020, AutoAttack):
-
-- `pgd_not_above_fgsm`: iterated PGD is at least as strong as one FGSM step.
-- `large_eps_breaks_model`: at eps 0.5 (L-inf; every image can be moved to
-  the mid-gray image) a few PGD steps bring accuracy to about zero.
-- `more_steps_do_not_help_model`: PGD with twice the steps gives the model
-  no higher accuracy, and no much lower one (the reported PGD converged).
-- `more_restarts_do_not_help_model`: twice the random restarts (worst case
-  per example kept) lower the accuracy by at most the tolerance.
-- `input_gradients_nonzero`: few examples have an all-zero input gradient.
-- `gradient_free_not_stronger` (from the evaluation itself, when it ran a
-  gradient-free attack: `masking_check`): Square breaks no clearly larger
-  share of examples than the gradient attacks left standing. A score-only
-  attack beating APGD is the textbook sign of masked gradients.
-
-All checks run on one seeded random subset of the test split, so their
-numbers compare like with like.
+so. The checks follow Athalye, Carlini and Wagner (2018) and Croce and
+Hein (2020), on one seeded random subset of the test split:
+`pgd_not_above_fgsm`, `large_eps_breaks_model` (eps 0.5 L-inf: every image
+can be moved to mid-gray), `more_steps_do_not_help_model`,
+`more_restarts_do_not_help_model`, `input_gradients_nonzero`; and, from an
+evaluation that ran Square, `gradient_free_not_stronger` (`masking_check`).
 
 Example:
 
