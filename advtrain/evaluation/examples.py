@@ -91,22 +91,18 @@ class AdversarialExamples:
 
 class ExampleRecorder:
     """Builds `AdversarialExamples` during an evaluation: per batch
-    `start`, `attacked`, `keep`; then `standing` and `cascade`. `limit`
+    `start`, `attacked`, `keep`; then `cascaded` per cascade batch. `limit`
     keeps a seeded random subset of that many examples."""
 
-    def __init__(
-        self,
-        limit: Optional[int] = None,
-        seed: int = 0,
-        eps: float = 0.0,
-        norm: Any = "inf",
-    ):
+    def __init__(self, limit: Optional[int] = None, seed: int = 0,
+                 eps: float = 0.0, norm: Any = "inf"):  # fmt: skip
         self.limit, self.eps, self.norm = limit, float(eps), str(norm)
         self.rng = np.random.default_rng(seed)
         self.parts: list[dict[str, np.ndarray]] = []
         self.batch: dict[str, np.ndarray] = {}
         self.seen = 0
         self.standing_seen = 0
+        self.slot: Optional[np.ndarray] = None
 
     def start(self, x: np.ndarray, y: np.ndarray, clean: np.ndarray) -> None:
         """A new batch: its pixels, labels and clean predictions."""
@@ -139,48 +135,53 @@ class ExampleRecorder:
         self.standing_seen += int(np.sum(standing))
         self.parts.append(b)
         if self.limit is not None and self.seen > self.limit:
-            kept = self._merged()
-            best = np.sort(np.argpartition(kept["key"], self.limit - 1)[: self.limit])
-            self.parts = [{k: v[best] for k, v in kept.items()}]
+            self.parts = [smallest_keys(concat(self.parts), self.limit)]
+
+    def cascaded(self, name: str, rows, x_adv, predicted) -> None:
+        """One cascade attack's points for `rows` of the cascade's arrays;
+        the last attack to run on an example sets its point."""
+        kept = self._merged()
+        if self.slot is None:
+            mine = np.flatnonzero(kept["row"] >= 0)
+            self.slot = np.full(self.standing_seen, -1)
+            self.slot[kept["row"][mine]] = mine
+        slot = self.slot[rows]
+        hit = slot >= 0
+        slot, predicted = slot[hit], predicted[hit]
+        kept["x_adv"][slot] = x_adv[hit]
+        kept["predicted"][slot] = predicted
+        kept["attack"][slot] = np.where(predicted != kept["y"][slot], name, "")
 
     def _merged(self) -> dict[str, np.ndarray]:
-        if len(self.parts) > 1:
-            self.parts = [
-                {k: np.concatenate([p[k] for p in self.parts]) for k in self.parts[0]}
-            ]
+        self.parts = [concat(self.parts)]
         return self.parts[0]
-
-    def standing(self) -> np.ndarray:
-        """The cascade rows (among the examples left standing) to return."""
-        rows = self._merged()["row"]
-        return rows[rows >= 0]
-
-    def cascade(self, points: dict[str, np.ndarray]) -> None:
-        """The cascade's `x_adv`, `predicted`, `attack` for `standing()`."""
-        kept = self._merged()
-        mine = np.flatnonzero(kept["row"] >= 0)
-        for name in ("x_adv", "predicted", "attack"):
-            kept[name][mine] = points[name]
 
     def result(self) -> AdversarialExamples:
         """The examples kept, in evaluation order."""
         kept = self._merged()
         attack = kept["attack"].astype(str)
-        return AdversarialExamples(
-            x=kept["x"],
-            y=kept["y"],
-            x_adv=kept["x_adv"],
-            attack=attack,
-            predicted=kept["predicted"],
-            robust=attack == "",
-            index=kept["index"],
-            eps=self.eps,
-            norm=self.norm,
-        )
+        arrays = {k: kept[k] for k in FIELDS if k not in ("attack", "robust")}
+        return AdversarialExamples(**arrays, attack=attack, robust=attack == "",
+                                   eps=self.eps, norm=self.norm)  # fmt: skip
+
+
+def concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays of `parts` joined key by key."""
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def smallest_keys(arrays: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
+    """The rows of `arrays` with the `count` smallest `arrays["key"]`, in
+    their order: a seeded random subset when the keys are seeded draws."""
+    if len(arrays["key"]) <= count:
+        return arrays
+    best = np.sort(np.argpartition(arrays["key"], count - 1)[:count])
+    return {k: v[best] for k, v in arrays.items()}
 
 
 def _floats(x: np.ndarray) -> np.ndarray:
-    """[0, 1] float pixels (uint8 images divided by 255)."""
     x = np.asarray(x)
     if np.issubdtype(x.dtype, np.integer):
         return x.astype(np.float32) / 255.0
@@ -188,7 +189,6 @@ def _floats(x: np.ndarray) -> np.ndarray:
 
 
 def _image(x: np.ndarray) -> np.ndarray:
-    """(H, W) for one channel, (H, W, 3) for colour, clipped to [0, 1]."""
     if x.ndim == 3 and x.shape[-1] == 1:
         x = x[..., 0]
     return np.clip(x, 0.0, 1.0)

@@ -11,7 +11,6 @@ break (Croce and Hein 2020), so the cost falls on the robust examples.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 import weakref
@@ -26,17 +25,17 @@ from advtrain import backend
 from advtrain.attacks import Attack, canonical_norm
 from advtrain.attacks.common import worse_of
 from advtrain.attacks.pgd import default_step_size, outcome, pgd_start, pgd_steps
-from advtrain.evaluation.examples import ExampleRecorder
+from advtrain.evaluation.examples import ExampleRecorder, concat, smallest_keys
 from advtrain.evaluation.report import CASCADE_LABELS
 from advtrain.utils.errors import ArgumentError, did_you_mean
+from advtrain.utils.io import atomic_path
 from advtrain.utils.keywords import check_keywords
 from advtrain.utils.progress import Echo, Progress
 
 
 def macro_f1(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> float:
-    """Unweighted mean of per-class F1 over the classes (below
-    `num_classes`) present in labels or predictions: a class never seen
-    nor predicted does not count (scikit-learn's macro F1 over those)."""
+    """scikit-learn's macro F1 over the classes (below `num_classes`)
+    present in labels or predictions."""
     from sklearn.metrics import f1_score  # scipy's import: only when used
 
     present = np.union1d(labels, predictions)
@@ -51,43 +50,18 @@ def macro_f1(labels: np.ndarray, predictions: np.ndarray, num_classes: int) -> f
 def per_class_accuracy(
     labels: np.ndarray, predictions: np.ndarray, num_classes: int
 ) -> list[Optional[float]]:
-    """Accuracy per class (its recall); None where the class has no
-    examples."""
+    """Accuracy per class (its recall); None where it has no examples."""
     from sklearn.metrics import recall_score
 
-    recall = recall_score(
-        labels,
-        predictions,
-        labels=np.arange(num_classes),
-        average=None,
-        zero_division=np.nan,
-    )
+    recall = recall_score(labels, predictions, labels=np.arange(num_classes),
+                          average=None, zero_division=np.nan)  # fmt: skip
     return [None if np.isnan(r) else float(r) for r in recall]
-
-
-@dataclasses.dataclass
-class _Accumulator:
-    labels: list = dataclasses.field(default_factory=list)
-    predictions: dict = dataclasses.field(default_factory=dict)
-    seen: int = 0
-    start: float = 0.0
-    # The examples right under every attack so far, for the cascade.
-    kept_x: Any = None
-    kept_y: Any = None
-    cascade: Optional[dict] = None
-
-    def add(self, name: str, preds: np.ndarray) -> None:
-        self.predictions.setdefault(name, []).append(preds)
-
-    def get(self, name: str) -> np.ndarray:
-        return np.concatenate(self.predictions[name])
 
 
 # AutoAttack's budgets (Croce and Hein 2020; fra31/auto-attack's
 # "standard" version for L-inf, and its earlier "cheap" flag): APGD
 # iterations and runs, APGD-T's target classes, FAB-T's target classes
 # (100 iterations, one run each; 0 leaves FAB-T out), Square's queries.
-# The cheap budget runs APGD-CE, APGD-T and Square at 1,000 queries.
 BUDGETS = {
     "standard": dict(
         apgd_steps=100, apgd_restarts=1, targets=9, fab_targets=9, queries=5000
@@ -100,14 +74,11 @@ BUDGETS = {
 # Gradient-free attacks (for the masking check): they read logits only.
 GRADIENT_FREE = ("square",)
 
-
-# The names an evaluation's `attacks` may list.
 EVALUATION_ATTACKS = (
     "fgsm", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square", "autoattack",
 )  # fmt: skip
 
-# The keyword arguments that choose an evaluation's attacks
-# (`evaluation_attacks` takes them).
+# The keyword arguments that choose an evaluation's attacks.
 ATTACK_KEYS = (
     "eps", "norm", "attacks", "fgsm", "pgd_steps", "pgd_step_size",
     "pgd_restarts", "apgd_steps", "apgd_restarts", "square_queries", "eps_sweep",
@@ -115,10 +86,8 @@ ATTACK_KEYS = (
 
 
 def listed_attacks(attacks: Any, fgsm: bool, pgd_steps: int) -> list[str]:
-    """The attack names an evaluation runs: `attacks` as given ("autoattack"
-    alone means the list ["autoattack"]), or by default FGSM when `fgsm`,
-    PGD when `pgd_steps > 0`, and the AutoAttack ensemble. A name not in
-    `EVALUATION_ATTACKS` is an ArgumentError with the closest one."""
+    """The attack names an evaluation runs: `attacks` as given, or by
+    default FGSM when `fgsm`, PGD when `pgd_steps > 0`, and "autoattack"."""
     if attacks is None:
         return ["fgsm"] * fgsm + ["pgd"] * (pgd_steps > 0) + ["autoattack"]
     names = [attacks] if isinstance(attacks, str) else list(attacks)
@@ -141,11 +110,9 @@ def ensemble_attacks(
     num_classes: Optional[int] = None,
 ) -> dict[str, Attack]:
     """AutoAttack's ensemble at `budget`, in cascade order: APGD-CE,
-    APGD-T (targeted DLR over the 9 most likely wrong classes), FAB-T
-    (targeted FAB over the same classes; standard budget and L-inf only:
-    the L2 projection is not implemented) and Square (gradient-free);
-    `queries` overrides Square's budget. With fewer than 4 classes APGD-T
-    is left out: its loss needs 4 logits (AutoAttack skips it there too)."""
+    APGD-T (targeted DLR over the 9 most likely wrong classes; left out
+    below 4 classes, as AutoAttack does), FAB-T (same targets; standard
+    budget and L-inf only) and Square (`queries` overrides its budget)."""
     if budget not in BUDGETS:
         raise ValueError(
             f"budget must be one of {', '.join(BUDGETS)}. Received: budget={budget!r}"
@@ -180,63 +147,48 @@ def evaluation_attacks(
     square_queries: Optional[int] = None,
     eps_sweep: Sequence[float] = (),
 ) -> dict[str, Attack]:
-    """The attacks an evaluation runs one by one on every example, by
-    report name (the AutoAttack cascade is `ensemble_attacks`).
-
-    `attacks` names them
-    (fgsm, pgd, apgd_ce, apgd_dlr, fab_t, square, autoattack; see
-    `listed_attacks` for the default). `eps` None means `default_eps` (the
-    training eps). Each `eps_sweep` value adds a PGD attack `sweep_<eps>`.
-    """
+    """The attacks an evaluation runs on every example, by report name
+    (AutoAttack's cascade is `ensemble_attacks`). `eps` None means
+    `default_eps`; each `eps_sweep` value adds a PGD attack `sweep_<eps>`."""
     eps = default_eps if eps is None else eps
-    chosen = [a for a in listed_attacks(attacks, fgsm, pgd_steps) if a != "autoattack"]
-    apgd = dict(eps=eps, norm=norm, steps=apgd_steps, restarts=apgd_restarts)
-    available = {
-        "fgsm": lambda: Attack("fgsm", eps=eps, norm=norm),
-        "pgd": lambda: Attack(
-            "pgd",
-            eps=eps,
-            norm=norm,
+    apgd = dict(steps=apgd_steps, restarts=apgd_restarts)
+    settings = {
+        "fgsm": {},
+        "pgd": dict(
             steps=pgd_steps,
             step_size=pgd_step_size,
             random_start=True,
             restarts=pgd_restarts,
-        ),
-        "apgd_ce": lambda: Attack("apgd_ce", **apgd),
-        "apgd_dlr": lambda: Attack("apgd_dlr", **apgd),
-        "fab_t": lambda: Attack("fab_t", eps=eps, norm=norm),
-        "square": lambda: Attack(
-            "square", eps=eps, norm=norm, queries=square_queries or 5000
-        ),
+        ),  # fmt: skip
+        "apgd_ce": apgd,
+        "apgd_dlr": apgd,
+        "fab_t": {},
+        "square": dict(queries=square_queries or 5000),
     }
-    chosen_attacks = {name: available[name]() for name in chosen}
+    chosen = {
+        name: Attack(name, eps=eps, norm=norm, **settings[name])
+        for name in listed_attacks(attacks, fgsm, pgd_steps)
+        if name != "autoattack"
+    }
     for value in eps_sweep:
-        chosen_attacks[f"sweep_{value:g}"] = Attack(
-            "pgd",
-            eps=value,
-            norm=norm,
-            steps=max(pgd_steps, 1),
-            random_start=True,
-            restarts=1,
-        )
-    return chosen_attacks
+        chosen[f"sweep_{value:g}"] = Attack(
+            "pgd", eps=value, norm=norm, steps=max(pgd_steps, 1),
+            random_start=True, restarts=1,
+        )  # fmt: skip
+    return chosen
 
 
 class AttackRunner:
     """Runs `Attack`s on a model compiled and returns predicted labels.
 
-    One compiled function per attack *kind* (method, norm, random start,
-    backend; `advtrain.backend.compile_function`): eps is an argument, and
-    so are PGD's steps, step size and restarts, so an eps sweep and the
-    sanity checks' stronger variants cost no new trace. The functions are
-    shared by every runner of the same model (held weakly: they do not keep
-    the model alive), so a second evaluation compiles nothing. On
-    TensorFlow the batch dimension is left open, so a smaller last batch
-    does not retrace either; JAX compiles once per batch shape, and runs
-    PGD's iterations from the host over compiled chunks of unrolled steps
-    (`advtrain.backend.HOST_LOOPS`). The random starts come from one seeded
-    generator per runner, so a run with the same seed, examples and batch
-    size attacks with the same noise.
+    One compiled function per attack kind (method, norm, random start):
+    eps, and PGD's steps, step size and restarts, are arguments, so an eps
+    sweep and the sanity checks' variants trace nothing new. Every runner
+    of a model shares its functions (held weakly), so a second evaluation
+    compiles nothing. TensorFlow leaves the batch dimension open; JAX
+    compiles per batch shape and drives PGD's iterations from the host in
+    compiled chunks (`advtrain.backend.HOST_LOOPS`). The random starts come
+    from one generator seeded per runner.
 
     Example:
 
@@ -249,13 +201,14 @@ class AttackRunner:
     def __init__(self, model: keras.Model, seed: int):
         self.model = model
         self.generator = keras.random.SeedGenerator(seed)
-        self._compiled = _compiled_for(model)
+        if model not in _COMPILED:
+            _COMPILED[model] = _Compiled(model)
+        self._compiled = _COMPILED[model]
         self._functions = self._compiled.functions
 
     @property
     def tracing_count(self) -> int:
-        """Traces of this model's attack functions so far, over every
-        runner (for tests): the Python body runs once per trace."""
+        """Traces of this model's attack functions over every runner."""
         return self._compiled.traces
 
     def __call__(self, attack: Attack, x, y) -> np.ndarray:
@@ -263,8 +216,7 @@ class AttackRunner:
         return self._run(attack, x, y, points=False)
 
     def adversarial(self, attack: Attack, x, y) -> tuple[np.ndarray, np.ndarray]:
-        """`(x_adv, labels)`: `attack`'s points for `(x, y)` and the model's
-        labels there."""
+        """`(x_adv, labels)`: `attack`'s points and the model's labels there."""
         return self._run(attack, x, y, points=True)
 
     def predict(self, x) -> np.ndarray:
@@ -294,8 +246,6 @@ class AttackRunner:
         return keras.ops.convert_to_numpy(outputs)
 
     def _pgd_on_host(self, attack: Attack, x, y, values: dict) -> tuple:
-        """PGD with its restarts and iterations run from the host, each
-        chunk of at most `HOST_CHUNK` steps one compiled, unrolled call."""
         eps, step_size = values["eps"], values["step_size"]
         threat = dict(norm=attack.norm, clip_min=attack.clip_min,
                       clip_max=attack.clip_max)  # fmt: skip
@@ -321,7 +271,8 @@ class AttackRunner:
         best = None
         for _ in range(attack.restarts):
             x_adv = self._call(("pgd_start", random_start, *kind), start, x, eps)
-            for steps in _chunks(attack.steps):
+            full, rest = divmod(attack.steps, HOST_CHUNK)
+            for steps in [HOST_CHUNK] * full + [rest] * (rest > 0):
                 x_adv = self._call(
                     ("pgd_steps", steps, *kind), chunk(steps),
                     x, y, x_adv, eps, step_size,
@@ -349,12 +300,6 @@ class AttackRunner:
 HOST_CHUNK = 10
 
 
-def _chunks(steps: int) -> list[int]:
-    """`steps` as chunks of at most `HOST_CHUNK`."""
-    full, rest = divmod(steps, HOST_CHUNK)
-    return [HOST_CHUNK] * full + [rest] * (rest > 0)
-
-
 def _inference(model):
     return lambda z: model(z, training=False)
 
@@ -364,9 +309,6 @@ def _labels(model, x):
 
 
 class _Compiled:
-    """One model's compiled evaluation functions, shared by its runners;
-    holds the model weakly."""
-
     def __init__(self, model: keras.Model):
         self.model = weakref.ref(model)
         self.functions: dict[Any, Callable] = {}
@@ -386,12 +328,6 @@ class _Compiled:
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _compiled_for(model: keras.Model) -> _Compiled:
-    if model not in _COMPILED:
-        _COMPILED[model] = _Compiled(model)
-    return _COMPILED[model]
-
-
 def signature(*arrays: np.ndarray) -> tuple:
     """`advtrain.backend.compile_function`'s signature for batches like
     `arrays`: the first dimension left open (scalars stay scalars)."""
@@ -404,9 +340,8 @@ def compile_on(
     spec: tuple,
     generator: Optional[keras.random.SeedGenerator] = None,
 ) -> Callable:
-    """`fn` compiled for the current backend for arguments like `spec`
-    (`signature`), reading `model`'s variables and advancing
-    `generator`'s stream."""
+    """`fn` compiled for arguments like `spec` (`signature`), reading
+    `model`'s variables and advancing `generator`'s stream."""
     state = [] if generator is None else [generator.state]
     return backend.compile_function(fn, spec, [*model.variables, *state], state)
 
@@ -416,7 +351,6 @@ _UNSET = {"eps": 0.0, "steps": 1, "step_size": None, "restarts": 1}
 
 
 def _graph_arguments(attack: Attack, dtype) -> dict[str, np.ndarray]:
-    """The attack's numbers that its compiled function takes as arguments."""
     values = {"eps": np.asarray(attack.eps, dtype)}
     if attack.method == "pgd" and attack.backend == "advtrain":
         step_size = attack.step_size
@@ -431,38 +365,23 @@ def _graph_arguments(attack: Attack, dtype) -> dict[str, np.ndarray]:
 def seeded_subset(
     batches: Iterable, count: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """A uniformly random subset of `count` examples, in their stream order.
+    """A uniformly random subset of `count` examples, in stream order, and
+    the number of examples the stream held: `(x, y, total)`.
 
-    Each example draws a key from a generator seeded with `seed`, in stream
-    order, and the `count` smallest keys win. So the subset depends only on
-    the seed and the order of the examples, not on the batch size; it takes
-    one pass and holds at most `count` examples plus one batch.
-
-    Returns:
-        `(x, y, total)`: the chosen pixels and labels as numpy arrays and
-        the number of examples the stream held.
+    Each example draws a key from a generator seeded with `seed` and the
+    `count` smallest keys win, so the subset does not depend on the batch
+    size; one pass, holding at most `count` examples plus one batch.
     """
     rng = np.random.default_rng(seed)
-    kept: Optional[tuple[np.ndarray, ...]] = None
-    total = 0
+    kept, total = None, 0
     for x, y in batches:
-        x, y = np.asarray(x), np.asarray(y)
-        keys = rng.random(len(y))
-        index = np.arange(total, total + len(y))
-        total += len(y)
-        batch = (keys, index, x, y)
-        if kept is None:
-            kept = batch
-        else:
-            pairs = zip(kept, batch, strict=True)
-            kept = tuple(np.concatenate(pair) for pair in pairs)
-        if len(kept[0]) > count:
-            best = np.argpartition(kept[0], count - 1)[:count]
-            kept = tuple(part[best] for part in kept)
+        batch = {"x": np.asarray(x), "y": np.asarray(y)}
+        batch["key"] = rng.random(len(batch["y"]))
+        total += len(batch["y"])
+        kept = smallest_keys(batch if kept is None else concat([kept, batch]), count)
     if kept is None:
         return np.zeros((0,)), np.zeros((0,), np.int64), 0
-    order = np.argsort(kept[1])
-    return kept[2][order], kept[3][order], total
+    return kept["x"], kept["y"], total
 
 
 def _batch_count(batches: Iterable) -> Optional[int]:
@@ -472,21 +391,12 @@ def _batch_count(batches: Iterable) -> Optional[int]:
         return None
 
 
-def _attack_names(attacks: dict[str, Attack]) -> str:
-    names = ["clean", *(n for n in attacks if not n.startswith("sweep_"))]
-    sweep = sum(n.startswith("sweep_") for n in attacks)
-    return ", ".join(names + ([f"eps sweep x{sweep}"] if sweep else []))
-
-
 def _array_batches(x: np.ndarray, y: np.ndarray, batch_size: int) -> list:
-    """`(x, y)` batches of `batch_size` (views, not copies)."""
     starts = range(0, len(y), batch_size)
     return [(x[i : i + batch_size], y[i : i + batch_size]) for i in starts]
 
 
 class _PyDatasetBatches:
-    """A `keras.utils.PyDataset`'s `(x, y)` batches, in order, once."""
-
     def __init__(self, dataset: keras.utils.PyDataset):
         if dataset.num_batches is None:
             raise ValueError(
@@ -503,7 +413,6 @@ class _PyDatasetBatches:
 
 
 def _batches_of(data: Any, batch_size: int) -> Iterable:
-    """`evaluate`'s `data` as `(x, y)` batches."""
     if isinstance(data, tuple):
         x, y = (np.asarray(part) for part in data)
         return _array_batches(x, y, batch_size)
@@ -536,44 +445,21 @@ def evaluate_robustness(
     """Accuracy of `model` on clean and attacked batches; the headline is
     the worst case per example over every attack, AutoAttack included.
 
-    With `max_examples` set, a seeded random subset of that many examples
-    is evaluated (`seeded_subset` with `seed`), not the first N: test
-    splits stored in class order would otherwise be judged on a few
-    classes. The same seed gives the same subset and the same random
-    starts, so two models are compared on identical examples.
-
-    Args:
-        model: maps [0, 1] pixels to logits.
-        batches: `(x, y)` batches (float pixels, integer labels): numpy
-            arrays or tensors, e.g. a `tf.data.Dataset`.
-        default_eps: eps used when `eps` is None (the training eps).
-        num_classes: for macro F1 and the per-class table.
-        max_examples: evaluate a seeded random subset of this size.
-        seed: seed of the subset and of the attacks' random starts.
-        batch_size: batch size of the subset's batches and the cascade.
-        budget: AutoAttack's budget, "standard" or "cheap" (`BUDGETS`).
-        progress: called with a short line after each batch.
-        strategy: TensorFlow: the run's `tf.distribute` strategy, whose
-            scope the attacks run in (default: the current one).
-        return_examples: also return the worst-case adversarial inputs:
-            True for every example, a number for a random subset of at
-            most that many, drawn with `seed`.
-        **attack_keys: `ATTACK_KEYS`, as `evaluation_attacks` takes them.
+    `max_examples` evaluates a seeded random subset (`seeded_subset`),
+    not the first N (test splits stored in class order). The other
+    arguments are `evaluate`'s, plus `default_eps` (eps when `eps` is
+    None), `progress` (called with a line per batch) and `strategy` (the
+    `tf.distribute` strategy whose scope the attacks run in).
 
     Returns:
-        A JSON-ready dict. The headline: `robust_accuracy` (right on clean
-        and under every attack, per example), `robust_accuracy_ci95`
-        (Wilson interval), `robust_accuracy_over` (the attacks),
-        `robust_accuracy_ensemble` (AutoAttack's name and budget, or None
-        when it did not run) and `examples`. Then `clean_accuracy`,
-        `<attack>_accuracy` and `<attack>_attack` (its settings) for each
-        attack run on every example; `autoattack` (per cascade step: the
-        examples attacked and broken, the robust accuracy after it) and
-        `autoattack_<member>_accuracy`; `gradient_free_only` (examples only
-        a gradient-free attack broke: the masking check's count);
-        `macro_f1`, `eps_sweep`, per-class support and accuracy, and
-        `subset_of` when a subset was drawn. With `return_examples`,
-        `adversarial_examples` (an `AdversarialExamples`, not JSON).
+        A JSON-ready dict: `robust_accuracy` (right on clean and under
+        every attack, per example), `robust_accuracy_ci95` (Wilson),
+        `robust_accuracy_over`, `robust_accuracy_ensemble` (None without
+        AutoAttack), `examples`, `clean_accuracy`, `<attack>_accuracy` and
+        `<attack>_attack`; `autoattack` (per cascade step) and
+        `autoattack_<member>_accuracy`; `gradient_free_only` (the masking
+        check's count); `macro_f1`, `eps_sweep`, per-class tables,
+        `subset_of`; with `return_examples`, `adversarial_examples`.
     """
     check_keywords("evaluate_robustness", attack_keys, ATTACK_KEYS)
     total, batch_count = None, _batch_count(batches)
@@ -582,18 +468,35 @@ def evaluate_robustness(
         batches = _array_batches(x_all, y_all, batch_size)
         batch_count = -(-len(y_all) // batch_size)
     chosen = evaluation_attacks(default_eps=default_eps, **attack_keys)
-    ensemble = _ensemble_of(attack_keys, default_eps, budget, num_classes)
-    recorder = _recorder(return_examples, seed, default_eps, attack_keys)
+    keys = {"eps": None, "norm": "inf", "fgsm": True, "pgd_steps": 20, **attack_keys}
+    eps = default_eps if keys["eps"] is None else keys["eps"]
+    names = listed_attacks(keys.get("attacks"), keys["fgsm"], keys["pgd_steps"])
+    ensemble = {}
+    if "autoattack" in names:
+        ensemble = ensemble_attacks(
+            eps, keys["norm"], budget, keys.get("square_queries"), num_classes
+        )
+    recorder = _recorder(return_examples, seed, eps, keys["norm"])
+    start = time.perf_counter()
     with strategy_scope(strategy):
-        acc = _predict(
+        labels, predicted, standing = _predict(
             model, batches, chosen, seed, batch_count, progress, ensemble, recorder
         )
         if ensemble:
-            _cascade(model, acc, ensemble, seed, batch_size, budget, recorder)
-    result = _summary(acc, chosen, num_classes)
+            steps = run_cascade(
+                AttackRunner(model, seed + 1), ensemble, *standing,
+                batch_size=batch_size, label=f"AutoAttack ({budget})",
+                record=None if recorder is None else recorder.cascaded,
+            )["steps"]  # fmt: skip
+    result = _summary(labels, predicted, chosen, num_classes)
+    n = len(labels)
     if ensemble:
-        _ensemble_summary(result, acc, ensemble, budget)
-    _finish_headline(result, acc)
+        _ensemble_summary(result, steps, len(standing[1]), n, ensemble, budget)
+    low, high = wilson_interval(round(result["robust_accuracy"] * n), n)
+    result["robust_accuracy_ci95"] = [low, high]
+    result["robust_accuracy_worst"] = result["robust_accuracy"]
+    result["robust_accuracy_worst_over"] = result["robust_accuracy_over"]
+    result["seconds"] = round(time.perf_counter() - start, 2)
     if total is not None:
         result.update(subset_of=total, subset_seed=seed)
     if recorder is not None:
@@ -606,15 +509,11 @@ def strategy_scope(strategy: Optional[Any]):
     return contextlib.nullcontext() if strategy is None else strategy.scope()
 
 
-def _recorder(return_examples: Union[bool, int], seed: int, default_eps, keys):
-    """An `ExampleRecorder` for `return_examples` (None when False), at
-    the evaluation's eps and norm."""
+def _recorder(return_examples: Union[bool, int], seed: int, eps, norm):
     if return_examples is False or return_examples is None:
         return None
-    eps = keys.get("eps")
-    threat = dict(eps=default_eps if eps is None else eps, norm=keys.get("norm", "inf"))
     if return_examples is True:
-        return ExampleRecorder(seed=seed, **threat)
+        return ExampleRecorder(seed=seed, eps=eps, norm=norm)
     if isinstance(return_examples, bool) or not isinstance(return_examples, int):
         raise TypeError(
             "return_examples must be True, False or a number of examples. "
@@ -625,41 +524,7 @@ def _recorder(return_examples: Union[bool, int], seed: int, default_eps, keys):
             "return_examples must be at least 1 when a number. "
             f"Received: return_examples={return_examples!r}"
         )
-    return ExampleRecorder(limit=return_examples, seed=seed, **threat)
-
-
-def _cascade(model, acc: _Accumulator, ensemble, seed, batch_size, budget, recorder):
-    """AutoAttack's cascade on the examples `acc` kept standing; with a
-    `recorder`, the adversarial points of those it keeps."""
-    acc.cascade = run_cascade(
-        AttackRunner(model, seed + 1),
-        ensemble,
-        acc.kept_x,
-        acc.kept_y,
-        batch_size=batch_size,
-        label=f"AutoAttack ({budget})",
-        points=None if recorder is None else recorder.standing(),
-    )
-    if recorder is not None:
-        recorder.cascade(acc.cascade["points"])
-
-
-def _ensemble_of(keys: dict, default_eps: float, budget: str, num_classes: int):
-    """AutoAttack's members when the evaluation's `attacks` include it,
-    else {}."""
-    names = listed_attacks(
-        keys.get("attacks"), keys.get("fgsm", True), keys.get("pgd_steps", 20)
-    )
-    if "autoattack" not in names:
-        return {}
-    eps = keys.get("eps")
-    return ensemble_attacks(
-        default_eps if eps is None else eps,
-        keys.get("norm", "inf"),
-        budget,
-        keys.get("square_queries"),
-        num_classes,
-    )
+    return ExampleRecorder(limit=return_examples, seed=seed, eps=eps, norm=norm)
 
 
 def evaluate(
@@ -739,8 +604,8 @@ _OWN = ("eps", "norm", "attacks")
 
 
 def evaluate_keywords() -> list[str]:
-    """The keyword arguments `evaluate` takes (its own and `ATTACK_KEYS`),
-    for callers that check theirs before a long run (`advtrain.fit`)."""
+    """The keyword arguments `evaluate` takes, for callers that check
+    theirs before a long run (`advtrain.fit`)."""
     import inspect
 
     own = [p for p in inspect.signature(evaluate).parameters if p not in _SKIP]
@@ -758,21 +623,18 @@ def run_cascade(
     *,
     batch_size: int = 256,
     label: str = "cascade",
-    points: Optional[np.ndarray] = None,
+    record: Optional[Callable] = None,
 ) -> dict[str, Any]:
-    """Runs `attacks` in order, each only on the examples every earlier one
-    left correctly classified (AutoAttack's cascade).
+    """Runs `attacks` in order, each only on the examples (of `x`, `y`:
+    those standing so far) every earlier one left correctly classified
+    (AutoAttack's cascade).
 
-    `x`, `y` are the examples still standing (classified right so far).
     Returns `robust` (a boolean per example: right after every attack) and
     `steps`: per attack its name, settings, the examples it `attacked` and
-    `broken`, and `seconds`. With `points` (rows of `x`), also `points`:
-    for those rows `x_adv` (the point of the attack that broke the
-    example, else of the last attack), `predicted` (the model's labels
-    there) and `attack` (the attack that broke it, or "").
+    `broken`, and `seconds`. `record`, if given, is called per batch with
+    the attack's name, the rows attacked, their `x_adv` and labels.
     """
     robust = np.ones(len(y), bool)
-    found = None if points is None else _Points(x, y, points)
     steps = []
     for name, attack in attacks.items():
         start = time.perf_counter()
@@ -785,12 +647,11 @@ def run_cascade(
         )
         for done, first in enumerate(range(0, len(standing), batch_size), 1):
             index = standing[first : first + batch_size]
-            xb, yb = x[index], y[index]
-            if found is None:
-                labels = runner(attack, xb, yb)
+            if record is None:
+                labels = runner(attack, x[index], y[index])
             else:
-                x_adv, labels = runner.adversarial(attack, xb, yb)
-                found.update(name, index, x_adv, labels)
+                x_adv, labels = runner.adversarial(attack, x[index], y[index])
+                record(name, index, x_adv, labels)
             robust[index] = labels == y[index]
             bar.update(
                 done, f"{int(np.sum(~robust[standing[: first + len(index)]]))} broken"
@@ -805,33 +666,7 @@ def run_cascade(
                 "seconds": round(time.perf_counter() - start, 2),
             }
         )
-    result = {"robust": robust, "steps": steps}
-    if found is not None:
-        result["points"] = found.arrays()
-    return result
-
-
-class _Points:
-    """The cascade's adversarial points for some rows of its examples."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, rows: np.ndarray):
-        self.y = y
-        self.slot = np.full(len(y), -1)
-        self.slot[rows] = np.arange(len(rows))
-        self.x_adv = x[rows].copy()
-        self.predicted = y[rows].astype(np.int64)
-        self.attack = np.full(len(rows), "", dtype=object)
-
-    def update(self, name: str, index, x_adv, labels) -> None:
-        slot = self.slot[index]
-        mine = slot >= 0
-        slot = slot[mine]
-        self.x_adv[slot] = x_adv[mine]
-        self.predicted[slot] = labels[mine]
-        self.attack[slot] = np.where(labels[mine] != self.y[index][mine], name, "")
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"x_adv": self.x_adv, "predicted": self.predicted, "attack": self.attack}
+    return {"robust": robust, "steps": steps}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -844,77 +679,70 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _predict(
-    model, batches, attacks, seed, batch_count, progress, keep=False, recorder=None
-) -> _Accumulator:
-    """Labels, and predicted labels on clean and attacked inputs; with
-    `keep` true, the examples still classified right under every attack; with
-    an `ExampleRecorder`, the attacks' points."""
+def _predict(model, batches, attacks, seed, batch_count, progress, keep, recorder):
+    """Labels and each attack's predicted labels; with `keep`, the
+    examples right under every attack, for the cascade."""
+    names = ["clean", *(n for n in attacks if not n.startswith("sweep_"))]
+    sweep = sum(n.startswith("sweep_") for n in attacks)
+    names += [f"eps sweep x{sweep}"] if sweep else []
     bar = Progress(
-        f"evaluating ({_attack_names(attacks)})",
-        batch_count,
-        unit="batches",
-        keep=True,
+        f"evaluating ({', '.join(names)})", batch_count, unit="batches", keep=True
     )
-    runners = AttackRunner(model, seed)
-    acc = _Accumulator(start=time.perf_counter())
-    kept_x, kept_y = [], []
+    runner = AttackRunner(model, seed)
+    labels, predicted, kept, seen = [], {}, [], 0
     for x, y in batches:
-        x, labels = np.asarray(x), np.asarray(y).astype(np.int64)
-        acc.labels.append(labels)
-        right = runners.predict(x).astype(np.int64)
-        acc.add("clean", right)
+        x, y = np.asarray(x), np.asarray(y).astype(np.int64)
+        labels.append(y)
+        clean = runner.predict(x).astype(np.int64)
+        predicted.setdefault("clean", []).append(clean)
         if recorder is not None:
-            recorder.start(x, labels, right)
-        right = right == labels
+            recorder.start(x, y, clean)
+        right = clean == y
         for name, attack in attacks.items():
             if recorder is None:
-                predicted = runners(attack, x, labels)
+                preds = runner(attack, x, y)
             else:
-                x_adv, predicted = runners.adversarial(attack, x, labels)
-            acc.add(name, predicted)
+                x_adv, preds = runner.adversarial(attack, x, y)
+            predicted.setdefault(name, []).append(preds)
             if not name.startswith("sweep_"):
-                right &= predicted == labels
+                right &= preds == y
                 if recorder is not None:
-                    recorder.attacked(name, x_adv, predicted)
+                    recorder.attacked(name, x_adv, preds)
         if recorder is not None:
             recorder.keep()
         if keep:
-            kept_x.append(x[right])
-            kept_y.append(labels[right])
-        acc.seen += len(labels)
-        bar.update(len(acc.labels), f"{acc.seen} examples")
+            kept.append((x[right], y[right]))
+        seen += len(y)
+        bar.update(len(labels), f"{seen} examples")
         if progress is not None:
-            progress(f"evaluated {acc.seen} examples")
+            progress(f"evaluated {seen} examples")
     bar.close()
-    if acc.seen == 0:
+    if seen == 0:
         raise ValueError("Evaluation got no examples: the test split is empty.")
+    predicted = {name: np.concatenate(p) for name, p in predicted.items()}
+    standing = None
     if keep:
-        acc.kept_x, acc.kept_y = np.concatenate(kept_x), np.concatenate(kept_y)
-    return acc
+        standing = tuple(np.concatenate(part) for part in zip(*kept, strict=True))
+    return np.concatenate(labels), predicted, standing
 
 
-def _summary(acc: _Accumulator, attacks, num_classes: int) -> dict[str, Any]:
-    """The JSON-ready result of `evaluate_robustness`."""
-    labels = np.concatenate(acc.labels)
-    clean = acc.get("clean")
+def _summary(labels, predicted, attacks, num_classes: int) -> dict[str, Any]:
+    clean = predicted["clean"]
     robust = clean == labels
     result: dict[str, Any] = {
         "robust_accuracy": float(np.mean(robust)),
         "robust_accuracy_over": ["clean"],
         "robust_accuracy_ensemble": None,
-        "examples": acc.seen,
+        "examples": len(labels),
         "clean_accuracy": float(np.mean(clean == labels)),
         "macro_f1": macro_f1(labels, clean, num_classes),
         "per_class_accuracy": per_class_accuracy(labels, clean, num_classes),
-        "class_support": np.bincount(labels, minlength=num_classes)
-        .astype(int)
-        .tolist(),
+        "class_support": np.bincount(labels, minlength=num_classes).tolist(),
     }
     gradient_robust = robust.copy()
     chosen = [name for name in attacks if not name.startswith("sweep_")]
     for name in chosen:
-        right = acc.get(name) == labels
+        right = predicted[name] == labels
         robust &= right
         if name not in GRADIENT_FREE:
             gradient_robust &= right
@@ -925,14 +753,12 @@ def _summary(acc: _Accumulator, attacks, num_classes: int) -> dict[str, Any]:
     if any(name in GRADIENT_FREE for name in chosen):
         result["gradient_free_only"] = int(np.sum(gradient_robust & ~robust))
     if "pgd" in attacks:
-        pgd_preds = acc.get("pgd")
-        result["pgd_macro_f1"] = macro_f1(labels, pgd_preds, num_classes)
-        result["pgd_per_class_accuracy"] = per_class_accuracy(
-            labels, pgd_preds, num_classes
-        )
+        pgd = predicted["pgd"]
+        result["pgd_macro_f1"] = macro_f1(labels, pgd, num_classes)
+        result["pgd_per_class_accuracy"] = per_class_accuracy(labels, pgd, num_classes)
     sweep = [
-        {"eps": attacks[name].eps, "accuracy": float(np.mean(acc.get(name) == labels))}
-        for name in attacks
+        {"eps": attack.eps, "accuracy": float(np.mean(predicted[name] == labels))}
+        for name, attack in attacks.items()
         if name.startswith("sweep_")
     ]
     if sweep:
@@ -940,12 +766,7 @@ def _summary(acc: _Accumulator, attacks, num_classes: int) -> dict[str, Any]:
     return result
 
 
-def _ensemble_summary(result, acc: _Accumulator, ensemble, budget: str) -> None:
-    """Adds the AutoAttack cascade to `result`: the steps, the robust
-    accuracy after each, and the headline over everything."""
-    n = acc.seen
-    standing = len(acc.kept_y)
-    steps = acc.cascade["steps"]
+def _ensemble_summary(result, steps, standing: int, n: int, ensemble, budget: str):
     for step in steps:
         standing -= step["broken"]
         step["robust_accuracy_after"] = standing / n
@@ -961,17 +782,6 @@ def _ensemble_summary(result, acc: _Accumulator, ensemble, budget: str) -> None:
     result["gradient_free_only"] = result.get("gradient_free_only", 0) + free
 
 
-def _finish_headline(result: dict[str, Any], acc: _Accumulator) -> None:
-    """The headline's interval and alias, and the evaluation's seconds,
-    once every attack (the cascade included) has run."""
-    n = acc.seen
-    low, high = wilson_interval(round(result["robust_accuracy"] * n), n)
-    result["robust_accuracy_ci95"] = [low, high]
-    result["robust_accuracy_worst"] = result["robust_accuracy"]
-    result["robust_accuracy_worst_over"] = result["robust_accuracy_over"]
-    result["seconds"] = round(time.perf_counter() - acc.start, 2)
-
-
 def plot_eps_sweep(sweep: list[dict[str, float]], path: Path, title: str = "") -> Path:
     """Writes accuracy against eps as a PNG (no display needed)."""
     import matplotlib
@@ -980,9 +790,7 @@ def plot_eps_sweep(sweep: list[dict[str, float]], path: Path, title: str = "") -
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
-    eps = [p["eps"] for p in sweep]
-    accuracy = [p["accuracy"] for p in sweep]
-    ax.plot(eps, accuracy, marker="o")
+    ax.plot([p["eps"] for p in sweep], [p["accuracy"] for p in sweep], marker="o")
     ax.set_xlabel("eps (pixel units, [0, 1] scale)")
     ax.set_ylabel("accuracy under PGD")
     ax.set_ylim(0, 1.02)
@@ -990,9 +798,7 @@ def plot_eps_sweep(sweep: list[dict[str, float]], path: Path, title: str = "") -
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    tmp.replace(path)
-    return path
+    return Path(path)

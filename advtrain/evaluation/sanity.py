@@ -1,26 +1,13 @@
 """Sanity checks that flag gradient masking in a robustness evaluation.
 
-A robust accuracy is only as good as the attack that measured it. Models
-that mask or obfuscate their gradients (catastrophic overfitting after FGSM
+Models that mask their gradients (catastrophic overfitting after FGSM
 training is the common case) look robust to gradient attacks without being
-so. These checks follow the warning signs listed by Athalye, Carlini and
-Wagner (2018) and Croce and Hein (2020, AutoAttack):
-
-- `pgd_not_above_fgsm`: iterated PGD is at least as strong as one FGSM step.
-- `large_eps_breaks_model`: at eps 0.5 (L-inf; every image can be moved to
-  the mid-gray image) a few PGD steps bring accuracy to about zero.
-- `more_steps_do_not_help_model`: PGD with twice the steps gives the model
-  no higher accuracy, and no much lower one (the reported PGD converged).
-- `more_restarts_do_not_help_model`: twice the random restarts (worst case
-  per example kept) lower the accuracy by at most the tolerance.
-- `input_gradients_nonzero`: few examples have an all-zero input gradient.
-- `gradient_free_not_stronger` (from the evaluation itself, when it ran a
-  gradient-free attack: `masking_check`): Square breaks no clearly larger
-  share of examples than the gradient attacks left standing. A score-only
-  attack beating APGD is the textbook sign of masked gradients.
-
-All checks run on one seeded random subset of the test split, so their
-numbers compare like with like.
+so. The checks follow Athalye, Carlini and Wagner (2018) and Croce and
+Hein (2020), on one seeded random subset of the test split:
+`pgd_not_above_fgsm`, `large_eps_breaks_model` (eps 0.5 L-inf: every image
+can be moved to mid-gray), `more_steps_do_not_help_model`,
+`more_restarts_do_not_help_model`, `input_gradients_nonzero`; and, from an
+evaluation that ran Square, `gradient_free_not_stronger` (`masking_check`).
 
 Example:
 
@@ -82,13 +69,6 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def zero_gradient_mask(model: keras.Model, x, y):
-    """True for examples whose cross-entropy input gradient is all zero."""
-    grad = input_gradient(lambda z: model(z, training=False), x, y)
-    flat = keras.ops.reshape(keras.ops.abs(grad), (keras.ops.shape(grad)[0], -1))
-    return keras.ops.equal(keras.ops.max(flat, axis=1), 0.0)
-
-
 def run_sanity_checks(
     model: keras.Model,
     batches: Iterable,
@@ -141,115 +121,48 @@ def run_sanity_checks(
     dims = int(np.prod(x_all.shape[1:]))
     # The L2 ball of radius 0.5 * sqrt(d) holds the L-inf ball of radius 0.5.
     large = LARGE_EPS if norm == "inf" else LARGE_EPS * math.sqrt(dims)
-    attacks = _attacks(eps, norm, steps, pgd_step_size, pgd_restarts, large)
+    attacks = evaluation_attacks(
+        default_eps=eps, norm=norm, attacks=["fgsm", "pgd"], pgd_steps=steps,
+        pgd_step_size=pgd_step_size, pgd_restarts=pgd_restarts,
+    )  # fmt: skip
+    attacks["pgd_2x_steps"] = attacks["pgd"].replace(steps=2 * steps)
+    attacks["pgd_more_restarts"] = attacks["pgd"]  # a second run: fresh starts
+    attacks["large_eps"] = Attack(
+        "pgd", eps=large, norm=norm, steps=LARGE_EPS_STEPS, restarts=1
+    )
     with strategy_scope(strategy):
-        hit, zero_fraction = _measure(model, x_all, y_all, attacks, seed, batch_size)
-    return _verdicts(
-        hit,
-        zero_fraction,
-        steps=steps,
-        restarts=pgd_restarts,
-        where=f"eps={eps:g} {norm}, {len(y_all)} examples",
-        large=f"eps={large:g} {norm}",
-        tolerance=tolerance,
-        large_eps_max_accuracy=large_eps_max_accuracy,
-        max_zero_gradient_fraction=max_zero_gradient_fraction,
-    )
-
-
-def _attacks(eps, norm, steps, step_size, restarts, large) -> dict[str, Attack]:
-    """The evaluation's FGSM and PGD, and their stronger variants."""
-    evaluated = evaluation_attacks(
-        default_eps=eps,
-        norm=norm,
-        attacks=["fgsm", "pgd"],
-        pgd_steps=steps,
-        pgd_step_size=step_size,
-        pgd_restarts=restarts,
-    )
-    base = evaluated["pgd"]
-    return {
-        "fgsm": evaluated["fgsm"],
-        "pgd": base,
-        "pgd_2x_steps": base.replace(steps=2 * steps),
-        "pgd_more_restarts": base,  # a second run: fresh random starts
-        "large_eps": Attack(
-            "pgd", eps=large, norm=norm, steps=LARGE_EPS_STEPS, restarts=1
-        ),
-    }
-
-
-def _measure(model, x_all, y_all, attacks, seed: int, batch_size: int):
-    """Per attack, which examples stay right; and the share of examples
-    with an all-zero input gradient."""
-    correct: dict[str, list[np.ndarray]] = {name: [] for name in attacks}
-    zero: list[np.ndarray] = []
-    runner = AttackRunner(model, seed)
-    y_all = y_all.astype(np.int32)
-    zero_fn = compile_on(
-        model,
-        lambda x, y: zero_gradient_mask(model, x, y),
-        signature(x_all, y_all),
-    )
-    starts = range(0, len(y_all), batch_size)
-    bar = Progress("sanity checks", len(starts) * len(attacks), unit="attacks")
-    done = 0
-    for start in starts:
-        x = x_all[start : start + batch_size]
-        y = y_all[start : start + batch_size]
-        for name, attack in attacks.items():
-            correct[name].append(runner(attack, x, y) == y)
-            done += 1
-            bar.update(done, name)
-        zero.append(keras.ops.convert_to_numpy(zero_fn(x, y)))
-    bar.close()
-    hit = {name: np.concatenate(parts) for name, parts in correct.items()}
-    return hit, float(np.mean(np.concatenate(zero)))
-
-
-def _verdicts(
-    hit: dict[str, np.ndarray],
-    zero_fraction: float,
-    *,
-    steps: int,
-    restarts: int,
-    where: str,
-    large: str,
-    tolerance: float,
-    large_eps_max_accuracy: float,
-    max_zero_gradient_fraction: float,
-) -> list[dict[str, Any]]:
-    """The five checks from what `_measure` found."""
+        hit, zero = _measure(model, x_all, y_all, attacks, seed, batch_size)
     acc = {name: float(np.mean(v)) for name, v in hit.items()}
     tol = tolerance + _ROUNDING
     both_runs = float(np.mean(hit["pgd"] & hit["pgd_more_restarts"]))
-    shape = f"PGD-{steps}x{restarts}"
+    shape, pgd = f"PGD-{steps}x{pgd_restarts}", f"{_pct(acc['pgd'])}"
     doubled = acc["pgd_2x_steps"]
     steps_passed, verdict = steps_verdict(doubled, acc["pgd"], tolerance, shape)
     restarts_passed = both_runs >= acc["pgd"] - tol
+    where = f"eps={eps:g} {norm}, {len(y_all)} examples"
     return [
         _check(
             "pgd_not_above_fgsm",
             acc["pgd"] <= acc["fgsm"] + tol,
-            f"{shape} {_pct(acc['pgd'])} vs FGSM {_pct(acc['fgsm'])} ({where})",
+            f"{shape} {pgd} vs FGSM {_pct(acc['fgsm'])} ({where})",
         ),
         _check(
             "large_eps_breaks_model",
             acc["large_eps"] <= large_eps_max_accuracy,
-            f"PGD-{LARGE_EPS_STEPS} at {large}: {_pct(acc['large_eps'])} "
-            f"(must be <= {_pct(large_eps_max_accuracy)})",
+            f"PGD-{LARGE_EPS_STEPS} at eps={large:g} {norm}: "
+            f"{_pct(acc['large_eps'])} (must be <= {_pct(large_eps_max_accuracy)})",
         ),
         _check(
             "more_steps_do_not_help_model",
             steps_passed,
-            f"PGD-{2 * steps}x{restarts} {_pct(doubled)} vs {shape} "
-            f"{_pct(acc['pgd'])}: {verdict}",
+            f"PGD-{2 * steps}x{pgd_restarts} {_pct(doubled)} vs {shape} {pgd}: "
+            f"{verdict}",
         ),
         _check(
             "more_restarts_do_not_help_model",
             restarts_passed,
-            f"PGD-{steps}x{2 * restarts} (worst case kept) {_pct(both_runs)} vs "
-            f"{shape} {_pct(acc['pgd'])}"
+            f"PGD-{steps}x{2 * pgd_restarts} (worst case kept) {_pct(both_runs)} "
+            f"vs {shape} {pgd}"
             + (
                 ""
                 if restarts_passed
@@ -259,11 +172,39 @@ def _verdicts(
         ),
         _check(
             "input_gradients_nonzero",
-            zero_fraction <= max_zero_gradient_fraction,
-            f"{_pct(zero_fraction)} of examples have an all-zero input "
+            zero <= max_zero_gradient_fraction,
+            f"{_pct(zero)} of examples have an all-zero input "
             f"gradient (must be <= {_pct(max_zero_gradient_fraction)})",
         ),
     ]
+
+
+def _measure(model, x_all, y_all, attacks, seed: int, batch_size: int):
+    """Per attack, which examples stay right; and the share of examples
+    with an all-zero input gradient."""
+    correct: dict[str, list[np.ndarray]] = {name: [] for name in attacks}
+    zero: list[np.ndarray] = []
+    runner = AttackRunner(model, seed)
+    y_all = y_all.astype(np.int32)
+
+    def zero_gradient(x, y):
+        grad = input_gradient(lambda z: model(z, training=False), x, y)
+        flat = keras.ops.reshape(keras.ops.abs(grad), (keras.ops.shape(grad)[0], -1))
+        return keras.ops.equal(keras.ops.max(flat, axis=1), 0.0)
+
+    zero_fn = compile_on(model, zero_gradient, signature(x_all, y_all))
+    starts = range(0, len(y_all), batch_size)
+    bar = Progress("sanity checks", len(starts) * len(attacks), unit="attacks")
+    for i, start in enumerate(starts):
+        x = x_all[start : start + batch_size]
+        y = y_all[start : start + batch_size]
+        for j, (name, attack) in enumerate(attacks.items(), 1):
+            correct[name].append(runner(attack, x, y) == y)
+            bar.update(i * len(attacks) + j, name)
+        zero.append(keras.ops.convert_to_numpy(zero_fn(x, y)))
+    bar.close()
+    hit = {name: np.concatenate(parts) for name, parts in correct.items()}
+    return hit, float(np.mean(np.concatenate(zero)))
 
 
 # Under no masking, a gradient-free attack run after APGD-CE and APGD-T
@@ -274,27 +215,13 @@ MASKING_BASE_RATE = 0.005
 MASKING_SIGNIFICANCE = 0.05
 
 
-def binomial_tail(k: int, n: int, p: float) -> float:
-    """P(K >= k) for K ~ Binomial(n, p), summed in log space."""
-    if k <= 0:
-        return 1.0
-    if p <= 0.0:
-        return 0.0
-    log_p, log_q = math.log(p), math.log1p(-p)
-    terms = [
-        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
-        + i * log_p + (n - i) * log_q
-        for i in range(k, n + 1)
-    ]  # fmt: skip
-    top = max(terms)
-    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
-
-
 def masking_threshold(n: int) -> int:
     """The fewest gradient-free-only breaks among `n` examples that are
-    significantly above `MASKING_BASE_RATE` (one-sided, 5%)."""
+    significantly above `MASKING_BASE_RATE` (one-sided binomial test)."""
+    from scipy.stats import binom
+
     k = 1
-    while binomial_tail(k, n, MASKING_BASE_RATE) >= MASKING_SIGNIFICANCE:
+    while binom.sf(k - 1, n, MASKING_BASE_RATE) >= MASKING_SIGNIFICANCE:
         k += 1
     return k
 
