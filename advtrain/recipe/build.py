@@ -117,6 +117,7 @@ def recipe_optimizer(recipe: Recipe, plan, lr_factor: float = 1.0):
 
 
 _PHASE_KEYS = ("head_only_epochs", "freeze", "top_k", "finetune_lr_factor")
+_CLASSIFIER_KEYS = ("backbone", "weights", "input_size", "width", "dropout")
 
 
 def input_options(recipe: Recipe, training: bool = False) -> dict[str, Any]:
@@ -176,24 +177,14 @@ def build_run_model(
 
     if recipe.model.builder:
         classifier = build_from_builder(
-            recipe.model.builder,
-            splits.image_shape,
-            splits.num_classes,
-            recipe.model,
+            recipe.model.builder, splits.image_shape, splits.num_classes, recipe.model
         )
     else:
         with recipe_keys("model"):
             classifier = build_classifier(
                 splits.image_shape,
                 splits.num_classes,
-                **_keys(
-                    recipe.model,
-                    "backbone",
-                    "weights",
-                    "input_size",
-                    "width",
-                    "dropout",
-                ),
+                **_keys(recipe.model, *_CLASSIFIER_KEYS),
             )
     with recipe_keys("model.batchnorm"):
         apply_batchnorm_policy(
@@ -208,6 +199,12 @@ def build_run_model(
 def evaluation_keys(recipe: Recipe) -> dict[str, Any]:
     keys = recipe.eval.model_dump(exclude={"sanity_examples"})
     return {**keys, "default_eps": recipe.attack.eps}
+
+
+_SANITY_KEYS = (
+    "eps", "norm", "pgd_steps", "pgd_step_size", "pgd_restarts", "seed",
+    "batch_size",
+)  # fmt: skip
 
 
 def recipe_sanity_checks(
@@ -226,13 +223,7 @@ def recipe_sanity_checks(
             classifier,
             test_ds,
             default_eps=recipe.attack.eps,
-            eps=cfg.eps,
-            norm=cfg.norm,
-            pgd_steps=cfg.pgd_steps,
-            pgd_step_size=cfg.pgd_step_size,
-            pgd_restarts=cfg.pgd_restarts,
-            seed=cfg.seed,
-            batch_size=cfg.batch_size,
+            **_keys(cfg, *_SANITY_KEYS),
             max_examples=cfg.sanity_examples,
             strategy=strategy,
         )
@@ -247,11 +238,8 @@ def recipe_sanity_checks(
 
 def load_builder(spec: str, key: str = "model.builder") -> Callable:
     """Imports "package.module:function"; a failure is one line naming `key`."""
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(
-            f"{key}: expected 'package.module:function'. Received: {spec!r}"
-        )
-    module_name, attr = (part.strip() for part in spec.split(":"))
+    parts = spec.split(":") if isinstance(spec, str) else []
+    module_name, attr = (p.strip() for p in parts) if len(parts) == 2 else ("", "")
     if not module_name or not attr:
         raise ValueError(
             f"{key}: expected 'package.module:function'. Received: {spec!r}"

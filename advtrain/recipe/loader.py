@@ -23,24 +23,16 @@ MAX_VALUES = 100_000
 
 
 # Keys renamed in 0.2 and 0.3: this line instead of "unknown key".
+_REUSE = "(the clean pass's gradient gives the attack's)"
 RENAMED_KEYS = {
-    "model.warmup_epochs": (
-        "'model.head_only_epochs' (head-only epochs before fine-tuning; "
-        "train.warmup_epochs is the learning-rate warm-up)"
-    ),
-    "attack.fused": (
-        "'attack.reuse_gradient' (the clean pass's gradient gives the attack's)"
-    ),
-    "attack.fused_step": (
-        "'attack.reuse_gradient' in 0.3 (the clean pass's gradient gives the attack's)"
-    ),
-    "model.batchnorm.fused": (
-        "'model.batchnorm.fused_kernel' (TensorFlow's fused BatchNorm kernel)"
-    ),
-    "attack.grad_align": (
-        "'attack.objective: grad_align' with the weight in "
-        "'attack.objective_options.grad_align' (default 0.2)"
-    ),
+    "model.warmup_epochs": "'model.head_only_epochs' (head-only epochs before "
+    "fine-tuning; train.warmup_epochs is the learning-rate warm-up)",
+    "attack.fused": f"'attack.reuse_gradient' {_REUSE}",
+    "attack.fused_step": f"'attack.reuse_gradient' in 0.3 {_REUSE}",
+    "model.batchnorm.fused": "'model.batchnorm.fused_kernel' (TensorFlow's "
+    "fused BatchNorm kernel)",
+    "attack.grad_align": "'attack.objective: grad_align' with the weight in "
+    "'attack.objective_options.grad_align' (default 0.2)",
     "attack.beta": "'attack.objective_options.beta' (attack.objective: trades)",
 }
 
@@ -60,20 +52,14 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode):
     mapping: dict[Any, Any] = {}
     for key_node, value_node in node.value:
+        problem = None
         if not isinstance(key_node, yaml.ScalarNode):
+            problem = "a key must be a plain name, not a list or mapping"
+        elif (key := loader.construct_object(key_node, deep=True)) in mapping:
+            problem = f"duplicate key '{key}'"
+        if problem:
             raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                "a key must be a plain name, not a list or mapping",
-                key_node.start_mark,
-            )
-        key = loader.construct_object(key_node, deep=True)
-        if key in mapping:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"duplicate key '{key}'",
-                key_node.start_mark,
+                None, None, problem, key_node.start_mark
             )
         mapping[key] = loader.construct_object(value_node, deep=True)
     return mapping
@@ -134,12 +120,6 @@ def parse_yaml(text: str, source: str) -> Any:
     return data
 
 
-def format_recipe_error(exc: pydantic.ValidationError, source: str) -> str:
-    """`format_validation_error` for a recipe or one of its sections."""
-    schema = next((m for m in _schemas(Options) if m.__name__ == exc.title), Recipe)
-    return format_validation_error(exc, source, schema, RENAMED_KEYS)
-
-
 def _schemas(base: type[BaseModel]) -> list[type[BaseModel]]:
     found = []
     for sub in base.__subclasses__():
@@ -154,7 +134,9 @@ def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
         if isinstance(value, str) and (key, value) in RENAMED_VALUES:
             renamed = RENAMED_VALUES[key, value]
             return RecipeError(f"{source}: '{key}: {value}' was renamed {renamed}.")
-    return RecipeError(format_recipe_error(exc, source))
+    # The model validated: the recipe, or the section a validator checked.
+    schema = next((m for m in _schemas(Options) if m.__name__ == exc.title), Recipe)
+    return RecipeError(format_validation_error(exc, source, schema, RENAMED_KEYS))
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -27,40 +27,6 @@ CURVES = (
 EXAMPLES_PNG = "adversarial_examples.png"
 
 
-def plot_training_curves(
-    history: Mapping[str, Sequence[float]],
-    path: Union[str, Path],
-    title: str = "",
-) -> Optional[Path]:
-    """Accuracy per epoch as a PNG; None when the history has no curve."""
-    curves = [(key, label) for key, label in CURVES if history.get(key)]
-    if not curves:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.5), dpi=120)
-    for key, label in curves:
-        values = list(history[key])
-        ax.plot(range(1, len(values) + 1), values, marker="o", label=label)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    with atomic_path(Path(path)) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return Path(path)
-
-
 def _headline(metrics: Mapping[str, Any]) -> list[str]:
     rows = []
     if has_headline(metrics):
@@ -189,16 +155,35 @@ def _collapse(trigger: Mapping[str, Any]) -> str:
 def _curves(
     run_dir: Path, history: Mapping[str, Sequence[float]], plots: bool, title: str
 ) -> list[str]:
-    curves = None
-    if plots:
-        curves = plot_training_curves(
-            history, run_dir / "training_curves.png", title=title
-        )
+    """Draws training_curves.png (accuracy per epoch) when `plots` and the
+    history has a curve; the section showing it and eps_sweep.png."""
+    curves = [(key, label) for key, label in CURVES if plots and history.get(key)]
+    if curves:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
+
+        fig, ax = plt.subplots(figsize=(5.5, 3.5), dpi=120)
+        for key, label in curves:
+            values = list(history[key])
+            ax.plot(range(1, len(values) + 1), values, marker="o", label=label)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set(xlabel="epoch", ylabel="accuracy", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+        if title:
+            ax.set_title(title)
+        fig.tight_layout()
+        with atomic_path(run_dir / "training_curves.png") as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
     sweep_png = (run_dir / "eps_sweep.png").is_file()
-    if curves is None and not sweep_png:
+    if not curves and not sweep_png:
         return []
     lines = ["## Curves", ""]
-    if curves is not None:
+    if curves:
         lines += ["![training curves](training_curves.png)", ""]
     if sweep_png:
         lines += ["![accuracy against eps](eps_sweep.png)", ""]
@@ -249,14 +234,9 @@ def write_report(
     plots: bool = True,
     examples: Optional[Any] = None,
 ) -> Path:
-    """Writes `report.md` (and its figures) into `run_dir`; returns its path.
-
-    Args:
-        recipe: the resolved recipe as a dict, printed at the end.
-        metrics: what `run` writes to metrics.json.
-        history: per-epoch logs.
-        plots: write and link the figures.
-        examples: a few `AdversarialExamples` to draw, or None.
+    """Writes `report.md` into `run_dir`, and with `plots` its figures
+    (`examples`: a few `AdversarialExamples` to draw); returns its path.
+    `recipe` is the resolved recipe as a dict, `metrics` metrics.json's.
 
     Example:
 
