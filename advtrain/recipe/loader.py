@@ -10,11 +10,10 @@ from typing import Any, Optional, Union
 
 import pydantic
 import yaml
-from pydantic import BaseModel
 
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
-from advtrain.utils.options import Options, format_validation_error
+from advtrain.utils.options import format_validation_error
 
 # Hostile or mistaken files fail fast: a recipe is a few KB of YAML.
 MAX_RECIPE_BYTES = 1_000_000
@@ -120,13 +119,6 @@ def parse_yaml(text: str, source: str) -> Any:
     return data
 
 
-def _schemas(base: type[BaseModel]) -> list[type[BaseModel]]:
-    found = []
-    for sub in base.__subclasses__():
-        found += [sub, *_schemas(sub)]
-    return found
-
-
 def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
     for error in exc.errors(include_url=False):
         key = ".".join(str(part) for part in error["loc"])
@@ -134,9 +126,7 @@ def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
         if isinstance(value, str) and (key, value) in RENAMED_VALUES:
             renamed = RENAMED_VALUES[key, value]
             return RecipeError(f"{source}: '{key}: {value}' was renamed {renamed}.")
-    # The model validated: the recipe, or the section a validator checked.
-    schema = next((m for m in _schemas(Options) if m.__name__ == exc.title), Recipe)
-    return RecipeError(format_validation_error(exc, source, schema, RENAMED_KEYS))
+    return RecipeError(format_validation_error(exc, source, Recipe, RENAMED_KEYS))
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -154,13 +144,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         value = parse_yaml(raw, f"--set {path}") if raw.strip() else None
         node = data
         for key in keys[:-1]:
-            child = node.get(key)
-            if child is None:
-                child = {}
-                node[key] = child
-            if not isinstance(child, dict):
+            if node.get(key) is None:
+                node[key] = {}
+            if not isinstance(node[key], dict):
                 raise RecipeError(f"--set {path}: '{key}' is a value, not a section.")
-            node = child
+            node = node[key]
         node[keys[-1]] = value
     return data
 

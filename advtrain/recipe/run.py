@@ -26,17 +26,7 @@ from typing import Any, Optional, Union
 
 import keras
 
-from advtrain.recipe.build import (
-    _keys,
-    build_run_model,
-    evaluation_keys,
-    input_options,
-    recipe_phases,
-    recipe_plan,
-    recipe_runtime,
-    recipe_sanity_checks,
-    recipe_splits,
-)
+from advtrain.recipe import build
 from advtrain.recipe.keys import recipe_keys
 from advtrain.recipe.run_folder import (
     FINISHED_FILE,
@@ -110,7 +100,7 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     folder's last checkpoint when it holds one; the checkpoint store and
     callbacks (`advtrain.train.training_state.TrainingState`)."""
     keras.utils.set_random_seed(recipe.train.seed)
-    runtime = recipe_runtime(recipe)
+    runtime = build.recipe_runtime(recipe)
     state = TrainingState(
         run_dir,
         resuming=holds_run(run_dir),
@@ -118,11 +108,11 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
         resume_hint=resume_hint(run_dir, runtime.workers),
         echo=echo,
     )
-    splits = recipe_splits(recipe)
-    plan = recipe_plan(recipe, runtime, splits.train_size)
+    splits = build.recipe_splits(recipe)
+    plan = build.recipe_plan(recipe, runtime, splits.train_size)
     describe(recipe, splits, echo)
     with runtime.scope():
-        classifier, model = build_run_model(
+        classifier, model = build.build_run_model(
             recipe,
             splits,
             plan.epochs * plan.steps_per_epoch,
@@ -147,7 +137,7 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
         f"attack.eps={recipe.attack.eps:g}, "
         f"runtime.precision={recipe.runtime.precision}",
     )
-    data = input_options(recipe, training=True)
+    data = build.input_options(recipe, training=True)
     return RunSetup(runtime, splits, plan, classifier, model, data, state)
 
 
@@ -206,12 +196,12 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
     from advtrain.utils.progress import EpochProgress
 
     state, plan, splits = setup.state, setup.plan, setup.splits
-    data = input_options(recipe)
-    val_ds = None
-    if splits.val is not None:
-        val_ds = make_input(
-            splits.val, batch_size=recipe.eval.batch_size, training=False, **data
-        )
+    data = build.input_options(recipe)
+
+    def batches(split, batch_size: int):
+        return make_input(split, batch_size=batch_size, training=False, **data)
+
+    val_ds = None if splits.val is None else batches(splits.val, recipe.eval.batch_size)
     progress = ProgressLine(echo, plan.epochs, plan.steps_per_epoch * plan.global_batch)
     co_guard = _co_guard(recipe, setup, echo) if recipe.train.co_guard else None
     callbacks = [
@@ -225,33 +215,29 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
         callbacks.append(keras.callbacks.TensorBoard(logs, write_graph=False))
     seed, strategy = recipe.train.seed, setup.runtime.input_strategy()
     held_out = splits.val if splits.val is not None else splits.test
+    settings = build._keys(recipe.train, *PLAN_KEYS, *OPTIMIZER_KEYS, "seed")
+    settings["steps_per_epoch"] = plan.steps_per_epoch
+    # A model.builder model has no backbone to freeze; it trains whole
+    # (build_from_builder refuses freezing settings).
+    phases = None if recipe.model.builder else build.recipe_phases(recipe, plan.epochs)
+    names = recipe_keys("train")  # of fit's settings, for its warnings
+    names.update(
+        {f"batchnorm.{k}": v for k, v in recipe_keys("model.batchnorm").items()}
+    )
     with recipe_keys("train"):
         result = fit(
             setup.model,
             lambda skip: train_stream(splits, setup.data, plan, seed, skip, strategy),
             runtime=setup.runtime,
-            **{
-                **_keys(recipe.train, *PLAN_KEYS, *OPTIMIZER_KEYS, "seed"),
-                "steps_per_epoch": plan.steps_per_epoch,
-            },
-            # A model.builder model has no backbone to freeze; it trains
-            # whole (build_from_builder refuses freezing settings).
-            phases=None if recipe.model.builder else recipe_phases(recipe, plan.epochs),
+            **settings,
+            phases=phases,
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             batchnorm=recipe.model.batchnorm.model_dump(),
             batchnorm_data=(
-                make_input(held_out, batch_size=512, training=False, **data),
-                make_input(
-                    splits.train, batch_size=plan.global_batch, training=False, **data
-                ),
+                batches(held_out, 512),
+                batches(splits.train, plan.global_batch),
             ),
-            setting_names={
-                **recipe_keys("train"),
-                **{
-                    f"batchnorm.{k}": v
-                    for k, v in recipe_keys("model.batchnorm").items()
-                },
-            },
+            setting_names=names,
             validation_data=val_ds,
             callbacks=callbacks,
             checkpoints=state,
@@ -367,9 +353,9 @@ def finish(
         splits.test,
         batch_size=recipe.eval.batch_size,
         training=False,
-        **input_options(recipe),
+        **build.input_options(recipe),
     )
-    keys = evaluation_keys(recipe)
+    keys = build.evaluation_keys(recipe)
     eps, default_eps = keys.pop("eps"), keys.pop("default_eps")
     with runtime.scope():
         evaluation = evaluate(
@@ -398,7 +384,7 @@ def finish(
         epoch_seconds=[round(s, 2) for s in trained.epoch_seconds],
         final_train_metrics={k: float(v[-1]) for k, v in history.items() if v},
     )
-    metrics["sanity_checks"] = recipe_sanity_checks(
+    metrics["sanity_checks"] = build.recipe_sanity_checks(
         classifier, test_ds, recipe, echo, runtime.strategy, evaluation
     )
     if co_guard is not None:

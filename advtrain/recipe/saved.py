@@ -7,12 +7,7 @@ from typing import Any, Union
 
 import keras
 
-from advtrain.recipe.build import (
-    evaluation_keys,
-    input_options,
-    recipe_sanity_checks,
-    recipe_splits,
-)
+from advtrain.recipe import build
 from advtrain.recipe.run_folder import holds_run
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
@@ -57,7 +52,7 @@ def evaluate_saved(
     from advtrain.evaluation.robustness import evaluate_robustness
 
     model_path = Path(model_path)
-    splits = recipe_splits(recipe)
+    splits = build.recipe_splits(recipe)
     classifier = load_classifier(model_path, safe_mode=safe_mode)
     expected = tuple(classifier.input_shape[1:])
     if expected != tuple(splits.image_shape):
@@ -70,17 +65,17 @@ def evaluate_saved(
         splits.test,
         batch_size=recipe.eval.batch_size,
         training=False,
-        **input_options(recipe),
+        **build.input_options(recipe),
     )
     metrics = evaluate_robustness(
         classifier,
         test_ds,
-        **evaluation_keys(recipe),
+        **build.evaluation_keys(recipe),
         num_classes=splits.num_classes,
         return_examples=save_examples,
     )
     examples = metrics.pop("adversarial_examples", None)
-    metrics["sanity_checks"] = recipe_sanity_checks(
+    metrics["sanity_checks"] = build.recipe_sanity_checks(
         classifier, test_ds, recipe, lambda line: None, evaluation=metrics
     )
     if holds_run(model_path.parent):

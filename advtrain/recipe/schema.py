@@ -178,14 +178,7 @@ class AttackConfig(Options):
     @model_validator(mode="after")
     def _method_defaults(self) -> AttackConfig:
         # The resolved recipe states the method's defaults.
-        from advtrain.attacks.attack import attack_settings
-
-        if self.method == "none":
-            return self
-        try:
-            settings = attack_settings(self.method, self.backend) or {}
-        except ValueError:  # not on this backend: the Attack says so
-            return self
+        settings = _method_settings(self.method, self.backend) or {}
         for key in METHOD_KEYS:
             if getattr(self, key) is None and settings.get(key) is not None:
                 self.__dict__[key] = settings[key]
@@ -248,20 +241,23 @@ class AttackConfig(Options):
 def without_untaken_keys(section: dict[str, Any]) -> dict[str, Any]:
     """An attack section without the `METHOD_KEYS` its method does not take
     (unchanged for a method taking `**kwargs` or an unknown one)."""
-    from advtrain.attacks.attack import attack_settings
-
     method = section.get("method", "fgsm_rs")
-    try:
-        takes = (
-            {}
-            if method == "none"
-            else attack_settings(method, section.get("backend", "advtrain"))
-        )
-    except (TypeError, ValueError):
-        return section
+    takes = _method_settings(method, section.get("backend", "advtrain"))
     if takes is None:
         return section
     return {k: v for k, v in section.items() if k not in METHOD_KEYS or k in takes}
+
+
+def _method_settings(method: str, backend: str) -> Optional[dict[str, Any]]:
+    # None: the method takes **kwargs, or is unknown here (the Attack says so).
+    from advtrain.attacks.attack import attack_settings
+
+    if method == "none":
+        return {}
+    try:
+        return attack_settings(method, backend)
+    except (TypeError, ValueError):
+        return None
 
 
 # The attack keys that are one method's own settings.
