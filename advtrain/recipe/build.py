@@ -37,13 +37,9 @@ def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
 
 
 def check_attack_section(recipe: Recipe) -> None:
-    """Applies the library's rules to the attack section, once, when the
-    recipe loads (`recipe_from_dict`): builds the `Attack` and checks the
-    objective's arguments; `build_training_model` then trusts it.
-
-    Raises:
-        RecipeError: naming the key whose value the library refused.
-    """
+    """Applies the library's rules to the attack section once, when the
+    recipe loads: builds the `Attack` and checks the objective's arguments
+    (`build_training_model` then trusts it); a refusal names the key."""
     from advtrain.models.objectives import objectives
 
     cfg = recipe.attack
@@ -136,9 +132,7 @@ def build_training_model(
 ) -> keras.Model:
     """The objective `attack.objective` around `classifier`, with
     `attack.objective_options`; `steps_per_epoch` turns
-    `attack.eps_ramp_epochs` into steps (without it, no ramp). The section
-    was checked at load; only the options' values are left to the
-    objective's constructor."""
+    `attack.eps_ramp_epochs` into steps (without it, no ramp)."""
     from advtrain.models.objectives import objectives
 
     cfg = recipe.attack
@@ -196,9 +190,27 @@ def build_run_model(
     return classifier, build_training_model(recipe, classifier, steps_per_epoch)
 
 
-def evaluation_keys(recipe: Recipe) -> dict[str, Any]:
+def recipe_evaluation(recipe: Recipe, classifier, splits, return_examples=False):
+    """`advtrain.evaluate` on the test split with the eval keys: the test
+    batches, the metrics and the adversarial examples (or None)."""
+    from advtrain.data import make_input
+    from advtrain.evaluation.robustness import evaluate
+
+    options = input_options(recipe)
+    test_ds = make_input(
+        splits.test, batch_size=recipe.eval.batch_size, training=False, **options
+    )
     keys = recipe.eval.model_dump(exclude={"sanity_examples"})
-    return {**keys, "default_eps": recipe.attack.eps}
+    if keys["eps"] is None:
+        keys["eps"] = recipe.attack.eps
+    metrics = evaluate(
+        classifier,
+        test_ds,
+        **keys,
+        num_classes=splits.num_classes,
+        return_examples=return_examples,
+    )
+    return test_ds, metrics, metrics.pop("adversarial_examples", None)
 
 
 _SANITY_KEYS = (

@@ -129,27 +129,21 @@ def _timing(metrics: Mapping[str, Any]) -> list[str]:
 def _guard(guard: Mapping[str, Any]) -> list[str]:
     if not guard.get("triggers"):
         return ["- no collapse detected"]
-    lines = [f"- epoch {t['epoch']}: {_collapse(t)}" for t in guard["triggers"]]
+    lines = []
+    for t in guard["triggers"]:
+        pgd = pct(t["pgd_accuracy"])
+        if t.get("reason") == "gap":
+            what = f"training attack's accuracy {pct(t['attack_accuracy'])}, "
+            what += f"PGD accuracy on the guard batch {pgd}"
+        else:
+            what = f"PGD accuracy on the guard batch fell to {pgd} from "
+            what += pct(t["best_accuracy"])
+        restored = t["best_epoch"]
+        back = f"epoch {restored} restored" if restored else "nothing to restore"
+        lines.append(f"- epoch {t['epoch']}: {what}; {back}; action: {t['action']}")
     if guard.get("unsound"):
         lines.append(f"- **{guard['unsound']['message']}**")
     return lines
-
-
-def _collapse(trigger: Mapping[str, Any]) -> str:
-    if trigger.get("reason") == "gap":
-        what = (
-            f"training attack's accuracy {pct(trigger['attack_accuracy'])}, "
-            f"PGD accuracy on the guard batch {pct(trigger['pgd_accuracy'])}"
-        )
-    else:
-        what = (
-            f"PGD accuracy on the guard batch fell to "
-            f"{pct(trigger['pgd_accuracy'])} from "
-            f"{pct(trigger['best_accuracy'])}"
-        )
-    restored = trigger["best_epoch"]
-    back = f"epoch {restored} restored" if restored else "nothing to restore"
-    return f"{what}; {back}; action: {trigger['action']}"
 
 
 def _curves(
@@ -188,17 +182,6 @@ def _curves(
     if sweep_png:
         lines += ["![accuracy against eps](eps_sweep.png)", ""]
     return lines
-
-
-def _bn_gap(gap: Mapping[str, Any]) -> list[str]:
-    return [
-        "## BatchNorm gap",
-        "",
-        f"- train-mode accuracy: {pct(gap.get('train_mode_accuracy'))}",
-        f"- inference-mode accuracy: {pct(gap.get('inference_mode_accuracy'))}",
-        f"- gap: {100 * gap.get('gap', 0.0):+.2f} points",
-        "",
-    ]
 
 
 def _examples(
@@ -273,8 +256,16 @@ def write_report(
     if metrics.get("per_class_accuracy"):
         out += ["## Per-class accuracy", ""]
         out += _per_class(metrics, class_names) + [""]
-    if metrics.get("bn_gap"):
-        out += _bn_gap(metrics["bn_gap"])
+    gap = metrics.get("bn_gap")
+    if gap:
+        out += [
+            "## BatchNorm gap",
+            "",
+            f"- train-mode accuracy: {pct(gap.get('train_mode_accuracy'))}",
+            f"- inference-mode accuracy: {pct(gap.get('inference_mode_accuracy'))}",
+            f"- gap: {100 * gap.get('gap', 0.0):+.2f} points",
+            "",
+        ]
     timing = _timing(metrics)
     if timing:
         out += ["## Timing", ""] + timing + [""]

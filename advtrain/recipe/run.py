@@ -142,10 +142,8 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
 
 
 def _monitor(recipe: Recipe, model: keras.Model, has_val: bool) -> tuple[str, str]:
-    """`output.monitor` and `output.monitor_mode` with "auto" resolved: robust
-    accuracy, on the validation split when there is one and the model's
-    `test_step` attacks (else `val_adv_accuracy` would stay 0), else on the
-    training batches; clean accuracy without an attack."""
+    # "auto": robust accuracy, on the validation split only if the model's
+    # test_step attacks (else val_adv_accuracy would stay 0).
     monitor, mode = recipe.output.monitor, recipe.output.monitor_mode
     attacks = recipe.attack.method != "none"
     if monitor == "auto":
@@ -279,8 +277,6 @@ def train_stream(splits, data: dict[str, Any], plan, seed: int, skip: int, strat
 
 
 def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
-    """The catastrophic-overfitting guard on a fixed clean training batch,
-    with its record from before the interruption when the run resumes."""
     from advtrain.data import make_input
     from advtrain.train.guards import CatastrophicOverfittingGuard
 
@@ -330,10 +326,9 @@ def finish(
     report and the export, and metrics.json last (it marks a finished run)."""
     import shutil
 
-    from advtrain.data import make_input
     from advtrain.evaluation.examples import GRID_CANDIDATES, GRID_SIZE, log_examples
     from advtrain.evaluation.export import export_saved_model
-    from advtrain.evaluation.robustness import evaluate, plot_eps_sweep
+    from advtrain.evaluation.robustness import plot_eps_sweep
     from advtrain.recipe.report import write_report
 
     classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
@@ -349,27 +344,12 @@ def finish(
     with atomic_path(out / "model.keras") as tmp:
         classifier.save(tmp)
     echo("evaluating on the test split ...")
-    test_ds = make_input(
-        splits.test,
-        batch_size=recipe.eval.batch_size,
-        training=False,
-        **build.input_options(recipe),
-    )
-    keys = build.evaluation_keys(recipe)
-    eps, default_eps = keys.pop("eps"), keys.pop("default_eps")
+    # A seeded subset to draw the report's grid from, not every image.
+    grid = GRID_CANDIDATES if output.plots or output.tensorboard else False
     with runtime.scope():
-        evaluation = evaluate(
-            classifier,
-            test_ds,
-            eps=default_eps if eps is None else eps,
-            **keys,
-            num_classes=splits.num_classes,
-            # A seeded subset to draw the report's grid from, not every image.
-            return_examples=(
-                GRID_CANDIDATES if output.plots or output.tensorboard else False
-            ),
+        test_ds, evaluation, examples = build.recipe_evaluation(
+            recipe, classifier, splits, return_examples=grid
         )
-    examples = evaluation.pop("adversarial_examples", None)
     samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
     history, seconds, co_guard = trained.history, trained.seconds, trained.co_guard
     metrics: dict[str, Any] = {"recipe": recipe.name}
