@@ -307,24 +307,19 @@ class EvalConfig(Options):
     seed: Seed = 0
 
     @model_validator(mode="after")
-    def _attacks_runnable(self) -> EvalConfig:
-        if self.attacks is None or isinstance(self.attacks, str):
-            return self
-        repeated = sorted({a for a in self.attacks if self.attacks.count(a) > 1})
+    def _runnable(self) -> EvalConfig:
+        listed = self.attacks if isinstance(self.attacks, list) else []
+        repeated = sorted({a for a in listed if listed.count(a) > 1})
         if repeated:
             raise ValueError(
                 "eval.attacks must name each attack once. "
                 f"Received: repeated={repeated}"
             )
-        if "pgd" in self.attacks and self.pgd_steps < 1:
+        if "pgd" in listed and self.pgd_steps < 1:
             raise ValueError(
                 "eval.attacks lists pgd, which needs eval.pgd_steps >= 1. "
                 f"Received: pgd_steps={self.pgd_steps}"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _sweep_in_range(self) -> EvalConfig:
         for value in self.eps_sweep:
             if not 0.0 <= value <= 1.0:
                 raise ValueError(
