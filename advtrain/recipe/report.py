@@ -47,17 +47,12 @@ def _headline(metrics: Mapping[str, Any]) -> list[str]:
         rows.append((f"{label} ({detail})", pct(metrics[f"{key}_accuracy"])))
     for step in (metrics.get("autoattack") or {}).get("steps", []):
         name = CASCADE_LABELS.get(step["attack"], step["attack"])
-        rows.append(
-            (
-                f"after AutoAttack's {name} (ran on {step['attacked']}, "
-                f"broke {step['broken']})",
-                pct(step["robust_accuracy_after"]),
-            )
-        )
-    if "macro_f1" in metrics:
-        rows.append(("macro F1 (clean)", f"{metrics['macro_f1']:.4f}"))
-    if "pgd_macro_f1" in metrics:
-        rows.append(("macro F1 (PGD)", f"{metrics['pgd_macro_f1']:.4f}"))
+        ran = f"ran on {step['attacked']}, broke {step['broken']}"
+        after = pct(step["robust_accuracy_after"])
+        rows.append((f"after AutoAttack's {name} ({ran})", after))
+    for key, on in (("macro_f1", "clean"), ("pgd_macro_f1", "PGD")):
+        if key in metrics:
+            rows.append((f"macro F1 ({on})", f"{metrics[key]:.4f}"))
     examples = f"{metrics.get('examples', '?')}"
     if "subset_of" in metrics:
         examples += (

@@ -70,11 +70,8 @@ def resume_hint(run_dir: Path, workers: int = 1) -> str:
 def recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: old -> new` for every dotted key whose value differs."""
     old, new = _flatten(saved), _flatten(current)
-    return [
-        f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
-        for key in sorted(set(old) | set(new))
-        if old.get(key, "<unset>") != new.get(key, "<unset>")
-    ]
+    pairs = {k: (old.get(k, "<unset>"), new.get(k, "<unset>")) for k in {*old, *new}}
+    return [f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(pairs.items()) if a != b]
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -132,13 +129,9 @@ def check_recipe_paths(
     """Checks every path `recipe` names before a run starts (the data's,
     model.weights and, when `writes`, the run folder's); errors name the key.
     """
-    data = recipe.data
+    fields = {"source", "path", "tfds_data_dir", "cache"}
     check_data_paths(
-        source=data.source,
-        path=data.path,
-        tfds_data_dir=data.tfds_data_dir,
-        cache=data.cache,
-        names=recipe_keys("data"),
+        **recipe.data.model_dump(include=fields), names=recipe_keys("data")
     )
     weights = recipe.model.weights
     if weights is not None and weights != "imagenet":
