@@ -190,7 +190,9 @@ def build_run_model(
     return classifier, build_training_model(recipe, classifier, steps_per_epoch)
 
 
-def recipe_evaluation(recipe: Recipe, classifier, splits, return_examples=False):
+def recipe_evaluation(
+    recipe: Recipe, classifier: keras.Model, splits, return_examples: Any = False
+) -> tuple[Any, dict[str, Any], Any]:
     """`advtrain.evaluate` on the test split with the eval keys: the test
     batches, the metrics and the adversarial examples (or None)."""
     from advtrain.data import make_input
