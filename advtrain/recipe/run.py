@@ -1,21 +1,7 @@
 """`run(recipe)`: a recipe's run in three stages (prepare, train, finish),
 writing its run folder. The recipe's keys become library calls in
-`advtrain.recipe.build`; the folder's rules live in `run_folder`.
-
-A run folder holds:
-    recipe.yaml      the resolved recipe (after --set overrides)
-    checkpoints/     atomic checkpoints: model, optimizer and metric variables
-                     (advtrain.train.checkpoint)
-    logs/            TensorBoard logs
-    history.csv      one row per epoch
-    model.keras      the trained classifier: raw [0, 1] pixels in, logits out
-    metrics.json     clean / FGSM / PGD accuracy, macro F1, timing
-    eps_sweep.png    accuracy against eps (when eval.eps_sweep is set)
-    adversarial_examples.png  clean, worst-case adversarial and perturbation
-                     of 8 seeded test images (in report.md and TensorBoard)
-    report.md        recipe, curves, per-class table, sanity checks, timing
-    training_curves.png  clean and adversarial accuracy per epoch
-    export/saved_model/  TF Serving SavedModel, uint8 images in (export.py)
+`advtrain.recipe.build`; the folder's rules live in `run_folder`, and
+docs/index.md lists its files.
 """
 
 from __future__ import annotations
