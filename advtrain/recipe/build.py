@@ -37,13 +37,9 @@ def attack_from_config(cfg: AttackConfig) -> Optional[Attack]:
 
 
 def check_attack_section(recipe: Recipe) -> None:
-    """Applies the library's rules to the attack section, once, when the
-    recipe loads (`recipe_from_dict`): builds the `Attack` and checks the
-    objective's arguments; `build_training_model` then trusts it.
-
-    Raises:
-        RecipeError: naming the key whose value the library refused.
-    """
+    """Applies the library's rules to the attack section once, when the
+    recipe loads: builds the `Attack` and checks the objective's arguments
+    (`build_training_model` then trusts it); a refusal names the key."""
     from advtrain.models.objectives import objectives
 
     cfg = recipe.attack
@@ -117,6 +113,7 @@ def recipe_optimizer(recipe: Recipe, plan, lr_factor: float = 1.0):
 
 
 _PHASE_KEYS = ("head_only_epochs", "freeze", "top_k", "finetune_lr_factor")
+_CLASSIFIER_KEYS = ("backbone", "weights", "input_size", "width", "dropout")
 
 
 def input_options(recipe: Recipe, training: bool = False) -> dict[str, Any]:
@@ -135,9 +132,7 @@ def build_training_model(
 ) -> keras.Model:
     """The objective `attack.objective` around `classifier`, with
     `attack.objective_options`; `steps_per_epoch` turns
-    `attack.eps_ramp_epochs` into steps (without it, no ramp). The section
-    was checked at load; only the options' values are left to the
-    objective's constructor."""
+    `attack.eps_ramp_epochs` into steps (without it, no ramp)."""
     from advtrain.models.objectives import objectives
 
     cfg = recipe.attack
@@ -176,24 +171,14 @@ def build_run_model(
 
     if recipe.model.builder:
         classifier = build_from_builder(
-            recipe.model.builder,
-            splits.image_shape,
-            splits.num_classes,
-            recipe.model,
+            recipe.model.builder, splits.image_shape, splits.num_classes, recipe.model
         )
     else:
         with recipe_keys("model"):
             classifier = build_classifier(
                 splits.image_shape,
                 splits.num_classes,
-                **_keys(
-                    recipe.model,
-                    "backbone",
-                    "weights",
-                    "input_size",
-                    "width",
-                    "dropout",
-                ),
+                **_keys(recipe.model, *_CLASSIFIER_KEYS),
             )
     with recipe_keys("model.batchnorm"):
         apply_batchnorm_policy(
@@ -205,9 +190,35 @@ def build_run_model(
     return classifier, build_training_model(recipe, classifier, steps_per_epoch)
 
 
-def evaluation_keys(recipe: Recipe) -> dict[str, Any]:
+def recipe_evaluation(
+    recipe: Recipe, classifier: keras.Model, splits, return_examples: Any = False
+) -> tuple[Any, dict[str, Any], Any]:
+    """`advtrain.evaluate` on the test split with the eval keys: the test
+    batches, the metrics and the adversarial examples (or None)."""
+    from advtrain.data import make_input
+    from advtrain.evaluation.robustness import evaluate
+
+    options = input_options(recipe)
+    test_ds = make_input(
+        splits.test, batch_size=recipe.eval.batch_size, training=False, **options
+    )
     keys = recipe.eval.model_dump(exclude={"sanity_examples"})
-    return {**keys, "default_eps": recipe.attack.eps}
+    if keys["eps"] is None:
+        keys["eps"] = recipe.attack.eps
+    metrics = evaluate(
+        classifier,
+        test_ds,
+        **keys,
+        num_classes=splits.num_classes,
+        return_examples=return_examples,
+    )
+    return test_ds, metrics, metrics.pop("adversarial_examples", None)
+
+
+_SANITY_KEYS = (
+    "eps", "norm", "pgd_steps", "pgd_step_size", "pgd_restarts", "seed",
+    "batch_size",
+)  # fmt: skip
 
 
 def recipe_sanity_checks(
@@ -226,13 +237,7 @@ def recipe_sanity_checks(
             classifier,
             test_ds,
             default_eps=recipe.attack.eps,
-            eps=cfg.eps,
-            norm=cfg.norm,
-            pgd_steps=cfg.pgd_steps,
-            pgd_step_size=cfg.pgd_step_size,
-            pgd_restarts=cfg.pgd_restarts,
-            seed=cfg.seed,
-            batch_size=cfg.batch_size,
+            **_keys(cfg, *_SANITY_KEYS),
             max_examples=cfg.sanity_examples,
             strategy=strategy,
         )
@@ -247,11 +252,8 @@ def recipe_sanity_checks(
 
 def load_builder(spec: str, key: str = "model.builder") -> Callable:
     """Imports "package.module:function"; a failure is one line naming `key`."""
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(
-            f"{key}: expected 'package.module:function'. Received: {spec!r}"
-        )
-    module_name, attr = (part.strip() for part in spec.split(":"))
+    parts = spec.split(":") if isinstance(spec, str) else []
+    module_name, attr = (p.strip() for p in parts) if len(parts) == 2 else ("", "")
     if not module_name or not attr:
         raise ValueError(
             f"{key}: expected 'package.module:function'. Received: {spec!r}"

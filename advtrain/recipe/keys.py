@@ -4,38 +4,20 @@ naming the key (`train.batch_size: ...`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import ArgumentError
 
 
-class RecipeKeys(Mapping[str, str]):
+class RecipeKeys(dict):
     """Recipe key by library argument; a context that renames the
     argument of an `ArgumentError` raised inside it."""
-
-    def __init__(self, section: str, elsewhere: Mapping[str, str]):
-        model = Recipe
-        for part in section.split("."):
-            model = model.model_fields[part].annotation
-        self._keys = {name: f"{section}.{name}" for name in model.model_fields}
-        self._keys.update(elsewhere)
-
-    def __getitem__(self, argument: str) -> str:
-        return self._keys[argument]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
 
     def __enter__(self) -> RecipeKeys:
         return self
 
     def __exit__(self, kind, exc, traceback) -> None:
-        if isinstance(exc, ArgumentError) and exc.argument in self._keys:
-            raise RecipeError(f"{self._keys[exc.argument]}: {exc.message}") from None
+        if isinstance(exc, ArgumentError) and exc.argument in self:
+            raise RecipeError(f"{self[exc.argument]}: {exc.message}") from None
 
 
 def recipe_keys(section: str, **elsewhere: str) -> RecipeKeys:
@@ -51,4 +33,9 @@ def recipe_keys(section: str, **elsewhere: str) -> RecipeKeys:
     recipe_keys("model.batchnorm")["momentum"]  # "model.batchnorm.momentum"
     ```
     """
-    return RecipeKeys(section, elsewhere)
+    model = Recipe
+    for part in section.split("."):
+        model = model.model_fields[part].annotation
+    keys = RecipeKeys({name: f"{section}.{name}" for name in model.model_fields})
+    keys.update(elsewhere)
+    return keys

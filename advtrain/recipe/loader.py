@@ -10,11 +10,10 @@ from typing import Any, Optional, Union
 
 import pydantic
 import yaml
-from pydantic import BaseModel
 
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
-from advtrain.utils.options import Options, format_validation_error
+from advtrain.utils.options import format_validation_error
 
 # Hostile or mistaken files fail fast: a recipe is a few KB of YAML.
 MAX_RECIPE_BYTES = 1_000_000
@@ -23,24 +22,16 @@ MAX_VALUES = 100_000
 
 
 # Keys renamed in 0.2 and 0.3: this line instead of "unknown key".
+_REUSE = "(the clean pass's gradient gives the attack's)"
 RENAMED_KEYS = {
-    "model.warmup_epochs": (
-        "'model.head_only_epochs' (head-only epochs before fine-tuning; "
-        "train.warmup_epochs is the learning-rate warm-up)"
-    ),
-    "attack.fused": (
-        "'attack.reuse_gradient' (the clean pass's gradient gives the attack's)"
-    ),
-    "attack.fused_step": (
-        "'attack.reuse_gradient' in 0.3 (the clean pass's gradient gives the attack's)"
-    ),
-    "model.batchnorm.fused": (
-        "'model.batchnorm.fused_kernel' (TensorFlow's fused BatchNorm kernel)"
-    ),
-    "attack.grad_align": (
-        "'attack.objective: grad_align' with the weight in "
-        "'attack.objective_options.grad_align' (default 0.2)"
-    ),
+    "model.warmup_epochs": "'model.head_only_epochs' (head-only epochs before "
+    "fine-tuning; train.warmup_epochs is the learning-rate warm-up)",
+    "attack.fused": f"'attack.reuse_gradient' {_REUSE}",
+    "attack.fused_step": f"'attack.reuse_gradient' in 0.3 {_REUSE}",
+    "model.batchnorm.fused": "'model.batchnorm.fused_kernel' (TensorFlow's "
+    "fused BatchNorm kernel)",
+    "attack.grad_align": "'attack.objective: grad_align' with the weight in "
+    "'attack.objective_options.grad_align' (default 0.2)",
     "attack.beta": "'attack.objective_options.beta' (attack.objective: trades)",
 }
 
@@ -60,20 +51,14 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode):
     mapping: dict[Any, Any] = {}
     for key_node, value_node in node.value:
+        problem = None
         if not isinstance(key_node, yaml.ScalarNode):
+            problem = "a key must be a plain name, not a list or mapping"
+        elif (key := loader.construct_object(key_node, deep=True)) in mapping:
+            problem = f"duplicate key '{key}'"
+        if problem:
             raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                "a key must be a plain name, not a list or mapping",
-                key_node.start_mark,
-            )
-        key = loader.construct_object(key_node, deep=True)
-        if key in mapping:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"duplicate key '{key}'",
-                key_node.start_mark,
+                None, None, problem, key_node.start_mark
             )
         mapping[key] = loader.construct_object(value_node, deep=True)
     return mapping
@@ -134,19 +119,6 @@ def parse_yaml(text: str, source: str) -> Any:
     return data
 
 
-def format_recipe_error(exc: pydantic.ValidationError, source: str) -> str:
-    """`format_validation_error` for a recipe or one of its sections."""
-    schema = next((m for m in _schemas(Options) if m.__name__ == exc.title), Recipe)
-    return format_validation_error(exc, source, schema, RENAMED_KEYS)
-
-
-def _schemas(base: type[BaseModel]) -> list[type[BaseModel]]:
-    found = []
-    for sub in base.__subclasses__():
-        found += [sub, *_schemas(sub)]
-    return found
-
-
 def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
     for error in exc.errors(include_url=False):
         key = ".".join(str(part) for part in error["loc"])
@@ -154,7 +126,7 @@ def _first_error(exc: pydantic.ValidationError, source: str) -> RecipeError:
         if isinstance(value, str) and (key, value) in RENAMED_VALUES:
             renamed = RENAMED_VALUES[key, value]
             return RecipeError(f"{source}: '{key}: {value}' was renamed {renamed}.")
-    return RecipeError(format_recipe_error(exc, source))
+    return RecipeError(format_validation_error(exc, source, Recipe, RENAMED_KEYS))
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -172,13 +144,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         value = parse_yaml(raw, f"--set {path}") if raw.strip() else None
         node = data
         for key in keys[:-1]:
-            child = node.get(key)
-            if child is None:
-                child = {}
-                node[key] = child
-            if not isinstance(child, dict):
+            if node.get(key) is None:
+                node[key] = {}
+            if not isinstance(node[key], dict):
                 raise RecipeError(f"--set {path}: '{key}' is a value, not a section.")
-            node = child
+            node = node[key]
         node[keys[-1]] = value
     return data
 

@@ -27,40 +27,6 @@ CURVES = (
 EXAMPLES_PNG = "adversarial_examples.png"
 
 
-def plot_training_curves(
-    history: Mapping[str, Sequence[float]],
-    path: Union[str, Path],
-    title: str = "",
-) -> Optional[Path]:
-    """Accuracy per epoch as a PNG; None when the history has no curve."""
-    curves = [(key, label) for key, label in CURVES if history.get(key)]
-    if not curves:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.5), dpi=120)
-    for key, label in curves:
-        values = list(history[key])
-        ax.plot(range(1, len(values) + 1), values, marker="o", label=label)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    with atomic_path(Path(path)) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return Path(path)
-
-
 def _headline(metrics: Mapping[str, Any]) -> list[str]:
     rows = []
     if has_headline(metrics):
@@ -81,17 +47,12 @@ def _headline(metrics: Mapping[str, Any]) -> list[str]:
         rows.append((f"{label} ({detail})", pct(metrics[f"{key}_accuracy"])))
     for step in (metrics.get("autoattack") or {}).get("steps", []):
         name = CASCADE_LABELS.get(step["attack"], step["attack"])
-        rows.append(
-            (
-                f"after AutoAttack's {name} (ran on {step['attacked']}, "
-                f"broke {step['broken']})",
-                pct(step["robust_accuracy_after"]),
-            )
-        )
-    if "macro_f1" in metrics:
-        rows.append(("macro F1 (clean)", f"{metrics['macro_f1']:.4f}"))
-    if "pgd_macro_f1" in metrics:
-        rows.append(("macro F1 (PGD)", f"{metrics['pgd_macro_f1']:.4f}"))
+        ran = f"ran on {step['attacked']}, broke {step['broken']}"
+        after = pct(step["robust_accuracy_after"])
+        rows.append((f"after AutoAttack's {name} ({ran})", after))
+    for key, on in (("macro_f1", "clean"), ("pgd_macro_f1", "PGD")):
+        if key in metrics:
+            rows.append((f"macro F1 ({on})", f"{metrics[key]:.4f}"))
     examples = f"{metrics.get('examples', '?')}"
     if "subset_of" in metrics:
         examples += (
@@ -163,57 +124,59 @@ def _timing(metrics: Mapping[str, Any]) -> list[str]:
 def _guard(guard: Mapping[str, Any]) -> list[str]:
     if not guard.get("triggers"):
         return ["- no collapse detected"]
-    lines = [f"- epoch {t['epoch']}: {_collapse(t)}" for t in guard["triggers"]]
+    lines = []
+    for t in guard["triggers"]:
+        pgd = pct(t["pgd_accuracy"])
+        if t.get("reason") == "gap":
+            what = f"training attack's accuracy {pct(t['attack_accuracy'])}, "
+            what += f"PGD accuracy on the guard batch {pgd}"
+        else:
+            what = f"PGD accuracy on the guard batch fell to {pgd} from "
+            what += pct(t["best_accuracy"])
+        restored = t["best_epoch"]
+        back = f"epoch {restored} restored" if restored else "nothing to restore"
+        lines.append(f"- epoch {t['epoch']}: {what}; {back}; action: {t['action']}")
     if guard.get("unsound"):
         lines.append(f"- **{guard['unsound']['message']}**")
     return lines
 
 
-def _collapse(trigger: Mapping[str, Any]) -> str:
-    if trigger.get("reason") == "gap":
-        what = (
-            f"training attack's accuracy {pct(trigger['attack_accuracy'])}, "
-            f"PGD accuracy on the guard batch {pct(trigger['pgd_accuracy'])}"
-        )
-    else:
-        what = (
-            f"PGD accuracy on the guard batch fell to "
-            f"{pct(trigger['pgd_accuracy'])} from "
-            f"{pct(trigger['best_accuracy'])}"
-        )
-    restored = trigger["best_epoch"]
-    back = f"epoch {restored} restored" if restored else "nothing to restore"
-    return f"{what}; {back}; action: {trigger['action']}"
-
-
 def _curves(
     run_dir: Path, history: Mapping[str, Sequence[float]], plots: bool, title: str
 ) -> list[str]:
-    curves = None
-    if plots:
-        curves = plot_training_curves(
-            history, run_dir / "training_curves.png", title=title
-        )
+    """Draws training_curves.png (accuracy per epoch) when `plots` and the
+    history has a curve; the section showing it and eps_sweep.png."""
+    curves = [(key, label) for key, label in CURVES if plots and history.get(key)]
+    if curves:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
+
+        fig, ax = plt.subplots(figsize=(5.5, 3.5), dpi=120)
+        for key, label in curves:
+            values = list(history[key])
+            ax.plot(range(1, len(values) + 1), values, marker="o", label=label)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set(xlabel="epoch", ylabel="accuracy", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+        if title:
+            ax.set_title(title)
+        fig.tight_layout()
+        with atomic_path(run_dir / "training_curves.png") as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
     sweep_png = (run_dir / "eps_sweep.png").is_file()
-    if curves is None and not sweep_png:
+    if not curves and not sweep_png:
         return []
     lines = ["## Curves", ""]
-    if curves is not None:
+    if curves:
         lines += ["![training curves](training_curves.png)", ""]
     if sweep_png:
         lines += ["![accuracy against eps](eps_sweep.png)", ""]
     return lines
-
-
-def _bn_gap(gap: Mapping[str, Any]) -> list[str]:
-    return [
-        "## BatchNorm gap",
-        "",
-        f"- train-mode accuracy: {pct(gap.get('train_mode_accuracy'))}",
-        f"- inference-mode accuracy: {pct(gap.get('inference_mode_accuracy'))}",
-        f"- gap: {100 * gap.get('gap', 0.0):+.2f} points",
-        "",
-    ]
 
 
 def _examples(
@@ -249,14 +212,9 @@ def write_report(
     plots: bool = True,
     examples: Optional[Any] = None,
 ) -> Path:
-    """Writes `report.md` (and its figures) into `run_dir`; returns its path.
-
-    Args:
-        recipe: the resolved recipe as a dict, printed at the end.
-        metrics: what `run` writes to metrics.json.
-        history: per-epoch logs.
-        plots: write and link the figures.
-        examples: a few `AdversarialExamples` to draw, or None.
+    """Writes `report.md` into `run_dir`, and with `plots` its figures
+    (`examples`: a few `AdversarialExamples` to draw); returns its path.
+    `recipe` is the resolved recipe as a dict, `metrics` metrics.json's.
 
     Example:
 
@@ -293,8 +251,16 @@ def write_report(
     if metrics.get("per_class_accuracy"):
         out += ["## Per-class accuracy", ""]
         out += _per_class(metrics, class_names) + [""]
-    if metrics.get("bn_gap"):
-        out += _bn_gap(metrics["bn_gap"])
+    gap = metrics.get("bn_gap")
+    if gap:
+        out += [
+            "## BatchNorm gap",
+            "",
+            f"- train-mode accuracy: {pct(gap.get('train_mode_accuracy'))}",
+            f"- inference-mode accuracy: {pct(gap.get('inference_mode_accuracy'))}",
+            f"- gap: {100 * gap.get('gap', 0.0):+.2f} points",
+            "",
+        ]
     timing = _timing(metrics)
     if timing:
         out += ["## Timing", ""] + timing + [""]

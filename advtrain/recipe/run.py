@@ -1,30 +1,7 @@
-"""`run(recipe)`: a recipe's run in three stages, writing its run folder.
-
-The recipe's keys become library calls in `advtrain.recipe.build`; the
-folder's rules live in `advtrain.recipe.run_folder`. The stages:
-
-    prepare   runtime, data, model; resume point and checkpoint callbacks
-              (`advtrain.train.training_state.TrainingState`)
-    train     `advtrain.fit` once: the phases, checkpointed; BatchNorm
-              recalibrated
-    finish    save model.keras, evaluate
-              (`advtrain.evaluation`: robustness, sanity checks, report,
-              export), metrics.json last
-
-A run folder holds:
-    recipe.yaml      the resolved recipe (after --set overrides)
-    checkpoints/     atomic checkpoints: model, optimizer and metric variables
-                     (advtrain.train.checkpoint)
-    logs/            TensorBoard logs
-    history.csv      one row per epoch
-    model.keras      the trained classifier: raw [0, 1] pixels in, logits out
-    metrics.json     clean / FGSM / PGD accuracy, macro F1, timing
-    eps_sweep.png    accuracy against eps (when eval.eps_sweep is set)
-    adversarial_examples.png  clean, worst-case adversarial and perturbation
-                     of 8 seeded test images (in report.md and TensorBoard)
-    report.md        recipe, curves, per-class table, sanity checks, timing
-    training_curves.png  clean and adversarial accuracy per epoch
-    export/saved_model/  TF Serving SavedModel, uint8 images in (export.py)
+"""`run(recipe)`: a recipe's run in three stages (prepare, train, finish),
+writing its run folder. The recipe's keys become library calls in
+`advtrain.recipe.build`; the folder's rules live in `run_folder`, and
+docs/index.md lists its files.
 """
 
 from __future__ import annotations
@@ -35,17 +12,7 @@ from typing import Any, Optional, Union
 
 import keras
 
-from advtrain.recipe.build import (
-    _keys,
-    build_run_model,
-    evaluation_keys,
-    input_options,
-    recipe_phases,
-    recipe_plan,
-    recipe_runtime,
-    recipe_sanity_checks,
-    recipe_splits,
-)
+from advtrain.recipe import build
 from advtrain.recipe.keys import recipe_keys
 from advtrain.recipe.run_folder import (
     FINISHED_FILE,
@@ -65,24 +32,14 @@ from advtrain.utils.progress import Echo
 
 @dataclasses.dataclass
 class RunSetup:
-    """What the prepare stage built: the parts a run trains and evaluates.
+    """What the prepare stage built: the parts a run trains and evaluates."""
 
-    Attributes:
-        runtime: `advtrain.train.runtime.Runtime` (strategy, workers, chief).
-        splits: `advtrain.data.DataSplits`.
-        plan: `advtrain.train.runtime.BatchPlan` (global batch, steps, epochs).
-        classifier: the model that is saved: [0, 1] pixels in, logits out.
-        model: the training model around it (AdversarialModel, TRADES).
-        data: the data keys `make_input` takes, for the training stream.
-        state: the run's `TrainingState`.
-    """
-
-    runtime: Any
-    splits: Any
-    plan: Any
-    classifier: keras.Model
-    model: keras.Model
-    data: dict[str, Any]
+    runtime: Any  # advtrain.train.runtime.Runtime
+    splits: Any  # advtrain.data.DataSplits
+    plan: Any  # advtrain.train.runtime.BatchPlan
+    classifier: keras.Model  # what is saved: [0, 1] pixels in, logits out
+    model: keras.Model  # the training model around it
+    data: dict[str, Any]  # make_input's data keys, for the training stream
     state: TrainingState
 
 
@@ -102,10 +59,6 @@ def run(
     verbose: int = 0,
 ) -> RunResult:
     """Trains and evaluates a recipe; returns the metrics written to disk.
-
-    The stages: `prepare` (runtime, data, model, resume point), `train`
-    (the phases, checkpointed), `finish` (recalibrate, save, evaluate,
-    report, export; metrics.json last).
 
     Args:
         recipe: a validated recipe.
@@ -128,15 +81,12 @@ def run(
     return finish(recipe, setup, trained, echo=echo)
 
 
-# ---------------------------------------------------------------- prepare
-
-
 def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     """Stage 1: the runtime, the data and the model, restored from the run
     folder's last checkpoint when it holds one; the checkpoint store and
     callbacks (`advtrain.train.training_state.TrainingState`)."""
     keras.utils.set_random_seed(recipe.train.seed)
-    runtime = recipe_runtime(recipe)
+    runtime = build.recipe_runtime(recipe)
     state = TrainingState(
         run_dir,
         resuming=holds_run(run_dir),
@@ -144,11 +94,11 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
         resume_hint=resume_hint(run_dir, runtime.workers),
         echo=echo,
     )
-    splits = recipe_splits(recipe)
-    plan = recipe_plan(recipe, runtime, splits.train_size)
+    splits = build.recipe_splits(recipe)
+    plan = build.recipe_plan(recipe, runtime, splits.train_size)
     describe(recipe, splits, echo)
     with runtime.scope():
-        classifier, model = build_run_model(
+        classifier, model = build.build_run_model(
             recipe,
             splits,
             plan.epochs * plan.steps_per_epoch,
@@ -173,15 +123,13 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
         f"attack.eps={recipe.attack.eps:g}, "
         f"runtime.precision={recipe.runtime.precision}",
     )
-    data = input_options(recipe, training=True)
+    data = build.input_options(recipe, training=True)
     return RunSetup(runtime, splits, plan, classifier, model, data, state)
 
 
 def _monitor(recipe: Recipe, model: keras.Model, has_val: bool) -> tuple[str, str]:
-    """`output.monitor` and `output.monitor_mode` with "auto" resolved: robust
-    accuracy, on the validation split when there is one and the model's
-    `test_step` attacks (else `val_adv_accuracy` would stay 0), else on the
-    training batches; clean accuracy without an attack."""
+    # "auto": robust accuracy, on the validation split only if the model's
+    # test_step attacks (else val_adv_accuracy would stay 0).
     monitor, mode = recipe.output.monitor, recipe.output.monitor_mode
     attacks = recipe.attack.method != "none"
     if monitor == "auto":
@@ -211,9 +159,6 @@ def _monitor(recipe: Recipe, model: keras.Model, has_val: bool) -> tuple[str, st
     return monitor, mode
 
 
-# ---------------------------------------------------------------- train
-
-
 @dataclasses.dataclass
 class Trained:
     """What the train stage hands to `finish`."""
@@ -235,12 +180,12 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
     from advtrain.utils.progress import EpochProgress
 
     state, plan, splits = setup.state, setup.plan, setup.splits
-    data = input_options(recipe)
-    val_ds = None
-    if splits.val is not None:
-        val_ds = make_input(
-            splits.val, batch_size=recipe.eval.batch_size, training=False, **data
-        )
+    data = build.input_options(recipe)
+
+    def batches(split, batch_size: int):
+        return make_input(split, batch_size=batch_size, training=False, **data)
+
+    val_ds = None if splits.val is None else batches(splits.val, recipe.eval.batch_size)
     progress = ProgressLine(echo, plan.epochs, plan.steps_per_epoch * plan.global_batch)
     co_guard = _co_guard(recipe, setup, echo) if recipe.train.co_guard else None
     callbacks = [
@@ -254,27 +199,29 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
         callbacks.append(keras.callbacks.TensorBoard(logs, write_graph=False))
     seed, strategy = recipe.train.seed, setup.runtime.input_strategy()
     held_out = splits.val if splits.val is not None else splits.test
+    settings = build._keys(recipe.train, *PLAN_KEYS, *OPTIMIZER_KEYS, "seed")
+    settings["steps_per_epoch"] = plan.steps_per_epoch
+    # A model.builder model has no backbone to freeze; it trains whole
+    # (build_from_builder refuses freezing settings).
+    phases = None if recipe.model.builder else build.recipe_phases(recipe, plan.epochs)
+    names = recipe_keys("train")  # of fit's settings, for its warnings
+    names.update(
+        {f"batchnorm.{k}": v for k, v in recipe_keys("model.batchnorm").items()}
+    )
     with recipe_keys("train"):
         result = fit(
             setup.model,
             lambda skip: train_stream(splits, setup.data, plan, seed, skip, strategy),
             runtime=setup.runtime,
-            **{
-                **_keys(recipe.train, *PLAN_KEYS, *OPTIMIZER_KEYS, "seed"),
-                "steps_per_epoch": plan.steps_per_epoch,
-            },
-            # A model.builder model has no backbone to freeze; it trains
-            # whole (build_from_builder refuses freezing settings).
-            phases=None if recipe.model.builder else recipe_phases(recipe, plan.epochs),
+            **settings,
+            phases=phases,
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             batchnorm=recipe.model.batchnorm.model_dump(),
             batchnorm_data=(
-                make_input(held_out, batch_size=512, training=False, **data),
-                make_input(
-                    splits.train, batch_size=plan.global_batch, training=False, **data
-                ),
+                batches(held_out, 512),
+                batches(splits.train, plan.global_batch),
             ),
-            setting_names=_setting_names(),
+            setting_names=names,
             validation_data=val_ds,
             callbacks=callbacks,
             checkpoints=state,
@@ -291,25 +238,11 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
     )
 
 
-def _setting_names() -> dict[str, str]:
-    """The recipe keys of `advtrain.fit`'s settings, for its warnings."""
-    names = dict(recipe_keys("train"))
-    batchnorm = recipe_keys("model.batchnorm")
-    names.update({f"batchnorm.{k}": v for k, v in batchnorm.items()})
-    return names
-
-
 def train_stream(splits, data: dict[str, Any], plan, seed: int, skip: int, strategy):
     """A fresh training stream for one `Model.fit`, its first `skip` steps
-    dropped.
-
-    Built after resetting the global seed, so its order depends on the
-    recipe alone: each new iterator of a dataset that reshuffles draws a
-    new order, which a resumed process cannot reproduce. Skipping costs
-    input-pipeline work, no model work. With several replicas each worker
-    builds its own shard, batched per replica (`make_distributed_input`);
-    `strategy` None (`Runtime.input_strategy`): whole global batches.
-    """
+    dropped; built after resetting the global seed, so its order depends on
+    the recipe alone (a resumed process replays it). With several replicas
+    each worker builds its own shard, batched per replica."""
     from advtrain.data import make_distributed_input, make_input
 
     keras.utils.set_random_seed(seed)
@@ -330,8 +263,6 @@ def train_stream(splits, data: dict[str, Any], plan, seed: int, skip: int, strat
 
 
 def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
-    """The catastrophic-overfitting guard on a fixed clean training batch,
-    with its record from before the interruption when the run resumes."""
     from advtrain.data import make_input
     from advtrain.train.guards import CatastrophicOverfittingGuard
 
@@ -374,20 +305,20 @@ def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
     return guard
 
 
-# ---------------------------------------------------------------- finish
-
-
 def finish(
     recipe: Recipe, setup: RunSetup, trained: Trained, *, echo: Echo = print
 ) -> RunResult:
-    """Stage 3: save model.keras, evaluate, run the
-    sanity checks, write the report and the export, and metrics.json last
-    (its presence marks a finished run)."""
-    from advtrain.data import make_input
-    from advtrain.evaluation.examples import GRID_CANDIDATES, GRID_SIZE
-    from advtrain.evaluation.robustness import evaluate, plot_eps_sweep
+    """Stage 3: save model.keras, evaluate, run the sanity checks, write the
+    report and the export, and metrics.json last (it marks a finished run)."""
+    import shutil
+
+    from advtrain.evaluation.examples import GRID_CANDIDATES, GRID_SIZE, log_examples
+    from advtrain.evaluation.export import export_saved_model
+    from advtrain.evaluation.robustness import plot_eps_sweep
+    from advtrain.recipe.report import write_report
 
     classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
+    splits, output = setup.splits, recipe.output
     _assert_finite(classifier, "model.keras")
     if runtime.workers > 1:
         from advtrain.train.runtime import weights_fingerprint
@@ -399,65 +330,56 @@ def finish(
     with atomic_path(out / "model.keras") as tmp:
         classifier.save(tmp)
     echo("evaluating on the test split ...")
-    test_ds = make_input(
-        setup.splits.test,
-        batch_size=recipe.eval.batch_size,
-        training=False,
-        **input_options(recipe),
-    )
-    shows_examples = recipe.output.plots or recipe.output.tensorboard
-    keys = evaluation_keys(recipe)
-    eps, default_eps = keys.pop("eps"), keys.pop("default_eps")
+    # A seeded subset to draw the report's grid from, not every image.
+    grid = GRID_CANDIDATES if output.plots or output.tensorboard else False
     with runtime.scope():
-        evaluation = evaluate(
-            classifier,
-            test_ds,
-            eps=default_eps if eps is None else eps,
-            **keys,
-            num_classes=setup.splits.num_classes,
-            # A seeded subset to draw the report's grid from, not every image.
-            return_examples=GRID_CANDIDATES if shows_examples else False,
+        test_ds, evaluation, examples = build.recipe_evaluation(
+            recipe, classifier, splits, return_examples=grid
         )
-    examples = evaluation.pop("adversarial_examples", None)
     samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
-    history, seconds = trained.history, trained.seconds
-    metrics: dict[str, Any] = {
-        "recipe": recipe.name,
-        **_collapse(trained.co_guard),
-        **evaluation,
-        "bn_gap": trained.bn_gap,
-        "train_seconds": round(seconds, 2),
-        "train_samples_per_second": round(samples / max(seconds, 1e-9), 1),
-        "epoch_seconds": [round(s, 2) for s in trained.epoch_seconds],
-        "final_train_metrics": {k: float(v[-1]) for k, v in history.items() if v},
-    }
-    metrics["sanity_checks"] = recipe_sanity_checks(
+    history, seconds, co_guard = trained.history, trained.seconds, trained.co_guard
+    metrics: dict[str, Any] = {"recipe": recipe.name}
+    if co_guard is not None:  # beside the headline: None unless unsound
+        unsound = co_guard.get("unsound")
+        metrics["catastrophic_overfitting"] = unsound["message"] if unsound else None
+    metrics.update(evaluation)
+    metrics.update(
+        bn_gap=trained.bn_gap,
+        train_seconds=round(seconds, 2),
+        train_samples_per_second=round(samples / max(seconds, 1e-9), 1),
+        epoch_seconds=[round(s, 2) for s in trained.epoch_seconds],
+        final_train_metrics={k: float(v[-1]) for k, v in history.items() if v},
+    )
+    metrics["sanity_checks"] = build.recipe_sanity_checks(
         classifier, test_ds, recipe, echo, runtime.strategy, evaluation
     )
-    if trained.co_guard is not None:
-        metrics["co_guard"] = trained.co_guard
-    if recipe.output.plots and evaluation.get("eps_sweep"):
+    if co_guard is not None:
+        metrics["co_guard"] = co_guard
+    if output.plots and evaluation.get("eps_sweep"):
         plot_eps_sweep(
             evaluation["eps_sweep"], out / "eps_sweep.png", title=recipe.name
         )
     if examples is not None:
         examples = examples.pick(GRID_SIZE, seed=recipe.eval.seed)
-    _log_examples(out, recipe, examples, setup.splits, setup.plan.epochs)
-    _report_and_export(
-        out, recipe, metrics, history, classifier, setup.splits, echo, examples
+        if output.tensorboard and len(examples):  # at the last epoch
+            logs = out / "logs" / "evaluation"
+            log_examples(examples, logs, setup.plan.epochs, splits.class_names)
+    write_report(
+        out,
+        recipe.to_dict(),
+        metrics,
+        history,
+        class_names=splits.class_names,
+        plots=output.plots,
+        examples=examples,
     )
+    if output.export_saved_model:
+        target = out / "export" / "saved_model"
+        shutil.rmtree(target, ignore_errors=True)  # a resumed run re-exports
+        export_saved_model(classifier, target)
+        echo(f"exported SavedModel (uint8 images in) to {target}")
     atomic_write_json(out / FINISHED_FILE, metrics)
     return RunResult(out, metrics, history)
-
-
-def _collapse(co_guard: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """metrics.json's `catastrophic_overfitting`, beside the headline: the
-    guard's line when no epoch it could keep was sound, else None (absent
-    without the guard)."""
-    if co_guard is None:
-        return {}
-    unsound = co_guard.get("unsound")
-    return {"catastrophic_overfitting": unsound["message"] if unsound else None}
 
 
 def _assert_finite(model: keras.Model, what: str) -> None:
@@ -471,36 +393,3 @@ def _assert_finite(model: keras.Model, what: str) -> None:
             "was not written. Likely causes: learning rate too high, eps "
             "too large, or float16 overflow."
         )
-
-
-def _log_examples(out: Path, recipe: Recipe, examples, splits, step: int) -> None:
-    """The report's grid of adversarial examples in TensorBoard too
-    (logs/evaluation, at the last epoch), with `output.tensorboard`."""
-    from advtrain.evaluation.examples import log_examples
-
-    if recipe.output.tensorboard and examples is not None and len(examples):
-        log_examples(examples, out / "logs" / "evaluation", step, splits.class_names)
-
-
-def _report_and_export(
-    out, recipe, metrics, history, classifier, splits, echo, examples=None
-):
-    import shutil
-
-    from advtrain.evaluation.export import export_saved_model
-    from advtrain.recipe.report import write_report
-
-    write_report(
-        out,
-        recipe.to_dict(),
-        metrics,
-        history,
-        class_names=splits.class_names,
-        plots=recipe.output.plots,
-        examples=examples,
-    )
-    if recipe.output.export_saved_model:
-        target = out / "export" / "saved_model"
-        shutil.rmtree(target, ignore_errors=True)  # a resumed run re-exports
-        export_saved_model(classifier, target)
-        echo(f"exported SavedModel (uint8 images in) to {target}")

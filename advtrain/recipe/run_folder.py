@@ -33,7 +33,6 @@ def holds_run(out: Path) -> bool:
 
 
 def is_finished(out: Path) -> bool:
-    """The one finished-run check."""
     return (out / FINISHED_FILE).is_file()
 
 
@@ -68,37 +67,11 @@ def resume_hint(run_dir: Path, workers: int = 1) -> str:
     return f"resume with `advtrain resume {run_dir}`"
 
 
-def saved_recipe_text(out: Path) -> Optional[str]:
-    """The `recipe.yaml` of the run in `out`; None for a new (missing or
-    empty) folder; a RecipeError for a file or a folder holding another thing.
-    """
-    if out.exists() and not out.is_dir():
-        raise RecipeError(f"--output {out}: exists and is not a folder.")
-    # A kill between creating the folder and writing recipe.yaml leaves at
-    # most a temporary file: still a new folder.
-    if not out.is_dir() or all(p.name.startswith(TMP_PREFIX) for p in out.iterdir()):
-        return None
-    saved_path = out / RECIPE_FILE
-    if not saved_path.is_file():
-        raise RecipeError(
-            f"--output {out}: folder is not empty and holds no advtrain run "
-            f"(no {RECIPE_FILE}); choose a new folder so nothing in it is "
-            "overwritten."
-        )
-    try:
-        return saved_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{saved_path}: cannot read: {exc}") from None
-
-
 def recipe_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: old -> new` for every dotted key whose value differs."""
     old, new = _flatten(saved), _flatten(current)
-    return [
-        f"{key}: {old.get(key, '<unset>')!r} -> {new.get(key, '<unset>')!r}"
-        for key in sorted(set(old) | set(new))
-        if old.get(key, "<unset>") != new.get(key, "<unset>")
-    ]
+    pairs = {k: (old.get(k, "<unset>"), new.get(k, "<unset>")) for k in {*old, *new}}
+    return [f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(pairs.items()) if a != b]
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -113,17 +86,29 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 def check_run_dir(out: Path, recipe: Recipe) -> bool:
     """False for a new folder, True for an unfinished run of the same
     resolved recipe (resumed); a RecipeError for anything else."""
-    text = saved_recipe_text(out)
-    if text is None:
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"--output {out}: exists and is not a folder.")
+    # A kill between creating the folder and writing recipe.yaml leaves at
+    # most a temporary file: still a new folder.
+    if not out.is_dir() or all(p.name.startswith(TMP_PREFIX) for p in out.iterdir()):
         return False
     saved_path = out / RECIPE_FILE
+    if not saved_path.is_file():
+        raise RecipeError(
+            f"--output {out}: folder is not empty and holds no advtrain run "
+            f"(no {RECIPE_FILE}); choose a new folder so nothing in it is "
+            "overwritten."
+        )
+    try:
+        text = saved_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{saved_path}: cannot read: {exc}") from None
     saved = recipe_from_dict(parse_yaml(text, str(saved_path)), str(saved_path))
     differences = recipe_differences(saved.to_dict(), recipe.to_dict())
     if differences:
         shown = "; ".join(differences[:4])
-        more = len(differences) - 4
-        if more > 0:
-            shown += f"; and {more} more"
+        if len(differences) > 4:
+            shown += f"; and {len(differences) - 4} more"
         raise RecipeError(
             f"--output {out}: folder is not empty: it holds a run of a "
             f"different recipe ({shown}). Choose a new folder, or continue "
@@ -144,13 +129,9 @@ def check_recipe_paths(
     """Checks every path `recipe` names before a run starts (the data's,
     model.weights and, when `writes`, the run folder's); errors name the key.
     """
-    data = recipe.data
+    fields = {"source", "path", "tfds_data_dir", "cache"}
     check_data_paths(
-        source=data.source,
-        path=data.path,
-        tfds_data_dir=data.tfds_data_dir,
-        cache=data.cache,
-        names=recipe_keys("data"),
+        **recipe.data.model_dump(include=fields), names=recipe_keys("data")
     )
     weights = recipe.model.weights
     if weights is not None and weights != "imagenet":
@@ -168,12 +149,10 @@ def check_recipe_paths(
 def output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
     """The run folder's path: `output`, else output.dir, else
     runs/NAME-TIMESTAMP (nothing checked)."""
-    if output is None and recipe.output.dir:
-        output = recipe.output.dir
-    if output is None:
+    if output is None and not recipe.output.dir:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        output = Path("runs") / f"{recipe.name}-{stamp}"
-    return Path(output)
+        return Path("runs") / f"{recipe.name}-{stamp}"
+    return Path(output if output is not None else recipe.output.dir)
 
 
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:

@@ -7,12 +7,7 @@ from typing import Any, Union
 
 import keras
 
-from advtrain.recipe.build import (
-    evaluation_keys,
-    input_options,
-    recipe_sanity_checks,
-    recipe_splits,
-)
+from advtrain.recipe import build
 from advtrain.recipe.run_folder import holds_run
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.utils.errors import one_line
@@ -53,11 +48,8 @@ def evaluate_saved(
     """Evaluates a saved classifier on the recipe's test split; in a run
     folder, also writes `eval-metrics.json` there. `save_examples` writes
     each example's worst case beside the model (`EXAMPLES_FILE`)."""
-    from advtrain.data import make_input
-    from advtrain.evaluation.robustness import evaluate_robustness
-
     model_path = Path(model_path)
-    splits = recipe_splits(recipe)
+    splits = build.recipe_splits(recipe)
     classifier = load_classifier(model_path, safe_mode=safe_mode)
     expected = tuple(classifier.input_shape[1:])
     if expected != tuple(splits.image_shape):
@@ -66,21 +58,10 @@ def evaluate_saved(
             f"data gives {tuple(splits.image_shape)}."
         )
     echo(f"evaluating {model_path} on {splits.test_size} test examples ...")
-    test_ds = make_input(
-        splits.test,
-        batch_size=recipe.eval.batch_size,
-        training=False,
-        **input_options(recipe),
+    test_ds, metrics, examples = build.recipe_evaluation(
+        recipe, classifier, splits, return_examples=save_examples
     )
-    metrics = evaluate_robustness(
-        classifier,
-        test_ds,
-        **evaluation_keys(recipe),
-        num_classes=splits.num_classes,
-        return_examples=save_examples,
-    )
-    examples = metrics.pop("adversarial_examples", None)
-    metrics["sanity_checks"] = recipe_sanity_checks(
+    metrics["sanity_checks"] = build.recipe_sanity_checks(
         classifier, test_ds, recipe, lambda line: None, evaluation=metrics
     )
     if holds_run(model_path.parent):

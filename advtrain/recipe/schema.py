@@ -36,8 +36,6 @@ class RecipeError(ValueError):
 _NAME = re.compile(r"\w[\w.+=-]{0,99}")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
-_Section = Options  # the library's strict option rules
-
 
 def _as_tuple(value: Any) -> Any:
     # YAML has no tuples: [h, w] arrives as a list.
@@ -48,25 +46,18 @@ Side = Annotated[int, Field(ge=1, le=16_384)]
 Size = Annotated[tuple[Side, Side], BeforeValidator(_as_tuple)]
 
 
-def _norm_text(data: Any) -> Any:
-    """YAML numbers as norms: 2 and .inf mean "2" and "inf"; another number
-    becomes its text, for the norm's rule to refuse."""
-    if isinstance(data, dict) and "norm" in data:
-        value = data["norm"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return data
-        if value == 2:
-            return {**data, "norm": "2"}
-        if value == math.inf:
-            return {**data, "norm": "inf"}
-        return {**data, "norm": str(value)}
-    return data
+def _norm_text(value: Any) -> Any:
+    # YAML numbers as norms: 2 and .inf mean "2" and "inf"; another number
+    # becomes its text, for the norm's rule to refuse.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return "2" if value == 2 else "inf" if value == math.inf else str(value)
 
 
-Fraction = Field(ge=0.0, le=1.0)
+Norm = BeforeValidator(_norm_text)
 
 
-class AugmentConfig(_Section):
+class AugmentConfig(Options):
     """Augmentation applied on the input pipeline, never on the device."""
 
     random_crop_pad: int = Field(0, ge=0, le=64)
@@ -76,7 +67,7 @@ class AugmentConfig(_Section):
     horizontal_flip: bool = False
 
 
-class DataConfig(_Section):
+class DataConfig(Options):
     """Where the examples come from and how they are fed."""
 
     source: str = "digits"  # a registered data source
@@ -102,18 +93,8 @@ class DataConfig(_Section):
     def _known_source(cls, value: str) -> str:
         return _registered("data source", value)
 
-    @model_validator(mode="after")
-    def _positive_image_size(self) -> DataConfig:
-        if self.image_size is not None and min(self.image_size) < 1:
-            raise ValueError(
-                "image_size must be [height, width] >= 1. "
-                f"Received: image_size={list(self.image_size)}"
-            )
-        return self
-
 
 def _registered(kind: str, value: str, extra: tuple[str, ...] = ()) -> str:
-    """`value` if the registry of `kind` holds it or `extra` does."""
     if kind == "attack":
         from advtrain.attacks import attacks as registry
     elif kind == "data source":
@@ -136,7 +117,7 @@ class BatchNormConfig(BatchNormOptions):
     __doc__ = BatchNormOptions.__doc__
 
 
-class ModelConfig(_Section):
+class ModelConfig(Options):
     """Classifier = input adapter -> preprocess -> backbone -> head."""
 
     backbone: str = "small_cnn"
@@ -164,13 +145,13 @@ class ModelConfig(_Section):
         return self
 
 
-class AttackConfig(_Section):
+class AttackConfig(Options):
     """The training attack, in pixel units. Types only: the values' rules
     are the library's, applied at load (`build.check_attack_section`)."""
 
     method: str = "fgsm_rs"  # none, or a registered attack
     eps: float = 8 / 255
-    norm: str = "inf"
+    norm: Annotated[str, Norm] = "inf"
     backend: str = "advtrain"  # or cleverhans (fgsm, pgd)
     # The method's own settings (`METHOD_KEYS`); null: the method's
     # default; set for a method that does not take it: an error.
@@ -189,11 +170,6 @@ class AttackConfig(_Section):
     objective_options: dict[str, Any] = Field(default_factory=dict)
     eps_ramp_epochs: float = Field(0.0, ge=0.0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _norm_as_text(cls, data: Any) -> Any:
-        return _norm_text(data)
-
     @field_validator("method")
     @classmethod
     def _known_method(cls, value: str) -> str:
@@ -202,14 +178,7 @@ class AttackConfig(_Section):
     @model_validator(mode="after")
     def _method_defaults(self) -> AttackConfig:
         # The resolved recipe states the method's defaults.
-        from advtrain.attacks.attack import attack_settings
-
-        if self.method == "none":
-            return self
-        try:
-            settings = attack_settings(self.method, self.backend) or {}
-        except ValueError:  # not on this backend: the Attack says so
-            return self
+        settings = _method_settings(self.method, self.backend) or {}
         for key in METHOD_KEYS:
             if getattr(self, key) is None and settings.get(key) is not None:
                 self.__dict__[key] = settings[key]
@@ -251,43 +220,44 @@ class AttackConfig(_Section):
     def _objective_takes_options(cls, value: dict, info: ValidationInfo) -> dict:
         from advtrain.models.objectives import objective_options, objectives
         from advtrain.models.objectives.registry import RESERVED
+        from advtrain.utils.keywords import check_options
 
         name = info.data.get("objective")
         if name is None:  # refused already
             return value
         accepted = objective_options(objectives.get(name))
-        return _checked_options(
-            f"objective '{name}'", value, accepted, RESERVED, "attack.objective_options"
-        )
+        try:
+            return check_options(
+                f"objective '{name}'",
+                value,
+                accepted,
+                RESERVED,
+                received="attack.objective_options",
+            )
+        except TypeError as exc:  # pydantic reports ValueErrors
+            raise ValueError(str(exc)) from None
 
 
 def without_untaken_keys(section: dict[str, Any]) -> dict[str, Any]:
     """An attack section without the `METHOD_KEYS` its method does not take
     (unchanged for a method taking `**kwargs` or an unknown one)."""
-    from advtrain.attacks.attack import attack_settings
-
     method = section.get("method", "fgsm_rs")
-    try:
-        takes = (
-            {}
-            if method == "none"
-            else attack_settings(method, section.get("backend", "advtrain"))
-        )
-    except (TypeError, ValueError):
-        return section
+    takes = _method_settings(method, section.get("backend", "advtrain"))
     if takes is None:
         return section
     return {k: v for k, v in section.items() if k not in METHOD_KEYS or k in takes}
 
 
-def _checked_options(owner: str, options: dict, accepted, reserved, key: str) -> dict:
-    """`check_options`, its TypeError as the ValueError pydantic reports."""
-    from advtrain.utils.keywords import check_options
+def _method_settings(method: str, backend: str) -> Optional[dict[str, Any]]:
+    # None: the method takes **kwargs, or is unknown here (the Attack says so).
+    from advtrain.attacks.attack import attack_settings
 
+    if method == "none":
+        return {}
     try:
-        return check_options(owner, options, accepted, reserved, received=key)
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
+        return attack_settings(method, backend)
+    except (TypeError, ValueError):
+        return None
 
 
 # The attack keys that are one method's own settings.
@@ -310,31 +280,21 @@ class TrainConfig(PlanOptions):
     co_guard_keep: Literal["best", "last"] = "best"
 
 
-class EvalConfig(_Section):
+_EvalAttack = Literal[
+    "fgsm", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square", "autoattack"
+]
+
+
+class EvalConfig(Options):
     batch_size: int = Field(256, ge=1)
     eps: Optional[float] = Field(None, ge=0.0, le=1.0)
-    norm: Literal["inf", "2"] = "inf"
+    norm: Annotated[Literal["inf", "2"], Norm] = "inf"
     fgsm: bool = True
     pgd_steps: int = Field(20, ge=0, le=10_000)
     pgd_step_size: Optional[float] = Field(None, gt=0.0)
     pgd_restarts: int = Field(1, ge=1, le=1000)
     # None: fgsm if `fgsm`, pgd if pgd_steps > 0, and autoattack.
-    attacks: Optional[
-        Union[
-            Literal["autoattack"],
-            list[
-                Literal[
-                    "fgsm",
-                    "pgd",
-                    "apgd_ce",
-                    "apgd_dlr",
-                    "fab_t",
-                    "square",
-                    "autoattack",
-                ]
-            ],
-        ]
-    ] = None
+    attacks: Optional[Union[Literal["autoattack"], list[_EvalAttack]]] = None
     budget: Literal["standard", "cheap"] = "standard"
     square_queries: Optional[int] = Field(None, ge=1, le=1_000_000)
     apgd_steps: int = Field(100, ge=1, le=10_000)
@@ -346,30 +306,20 @@ class EvalConfig(_Section):
     sanity_examples: int = Field(200, ge=0)
     seed: Seed = 0
 
-    @model_validator(mode="before")
-    @classmethod
-    def _norm_as_text(cls, data: Any) -> Any:
-        return _norm_text(data)
-
     @model_validator(mode="after")
-    def _attacks_runnable(self) -> EvalConfig:
-        if self.attacks is None or isinstance(self.attacks, str):
-            return self
-        repeated = sorted({a for a in self.attacks if self.attacks.count(a) > 1})
+    def _runnable(self) -> EvalConfig:
+        listed = self.attacks if isinstance(self.attacks, list) else []
+        repeated = sorted({a for a in listed if listed.count(a) > 1})
         if repeated:
             raise ValueError(
                 "eval.attacks must name each attack once. "
                 f"Received: repeated={repeated}"
             )
-        if "pgd" in self.attacks and self.pgd_steps < 1:
+        if "pgd" in listed and self.pgd_steps < 1:
             raise ValueError(
                 "eval.attacks lists pgd, which needs eval.pgd_steps >= 1. "
                 f"Received: pgd_steps={self.pgd_steps}"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _sweep_in_range(self) -> EvalConfig:
         for value in self.eps_sweep:
             if not 0.0 <= value <= 1.0:
                 raise ValueError(
@@ -383,7 +333,7 @@ class RuntimeConfig(RuntimeOptions):
     backend: Literal["tensorflow", "jax"] = "tensorflow"
 
 
-class OutputConfig(_Section):
+class OutputConfig(Options):
     """The run folder, checkpoints and logs."""
 
     dir: Optional[str] = None
@@ -398,7 +348,7 @@ class OutputConfig(_Section):
     export_saved_model: bool = True
 
 
-class Recipe(_Section):
+class Recipe(Options):
     """A whole training run; `plugins` are imported (their code runs)
     before the rest is checked, so what they register can be named."""
 
@@ -422,11 +372,9 @@ class Recipe(_Section):
 
     @model_validator(mode="after")
     def _tensorflow_only_output(self) -> Recipe:
-        # A TF Serving SavedModel needs TensorFlow's tracing: off by default
-        # on JAX (the resolved recipe says so), refused when asked for.
-        # TensorBoard's logs need tf.summary: off where TensorFlow is not
-        # installed (the resolved recipe says so), as the recipes ask for
-        # them.
+        # The SavedModel export and TensorBoard's logs need TensorFlow: off
+        # without it (the resolved recipe says so); an export asked for on
+        # another backend is refused.
         output = self.output
         if self.runtime.backend != "tensorflow" and output.export_saved_model:
             if "export_saved_model" in output.model_fields_set:

@@ -23,19 +23,17 @@ def describe(recipe: Recipe, splits, echo: Echo) -> None:
     if attack is None:
         echo("attack: none (clean training)")
         return
-    ramp = recipe.attack.eps_ramp_epochs
-    echo(
-        f"attack: {recipe.attack.method} eps={attack.eps:g} "
-        f"norm={attack.norm} adv_weight={recipe.attack.adv_weight:g} "
-        f"backend={attack.backend} mode={recipe.attack.mode}"
+    cfg = recipe.attack
+    line = (
+        f"attack: {cfg.method} eps={attack.eps:g} norm={attack.norm} "
+        f"adv_weight={cfg.adv_weight:g} backend={attack.backend} mode={cfg.mode}"
         + _method_options(attack)
-        + (f" eps_ramp_epochs={ramp:g}" if ramp else "")
-        + _objective(recipe.attack.objective, recipe.attack.objective_options)
     )
-
-
-def _objective(name: str, options: dict[str, Any]) -> str:
-    return "" if name == "adversarial" else f" objective={name}" + _pairs(options)
+    if cfg.eps_ramp_epochs:
+        line += f" eps_ramp_epochs={cfg.eps_ramp_epochs:g}"
+    if cfg.objective != "adversarial":
+        line += f" objective={cfg.objective}" + _pairs(cfg.objective_options)
+    echo(line)
 
 
 def _pairs(options: dict[str, Any]) -> str:
@@ -46,16 +44,11 @@ def _pairs(options: dict[str, Any]) -> str:
 
 
 def _method_options(attack) -> str:
-    """The method's settings, e.g. " alpha=1.25*eps clip_start=False"."""
-    derived = {
-        "alpha": "eps" if attack.method == "n_fgsm" else "1.25*eps",
-        "noise": "2*eps",
-    }
-    shown = {
-        k: derived.get(k, "auto") if v is None else v
-        for k, v in attack.settings.items()
-    }
-    return _pairs(shown)
+    # The method's settings, e.g. " alpha=1.25*eps clip_start=False".
+    alpha = "eps" if attack.method == "n_fgsm" else "1.25*eps"
+    derived = {"alpha": alpha, "noise": "2*eps"}
+    settings = attack.settings.items()
+    return _pairs({k: derived.get(k, "auto") if v is None else v for k, v in settings})
 
 
 def describe_momentum(recipe: Recipe, classifier: keras.Model, echo: Echo) -> None:
