@@ -48,8 +48,7 @@ def _endpoint(url: str) -> tuple[str, int]:
 
 def check_reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     """Raises OSError (one line) unless `url`'s host (or its proxy) accepts
-    a TCP connection; sends nothing.
-    """
+    a TCP connection; sends nothing."""
     host, port = _endpoint(url)
     if not host:
         raise OSError(f"no host in the URL {url!r}")
