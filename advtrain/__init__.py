@@ -12,18 +12,13 @@ Public API:
     register_objective             extension points a recipe can name
                                    (its `plugins` key imports the module)
 
-Importing the package imports the core on any Keras backend (TensorFlow or
-JAX; the attacks, `AdversarialModel` and the objectives, `Attack`,
-`evaluate`) and
-registers advtrain's Keras objects, so `keras.saving.load_model("model.keras")`
-works in a fresh process. On the TensorFlow backend it imports TensorFlow
-first (once, without its C++ start-up lines; see `advtrain._tfimport`) and
-the TensorFlow parts (`fit`, the data sources with the `gtsrb`
-TFDS builder, the runtime); elsewhere those load on first use, and without
-TensorFlow installed their use is a one-line ImportError saying what to
-install. The
-recipe application (`load_recipe`, `Recipe`, `RecipeError`, `run`) is
-imported on first use of one of its names: the library never loads it.
+Importing the package imports the core on any Keras backend and registers
+advtrain's Keras objects, so `keras.saving.load_model("model.keras")` works
+in a fresh process. The TensorFlow parts (`fit`, the data sources, the
+runtime) are imported with it on the TensorFlow backend, elsewhere on first
+use (without TensorFlow: a one-line ImportError). The recipe application
+(`load_recipe`, `Recipe`, `RecipeError`, `run`) is imported on first use of
+one of its names: the library never loads it.
 """
 
 import importlib
@@ -41,9 +36,7 @@ if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow" and (
 
 import keras  # noqa: E402
 
-# The core, on every backend (TensorFlow or JAX): each import also
-# registers its Keras objects (register_keras_serializable), so
-# `keras.saving.load_model("model.keras")` works in a fresh process.
+# The core, on every backend; each import registers its Keras objects.
 from advtrain.attacks import (  # noqa: E402
     Attack,
     attack_settings,
@@ -57,9 +50,8 @@ from advtrain.evaluation.robustness import evaluate  # noqa: E402
 from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
 from advtrain.models.objectives import register_objective  # noqa: E402
 
-# The parts that need TensorFlow (tf.data and TFDS, the tf.distribute
-# runtime, `fit`): imported now on the TensorFlow backend, on first use
-# elsewhere (`__getattr__`).
+# The parts that need TensorFlow: imported now on the TensorFlow backend, on
+# first use elsewhere (`__getattr__`).
 _TENSORFLOW_PARTS = {
     "data": "advtrain.data",
     "register_source": "advtrain.data",
@@ -70,8 +62,6 @@ _TENSORFLOW_PARTS = {
 }
 
 if keras.backend.backend() == "tensorflow":
-    # Below TensorFlow's quiet import; `data` registers the gtsrb TFDS
-    # builder, `runtime` OneCycle.
     from advtrain import data  # noqa: E402, F401
     from advtrain.data import register_source  # noqa: E402
     from advtrain.train import runtime  # noqa: E402, F401
@@ -79,9 +69,8 @@ if keras.backend.backend() == "tensorflow":
 
 __version__ = "0.3.0"
 
-# The application's names, imported on first use (PEP 562): the recipe
-# application sits above the library, so `import advtrain.attacks` (which
-# runs this file) must not load it.
+# The application's names, imported on first use (PEP 562): the application
+# sits above the library, so `import advtrain.attacks` must not load it.
 _APPLICATION = {
     "load_recipe": "advtrain.recipe.loader",
     "Recipe": "advtrain.recipe.schema",

@@ -8,21 +8,18 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-# Keras 3's `fit` under MultiWorkerMirroredStrategy fails in two places
-# (reproduced with TF 2.21 / Keras 3.15).
-MULTI_WORKER_FIT_ISSUE = "keras-team/keras#20585"
-
 
 def fit_under_multi_worker(
     model: keras.Model, strategy: tf.distribute.Strategy
 ) -> keras.Model:
-    """Lets `model.fit` run under a MultiWorkerMirroredStrategy; call it
-    after `compile`, which resets what it replaces (keras-team/keras#20585):
+    """Lets `model.fit` run under a MultiWorkerMirroredStrategy, where Keras
+    3 fails twice (keras-team/keras#20585, TF 2.21 / Keras 3.15); call it
+    after `compile`, which resets what it replaces:
 
     * the model is built from this worker's local batch, not one Keras
-      all-reduces across workers, which fails (`_maybe_symbolic_build`);
+      all-reduces across workers (`_maybe_symbolic_build`);
     * the step's logs are averaged over all replicas (`axis=None`, as
-      under MirroredStrategy), not reduced with `axis=0`, which fails.
+      under MirroredStrategy), not reduced with `axis=0`.
 
     One step per call (`steps_per_execution=1`, see `plan_batches`).
     """

@@ -1,10 +1,9 @@
 """Imports TensorFlow once, without its C++ start-up log on stderr.
 
 TensorFlow's native libraries log about five lines before absl's logging
-starts (`TF_CPP_MIN_LOG_LEVEL` cannot hide them), which would outnumber the
-one line bad input costs. The import runs with fd 2 captured; every line
-but those start-up lines is written back. `TF_CPP_MIN_LOG_LEVEL=0` or
-`ADVTRAIN_DEBUG=1` shows everything.
+starts (`TF_CPP_MIN_LOG_LEVEL` cannot hide them), more than the one line bad
+input costs. The import runs with fd 2 captured and every other line is
+written back; `TF_CPP_MIN_LOG_LEVEL=0` or `ADVTRAIN_DEBUG=1` shows all.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from collections.abc import Iterator
 _NATIVE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ [^\]]*\] ?(.*)$")
 # The second line of the CPU feature guard's message.
 _CONTINUATION = "To enable the following instructions:"
-_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 _BANNER = "WARNING: All log messages before absl::InitializeLog() is called"
 # Harmless errors of TensorFlow's CUDA plugins (each registers twice).
 _KNOWN_ERRORS = re.compile(
@@ -37,26 +35,18 @@ def import_tensorflow() -> None:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     level = os.environ["TF_CPP_MIN_LOG_LEVEL"].strip()
-    if level == "0" or os.environ.get("ADVTRAIN_DEBUG") == "1":
-        _import()
-        return
-    min_level = int(level) if level in ("1", "2", "3") else 2
+    quiet = level != "0" and os.environ.get("ADVTRAIN_DEBUG") != "1"
     captured: list[str] = []
     try:
-        with _captured_stderr(captured):
-            _import()
+        with _captured_stderr(captured) if quiet else contextlib.nullcontext():
+            import tensorflow as tf
+
+            # Probing the devices now keeps the cuInit line inside the capture.
+            tf.config.list_physical_devices()
     finally:
-        kept = filter_startup_lines(captured, min_level)
-        if kept:
-            sys.stderr.write("".join(kept))
-            sys.stderr.flush()
-
-
-def _import() -> None:
-    import tensorflow as tf
-
-    # Probing the devices now keeps the cuInit line inside the capture.
-    tf.config.list_physical_devices()
+        min_level = int(level) if level in ("1", "2", "3") else 2
+        sys.stderr.write("".join(filter_startup_lines(captured, min_level)))
+        sys.stderr.flush()
 
 
 def filter_startup_lines(lines: list[str], min_level: int = 2) -> list[str]:
@@ -69,7 +59,7 @@ def filter_startup_lines(lines: list[str], min_level: int = 2) -> list[str]:
             if not (line.startswith(_BANNER) or (dropping and _CONTINUATION in line)):
                 kept.append(line)
             continue
-        severity, message = _SEVERITY[match.group(1)], match.group(2)
+        severity, message = "IWEF".index(match.group(1)), match.group(2)
         dropping = (
             severity < min_level
             or (severity < 3 and _KNOWN_ERRORS.search(message) is not None)
@@ -82,19 +72,12 @@ def filter_startup_lines(lines: list[str], min_level: int = 2) -> list[str]:
 
 @contextlib.contextmanager
 def _captured_stderr(lines: list[str]) -> Iterator[None]:
-    """Captures fd 2 into `lines` (nothing redirected without a usable fd 2
-    or temporary file)."""
     try:
-        tmp = tempfile.TemporaryFile()
-    except OSError:
+        tmp, saved = tempfile.TemporaryFile(), os.dup(2)
+    except OSError:  # no temporary file or no usable fd 2: nothing captured
         yield
         return
     with tmp:
-        try:
-            saved = os.dup(2)
-        except OSError:
-            yield
-            return
         with contextlib.suppress(Exception):
             sys.stderr.flush()
         os.dup2(tmp.fileno(), 2)

@@ -2,8 +2,7 @@
 
 Exit codes: 0 done, 1 failed, 2 bad input (one line, nothing written),
 3 catastrophically overfitted (weights saved), 75 preempted, 130
-interrupted. An error type carries its own (`exit_code`); `_exits` is the
-one place that turns an exception into the command's exit.
+interrupted; `_exits` turns an exception into them.
 """
 
 from __future__ import annotations
@@ -17,24 +16,19 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from advtrain.utils.errors import BAD_INPUT, one_line
+from advtrain.utils.errors import BAD_INPUT, ArgumentError, one_line
+from advtrain.utils.progress import set_quiet
 
 
-def _is_usage_error(exc: BaseException) -> bool:
-    # Typer vendors click in some versions: match the class by name.
-    return any(c.__name__ == "UsageError" for c in type(exc).__mro__)
-
-
-class _OneLineUsage(TyperGroup):
-    """Click's usage errors as one `error:` line, exit 2, not a usage box."""
-
+class _OneLineUsage(TyperGroup):  # usage errors: one `error:` line, exit 2
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except Exception as exc:
-            if not _is_usage_error(exc):
+            # Typer vendors click in some versions: match the class by name.
+            if not any(c.__name__ == "UsageError" for c in type(exc).__mro__):
                 raise
             if type(exc).__name__ == "NoArgsIsHelpError":
                 exc.show()  # bare `advtrain`: the help text
@@ -54,7 +48,16 @@ app = typer.Typer(
 )
 
 RECIPES_DIR = Path(__file__).parent.parent / "recipes"
+# `python -m advtrain.cli`: `sys.argv[0]` is this file's neighbour.
+_MAIN = Path(__file__).with_name("__main__.py")
 
+RecipeArgument = Annotated[str, typer.Argument(help="Recipe file or shipped name.")]
+TargetArgument = Annotated[
+    Path, typer.Argument(help="A run folder or a saved .keras classifier.")
+]
+OutputOption = Annotated[
+    Optional[Path], typer.Option("--output", "-o", help="Run folder.")
+]
 SetOption = Annotated[
     Optional[list[str]],
     typer.Option(
@@ -72,7 +75,6 @@ UnsafeLoadOption = Annotated[
     ),
 ]
 _DEBUG = {"on": False}  # `advtrain --debug COMMAND`, set by _root
-_QUIET = {"on": False}  # `advtrain --quiet COMMAND`, set by _root
 
 
 def _show_version(value: bool) -> None:
@@ -112,9 +114,15 @@ def _root(
 ) -> None:
     """Adversarial training and transfer learning for Keras 3."""
     _DEBUG["on"] = debug
-    _QUIET["on"] = quiet
+    set_quiet(quiet)
     if debug:
         os.environ["ADVTRAIN_DEBUG"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _quiet(quiet: bool) -> None:  # after _root's
+    if quiet:
+        set_quiet(True)
 
 
 QuietOption = Annotated[
@@ -122,25 +130,16 @@ QuietOption = Annotated[
     typer.Option(
         "--quiet",
         "-q",
+        callback=_quiet,
         help="No live progress (step bars, periodic progress lines); "
         "epoch lines and the summary stay.",
     ),
 ]
 
 
-def _set_quiet(quiet: bool) -> None:
-    from advtrain.utils.progress import set_quiet
-
-    set_quiet(quiet or _QUIET["on"])
-
-
 def _fail(message: str, code: int) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=code)
-
-
-def _quiet_tensorflow() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def resolve_recipe_path(name: str) -> Path:
@@ -149,50 +148,42 @@ def resolve_recipe_path(name: str) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        raise _BadInput(f"{name}: is a folder, expected a recipe file.")
+        raise ValueError(f"{name}: is a folder, expected a recipe file.")
     if path.exists():
-        raise _BadInput(f"{name}: not a regular file, expected a recipe file.")
+        raise ValueError(f"{name}: not a regular file, expected a recipe file.")
     shipped = RECIPES_DIR / f"{name}.yaml"
     if path.suffix == "" and shipped.is_file():
         return shipped
     known = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
-    raise _BadInput(f"{name}: recipe file not found (shipped recipes: {known}).")
+    raise ValueError(f"{name}: recipe file not found (shipped recipes: {known}).")
 
 
-class _BadInput(Exception):
-    exit_code = BAD_INPUT
+def _load(recipe: str, overrides: Optional[list[str]]):
+    from advtrain.recipe.loader import load_recipe
+
+    path = resolve_recipe_path(recipe)
+    return path, load_recipe(path, overrides or [])
 
 
 def _model_file(target: Path) -> Path:
-    """The classifier file of a run folder or a `.keras` path."""
     if not target.exists():
-        raise _BadInput(
+        raise ValueError(
             f"{target}: not found (expected a run folder or a .keras file)."
         )
     if not target.is_dir():
         return target
     if not (target / "model.keras").is_file():
-        raise _BadInput(
+        raise ValueError(
             f"{target}: not a finished run folder (no model.keras); expected "
             "a run folder or a .keras file."
         )
     return target / "model.keras"
 
 
-def _exit_code(exc: Exception) -> int:
-    """Its type's `exit_code`; else 2 for ValueError, TypeError and OSError
-    (the user's input), else 1."""
-    code = getattr(exc, "exit_code", None)
-    if isinstance(code, int):
-        return code
-    bad_input = isinstance(exc, (ValueError, TypeError, OSError))
-    return BAD_INPUT if bad_input else 1
-
-
 @contextlib.contextmanager
 def _exits(recipe_path: Optional[Path] = None):
-    """Turns an exception into one line on stderr and its exit code
-    (`--debug`: the traceback); bad input is prefixed with `recipe_path`."""
+    # One line on stderr (`--debug`: the traceback); bad input is prefixed
+    # with `recipe_path`.
     try:
         yield
     except typer.Exit:
@@ -202,7 +193,11 @@ def _exits(recipe_path: Optional[Path] = None):
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         from advtrain.train.preemption import Preempted, exit_preempted
 
-        code = _exit_code(exc)
+        # Its type's `exit_code`; else 2 for the user's input, else 1.
+        code = getattr(exc, "exit_code", None)
+        if not isinstance(code, int):
+            bad_input = isinstance(exc, (ValueError, TypeError, OSError))
+            code = BAD_INPUT if bad_input else 1
         if isinstance(exc, Preempted):
             typer.echo(str(exc), err=True)
             exit_preempted(exc)  # multi-worker: without teardown (see there)
@@ -219,15 +214,44 @@ def _exits(recipe_path: Optional[Path] = None):
 
 
 def _on_recipe_backend(path: Path, resolved) -> None:
-    """Continues on `runtime.backend`, restarting the command if need be."""
-    from advtrain.cli.backend import start_on_backend
+    # Keras fixes its backend at import, before a recipe is read: when
+    # `runtime.backend` differs and KERAS_BACKEND is unset, the command execs
+    # itself with KERAS_BACKEND set (same exit code, signals and output).
+    import keras
 
+    backend = resolved.runtime.backend
+    chosen = os.environ.get("KERAS_BACKEND")
     with _exits(path):
-        start_on_backend(resolved.runtime.backend)
+        if chosen and chosen != backend:
+            raise ArgumentError(
+                "runtime.backend",
+                f"the recipe runs on {backend} but KERAS_BACKEND={chosen}; unset "
+                "KERAS_BACKEND or make the two agree. "
+                f"Received: runtime.backend={backend}, KERAS_BACKEND={chosen}",
+            )
+        running = keras.backend.backend()
+        if running == backend:
+            return
+        # The command (console script or `python -m advtrain.cli`), not a
+        # test runner or notebook calling the app.
+        started = Path(sys.argv[0])
+        if not (
+            (started.stem == "advtrain" and started.suffix in ("", ".exe"))
+            or (started.suffix == ".py" and started.resolve() == _MAIN.resolve())
+        ):
+            raise ArgumentError(
+                "runtime.backend",
+                f"Keras already runs on {running} in this process; set "
+                f"KERAS_BACKEND={backend} before it starts. "
+                f"Received: runtime.backend={backend}",
+            )
+    os.environ["KERAS_BACKEND"] = backend
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "advtrain.cli", *sys.argv[1:]])
 
 
 def _train(path: Path, resolved, output: Optional[Path]) -> None:
-    """Runs a loaded recipe into `output` and prints the summary."""
     from advtrain.recipe.run_folder import check_recipe_paths
 
     _on_recipe_backend(path, resolved)
@@ -252,30 +276,19 @@ def _train(path: Path, resolved, output: Optional[Path]) -> None:
 
 @app.command()
 def run(
-    recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
+    recipe: RecipeArgument,
     set_: SetOption = None,
-    output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Run folder.")
-    ] = None,
+    output: OutputOption = None,
     quiet: QuietOption = False,
 ) -> None:
     """Train a recipe adversarially, evaluate it, and write the run folder."""
-    _quiet_tensorflow()
-    _set_quiet(quiet)
-
     with _exits():
-        from advtrain.recipe.loader import load_recipe
-
-        path = resolve_recipe_path(recipe)
-        _train(path, load_recipe(path, set_ or []), output)
+        _train(*_load(recipe, set_), output)
 
 
 @app.command("eval")
 def eval_(
-    target: Annotated[
-        Path,
-        typer.Argument(help="A run folder or a saved .keras classifier."),
-    ],
+    target: TargetArgument,
     recipe: Annotated[
         Optional[str],
         typer.Option("--recipe", "-r", help="Recipe (default: the run's)."),
@@ -294,23 +307,15 @@ def eval_(
 ) -> None:
     """Evaluate a trained classifier: clean, FGSM and PGD accuracy, and
     the gradient-masking sanity checks."""
-    _quiet_tensorflow()
-    _set_quiet(quiet)
-
     with _exits():
         from advtrain.recipe.loader import load_recipe
         from advtrain.recipe.run_folder import check_recipe_paths
         from advtrain.utils.io import check_keras_file, check_writable_dir
 
         model_path = _model_file(target)
-        if target.is_dir():
-            recipe_path = (
-                resolve_recipe_path(recipe) if recipe else target / "recipe.yaml"
-            )
-        else:
-            if recipe is None:
-                raise _BadInput(f"{target}: evaluating a model file needs --recipe.")
-            recipe_path = resolve_recipe_path(recipe)
+        if recipe is None and not target.is_dir():
+            raise ValueError(f"{target}: evaluating a model file needs --recipe.")
+        recipe_path = resolve_recipe_path(recipe) if recipe else target / "recipe.yaml"
         check_keras_file(model_path)
         resolved = load_recipe(recipe_path, set_ or [])
         with _exits(recipe_path):
@@ -319,6 +324,7 @@ def eval_(
             check_recipe_paths(resolved, target, writes=target.is_dir())
         if save_examples:
             check_writable_dir(model_path.parent, "--save-examples")
+        from advtrain.evaluation.sanity import format_sanity_checks
         from advtrain.recipe.saved import evaluate_saved
         from advtrain.recipe.summary import summary_table
 
@@ -330,17 +336,12 @@ def eval_(
             save_examples=save_examples,
         )
         typer.echo(summary_table(metrics))
-        from advtrain.evaluation.sanity import format_sanity_checks
-
         typer.echo(format_sanity_checks(metrics["sanity_checks"]))
 
 
 @app.command()
 def export(
-    target: Annotated[
-        Path,
-        typer.Argument(help="A run folder or a saved .keras classifier."),
-    ],
+    target: TargetArgument,
     output: Annotated[
         Optional[Path],
         typer.Option(
@@ -356,26 +357,23 @@ def export(
     Its serving_default signature takes uint8 images [N, H, W, C] (0..255)
     and returns logits and probabilities.
     """
-    _quiet_tensorflow()
-
     with _exits():
         from advtrain.utils.io import check_keras_file, check_writable_dir
 
         model_path = _model_file(target)
-        if target.is_dir():
-            default = target / "export" / "saved_model"
-        else:
-            default = target.with_name(f"{target.stem}_saved_model")
         check_keras_file(model_path)
-        path = output or default
+        if output is not None:
+            path = output
+        elif target.is_dir():
+            path = target / "export" / "saved_model"
+        else:
+            path = target.with_name(f"{target.stem}_saved_model")
         check_writable_dir(path, "--output")
         # The run folder's own export is derived from its model.keras and
         # is refreshed; a folder named with --output is never overwritten.
         refresh = output is None and target.is_dir()
-        if path.exists() and not path.is_dir():
-            raise _BadInput(f"--output {path}: exists and is not a folder.")
         if not refresh and path.exists() and any(path.iterdir()):
-            raise _BadInput(
+            raise ValueError(
                 f"--output {path}: exists and is not empty; choose a new "
                 "folder so an earlier export is never overwritten."
             )
@@ -404,9 +402,6 @@ def resume(
     Reads RUN_DIR/recipe.yaml (the resolved recipe); the same as
     `advtrain run RUN_DIR/recipe.yaml --output RUN_DIR`.
     """
-    _quiet_tensorflow()
-    _set_quiet(quiet)
-
     with _exits():
         from advtrain.recipe.loader import load_recipe
         from advtrain.recipe.run_folder import resumable_recipe
@@ -417,7 +412,7 @@ def resume(
 
 @app.command()
 def profile(
-    recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
+    recipe: RecipeArgument,
     set_: SetOption = None,
     steps: Annotated[
         Optional[int],
@@ -429,15 +424,10 @@ def profile(
     Writes nothing: prints the three timings, whether the run is
     input-bound or compute-bound and by how much, and what to change.
     """
-    _quiet_tensorflow()
-
     with _exits():
-        from advtrain.recipe.loader import load_recipe
-
-        path = resolve_recipe_path(recipe)
-        resolved = load_recipe(path, set_ or [])
         from advtrain.recipe.run_folder import check_recipe_paths
 
+        path, resolved = _load(recipe, set_)
         _on_recipe_backend(path, resolved)
         with _exits(path):
             check_recipe_paths(resolved, writes=False)
@@ -449,14 +439,12 @@ def profile(
 
 @app.command()
 def launch(
-    recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
+    recipe: RecipeArgument,
     workers: Annotated[
         int, typer.Option("--workers", "-n", min=2, help="Local workers.")
     ] = 2,
     set_: SetOption = None,
-    output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="Run folder.")
-    ] = None,
+    output: OutputOption = None,
     max_restarts: Annotated[
         int,
         typer.Option(
@@ -475,8 +463,6 @@ def launch(
     checkpoint, else with the first failure's code. Workers' full output
     goes to log files (kept on failure, echoed with --debug).
     """
-    _quiet_tensorflow()
-
     with _exits():
         from advtrain.cli.launch import exit_code
         from advtrain.cli.launch import launch as run_launch
@@ -502,7 +488,7 @@ def launch(
 
 @app.command()
 def show(
-    recipe: Annotated[str, typer.Argument(help="Recipe file or shipped name.")],
+    recipe: RecipeArgument,
     set_: SetOption = None,
 ) -> None:
     """Print what `run` would do, and write nothing.
@@ -511,14 +497,10 @@ def show(
     chain, the batch plan (global / replicas / per replica, steps per
     epoch and per host call) and each phase's learning-rate schedule.
     """
-    _quiet_tensorflow()
-
     with _exits():
         from advtrain.cli.show import show as show_recipe
-        from advtrain.recipe.loader import load_recipe
 
-        path = resolve_recipe_path(recipe)
-        resolved = load_recipe(path, set_ or [])
+        path, resolved = _load(recipe, set_)
         _on_recipe_backend(path, resolved)
         typer.echo(f"recipe: {path}")
         with _exits(path):
@@ -533,8 +515,7 @@ def recipes() -> None:
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            description = str(data.get("description", "")).strip().splitlines()
+            description = str(data.get("description", "")).strip()
         except yaml.YAMLError:
-            description = ["(unreadable)"]
-        first = description[0] if description else ""
-        typer.echo(f"{path.stem:<20} {first}")
+            description = "(unreadable)"
+        typer.echo(f"{path.stem:<20} {(description.splitlines() or [''])[0]}")

@@ -10,6 +10,7 @@ a dead worker named in one line and the others stopped (or all restarted,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,7 +32,6 @@ from advtrain.recipe.run_folder import (
     holds_run,
     output_dir,
 )
-from advtrain.recipe.schema import RecipeError
 from advtrain.train.guards import COLLAPSED_EXIT_CODE
 from advtrain.train.preemption import LAUNCHER_PID_ENV, PREEMPTED_EXIT_CODE
 from advtrain.utils.progress import Echo
@@ -44,8 +44,7 @@ _LOST_WORKER_GRACE = 5.0
 # (terminationGracePeriodSeconds) give by default before their SIGKILL.
 _SHUTDOWN_GRACE = 25.0
 # How a worker may end without having failed: finished, finished on a
-# collapsed run (the run says so; a restart would not change it), or
-# checkpointed on a signal.
+# collapsed run (a restart would not change it), or checkpointed on a signal.
 _ENDED = (0, COLLAPSED_EXIT_CODE, PREEMPTED_EXIT_CODE)
 
 
@@ -59,7 +58,6 @@ class WorkerResult:
     weights: Optional[str] = None
     log_tail: list[str] = dataclasses.field(default_factory=list)
     pid: Optional[int] = None
-    log: Optional[Path] = None
 
     @property
     def ending(self) -> str:
@@ -102,15 +100,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def tf_configs(addresses: list[str]) -> list[str]:
-    """One TF_CONFIG (JSON) per worker of the cluster `addresses`.
-
-    Example:
-
-    ```python
-    tf_configs(["127.0.0.1:2222", "127.0.0.1:2223"])[1]
-    # '{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 1}}'
-    ```
-    """
+    """One TF_CONFIG (JSON) per worker of the cluster `addresses`."""
     return [
         json.dumps(
             {
@@ -141,8 +131,6 @@ def launch(
     overrides: Optional[list[str]] = None,
     output: Optional[Path] = None,
     echo: Echo = print,
-    python: str = sys.executable,
-    timeout: Optional[float] = None,
     max_restarts: int = 0,
     debug: bool = False,
 ) -> list[WorkerResult]:
@@ -152,26 +140,12 @@ def launch(
     RECIPE --set runtime.strategy=multi_worker --output DIR`. Logs are kept
     (in DIR/launch-logs) when something failed, or with `debug`, which
     also echoes them.
-
-    Example:
-
-    ```python
-    results = launch("recipe.yaml", 2, output=Path("runs/two"), max_restarts=1)
-    [r.exit_code for r in results]  # [0, 0]
-    ```
     """
-    if workers < 2:
-        raise RecipeError(
-            f"--workers: launch needs at least 2 workers. Received: {workers}"
-        )
-    if max_restarts < 0:
-        raise RecipeError(
-            f"--max-restarts: expected 0 or more. Received: {max_restarts}"
-        )
     overrides = list(overrides or []) + ["runtime.strategy=multi_worker"]
     resolved = load_recipe(recipe, overrides)
-    out = _run_folder(resolved, output)
-    command = [python, "-m", "advtrain.cli"] + (["--debug"] if debug else [])
+    out = output_dir(resolved, output).resolve()
+    check_run_dir(out, resolved)
+    command = [sys.executable, "-m", "advtrain.cli"] + (["--debug"] if debug else [])
     command += ["run", str(recipe)]
     command += [arg for item in overrides for arg in ("--set", item)]
     command += ["--output", str(out)]
@@ -185,7 +159,7 @@ def launch(
         while True:
             tag = f"attempt-{attempt + 1}-" if max_restarts else ""
             results, lost, leftovers = _attempt(
-                command, workers, out, resume, logs, tag, stop, echo, debug, timeout
+                command, workers, out, resume, logs, tag, stop, echo, debug
             )
             if exit_code(results) == 0 or stop.signum or lost is None:
                 break
@@ -197,14 +171,8 @@ def launch(
                 f"launch: {lost}; restart {attempt}/{max_restarts}: "
                 f"relaunching {workers} workers from {_last_checkpoint(out)}"
             )
-    logs = _keep_logs(logs, out, keep=debug or exit_code(results) != 0)
-    _summarize(results, out, logs, resume, attempt, echo)
-    _report(results, leftovers, echo)
-    return results
-
-
-def _summarize(results, out: Path, logs, resume: str, attempt: int, echo) -> None:
-    """One line per worker, where the logs are, and how the launch ended."""
+    code = exit_code(results)
+    logs = _keep_logs(logs, out, keep=debug or code != 0)
     for result in results:
         role = "chief" if result.index == 0 else "worker"
         echo(f"worker {result.index} ({role}): {result.ending}")
@@ -213,18 +181,20 @@ def _summarize(results, out: Path, logs, resume: str, attempt: int, echo) -> Non
             echo(f"  [worker {result.index}] {line}")
     if logs is not None:
         echo(f"launch: full worker logs in {logs}")
-    if exit_code(results) == PREEMPTED_EXIT_CODE:
+    if code == PREEMPTED_EXIT_CODE:
         echo(
             f"launch: preempted; the workers checkpointed ({_last_checkpoint(out)}) "
             f"and exited; resume with `{resume}`"
         )
-    elif exit_code(results) == 0 and attempt:
+    elif code == 0 and attempt:
         echo(f"launch: finished after {attempt} restart(s)")
+    if code == 0:
+        _report(results, leftovers, echo)
+    return results
 
 
 class _Stop:
-    """SIGTERM/SIGINT received by the launcher (forwarded to the workers)."""
-
+    # SIGTERM/SIGINT received by the launcher (forwarded to the workers).
     def __init__(self):
         self.signum: Optional[int] = None
         self.count = 0
@@ -233,37 +203,29 @@ class _Stop:
         self.signum = self.signum or signum
         self.count += 1
 
+    @contextlib.contextmanager
     def installed(self):
-        import contextlib
-
-        @contextlib.contextmanager
-        def scope():
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            saved = {
-                s: signal.signal(s, self._handle)
-                for s in (signal.SIGTERM, signal.SIGINT)
-            }
-            try:
-                yield
-            finally:
-                for s, handler in saved.items():
-                    signal.signal(s, handler)
-
-        return scope()
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGTERM, signal.SIGINT)
+        saved = {s: signal.signal(s, self._handle) for s in signals}
+        try:
+            yield
+        finally:
+            for s, handler in saved.items():
+                signal.signal(s, handler)
 
 
-def _attempt(command, workers, out, resume, logs, tag, stop, echo, debug, timeout):
-    """Starts the workers once and waits: (results, the lost worker in
-    words or None, leftover temporary folders)."""
+def _attempt(command, workers, out, resume, logs, tag, stop, echo, debug):
+    # Starts the workers once and waits: (results, the lost worker in words
+    # or None, leftover temporary folders).
     addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
-    configs = tf_configs(addresses)
     scratch = Path(tempfile.mkdtemp(prefix="advtrain-launch-"))
     procs, threads, results, handles = [], [], [], []
     lost = None
     try:
-        for index, config in enumerate(configs):
+        for index, config in enumerate(tf_configs(addresses)):
             env = dict(os.environ)
             env["TF_CONFIG"] = config
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -273,8 +235,8 @@ def _attempt(command, workers, out, resume, logs, tag, stop, echo, debug, timeou
             # Non-chief workers' temporary run folders land here, so the
             # launcher can check they were removed.
             env["TMPDIR"] = str(scratch)
-            log_path = logs / f"{tag}worker-{index}.log"
-            handle = open(log_path, "a", encoding="utf-8", buffering=1)
+            log = logs / f"{tag}worker-{index}.log"
+            handle = open(log, "a", encoding="utf-8", buffering=1)
             handles.append(handle)
             proc = subprocess.Popen(
                 command,
@@ -285,7 +247,7 @@ def _attempt(command, workers, out, resume, logs, tag, stop, echo, debug, timeou
                 bufsize=1,
                 start_new_session=True,
             )
-            result = WorkerResult(index, -1, pid=proc.pid, log=log_path)
+            result = WorkerResult(index, -1, pid=proc.pid)
             lock = threading.Lock()
             for stream, shown in ((proc.stdout, index == 0), (proc.stderr, False)):
                 thread = threading.Thread(
@@ -302,7 +264,7 @@ def _attempt(command, workers, out, resume, logs, tag, stop, echo, debug, timeou
             f"{', '.join(str(p.pid) for p in procs)}); worker 0 is the chief "
             f"and writes {out}"
         )
-        lost = _wait(procs, results, stop, timeout, echo)
+        lost = _wait(procs, results, stop, echo)
         for thread in threads:
             thread.join(timeout=10)
         for proc, result in zip(procs, results, strict=True):
@@ -334,36 +296,30 @@ def _pump(stream, result: WorkerResult, log: IO, lock, echo: Echo, shown: bool):
 
 
 def _kill_group(proc: subprocess.Popen, signum: int) -> None:
-    """Signals the worker's process group (the worker and its children)."""
-    try:
+    # The worker's process group: the worker and its children.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
-def _wait(procs, results, stop: _Stop, timeout: Optional[float], echo: Echo):
-    """Waits for the workers; forwards the launcher's signals, stops the
-    survivors of a lost worker; returns the lost worker in words or None."""
-    start = time.monotonic()
+def _wait(procs, results, stop: _Stop, echo: Echo) -> Optional[str]:
+    # Forwards the launcher's signals and stops the survivors of a lost
+    # worker; returns the lost worker in words, or None.
     deadline = None  # when the workers still running are killed
-    forwarded = 0
+    forwarded = False
     lost = None
     while any(p.poll() is None for p in procs):
         now = time.monotonic()
-        expired = timeout is not None and now - start > timeout
-        if (stop.signum or expired) and forwarded == 0:
-            signum = stop.signum or signal.SIGTERM
+        if stop.signum and not forwarded:
             for proc in procs:
                 if proc.poll() is None:
-                    _kill_group(proc, signum)
-            forwarded = 1
+                    _kill_group(proc, stop.signum)
+            forwarded = True
             deadline = now + _SHUTDOWN_GRACE
         if stop.count > 1 and deadline != float("inf"):  # a second signal
             deadline = now
         if lost is None and deadline is None:
-            dead = _first_dead(procs, results)
-            if dead is not None:
-                lost = f"worker {dead.index} (pid {dead.pid}) {dead.ending}"
+            lost = _lost(procs, results)
+            if lost is not None:
                 echo(f"launch: {lost}; stopping the other workers")
                 deadline = now + _LOST_WORKER_GRACE
         if deadline is not None and now > deadline:
@@ -380,15 +336,13 @@ def _wait(procs, results, stop: _Stop, timeout: Optional[float], echo: Echo):
             deadline = float("inf")
         time.sleep(0.1)
     if lost is None and stop.signum is None:
-        dead = _first_dead(procs, results)
-        if dead is not None:
-            lost = f"worker {dead.index} (pid {dead.pid}) {dead.ending}"
+        lost = _lost(procs, results)
     return lost
 
 
-def _first_dead(procs, results) -> Optional[WorkerResult]:
-    """A worker that ended with a failure (not 0, not a checkpointed stop);
-    a death by signal comes before the exit code 1 of a survivor."""
+def _lost(procs, results) -> Optional[str]:
+    # A worker that ended with a failure (not 0, not a checkpointed stop),
+    # in words; a death by signal comes before the exit code 1 of a survivor.
     dead = [
         (p.returncode, r)
         for p, r in zip(procs, results, strict=True)
@@ -399,7 +353,7 @@ def _first_dead(procs, results) -> Optional[WorkerResult]:
     dead.sort(key=lambda item: (item[0] >= 0, item[1].index))
     code, result = dead[0]
     result.exit_code = code
-    return result
+    return f"worker {result.index} (pid {result.pid}) {result.ending}"
 
 
 def _last_checkpoint(out: Path) -> str:
@@ -410,8 +364,8 @@ def _last_checkpoint(out: Path) -> str:
 
 
 def _keep_logs(logs: Path, out: Path, keep: bool) -> Optional[Path]:
-    """The logs moved into the run folder (if it holds a run), left where
-    they are, or (not `keep`) deleted."""
+    # The logs moved into the run folder (if it holds a run), left where
+    # they are, or (not `keep`) deleted.
     if not keep:
         shutil.rmtree(logs, ignore_errors=True)
         return None
@@ -425,32 +379,21 @@ def _keep_logs(logs: Path, out: Path, keep: bool) -> Optional[Path]:
     return target
 
 
-def _run_folder(recipe, output: Optional[Path]) -> Path:
-    """The run folder, chosen once for all workers."""
-    output = output_dir(recipe, output).resolve()
-    check_run_dir(output, recipe)
-    return output
-
-
 def _report(results: list[WorkerResult], leftovers: list[Path], echo: Echo):
-    if not all(r.exit_code == 0 for r in results):
-        return
     weights = {r.weights for r in results}
     if None not in weights:
-        same = len(weights) == 1
         echo(
             "final weights identical on all workers (BatchNorm moving "
             "statistics aside: they are per worker)"
-            if same
+            if len(weights) == 1
             else "warning: final weights differ between workers"
         )
-    others = [r.run_folder for r in results[1:] if r.run_folder]
     if leftovers:
         echo(
             "warning: a worker's temporary folder was not removed: "
             + ", ".join(map(str, leftovers))
         )
-    elif others:
+    elif any(r.run_folder for r in results[1:]):
         echo(
             f"workers 1-{len(results) - 1} wrote only to temporary folders, now removed"
         )

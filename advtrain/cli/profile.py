@@ -14,6 +14,8 @@ from typing import Optional
 
 from advtrain.utils.progress import Echo
 
+_CACHED = "  (one cached batch, repeated)"
+
 
 @dataclasses.dataclass
 class ProfileReport:
@@ -47,22 +49,9 @@ class ProfileReport:
         fast = min(self.input_seconds, self.step_seconds)
         return max(self.input_seconds, self.step_seconds) / max(fast, 1e-12)
 
-    def _rate(self, seconds: float) -> str:
-        return f"{self.global_batch / max(seconds, 1e-12):,.0f} examples/s"
-
     def lines(self) -> list[str]:
         """The report, one line each."""
         ms = 1000.0
-        rows = [
-            ("input pipeline alone", self.input_seconds, "ms/batch", ""),
-            (
-                "train step alone",
-                self.step_seconds,
-                "ms/step",
-                "  (one cached batch, repeated)",
-            ),
-            ("both, as `run` trains", self.together_seconds, "ms/step", ""),
-        ]
         out = [
             f"profile: global batch {self.global_batch} = {self.replicas} "
             f"replica(s) x {self.global_batch // self.replicas}, "
@@ -71,11 +60,13 @@ class ProfileReport:
             f"({self.device_kind}, {self.precision}, XLA "
             f"{'on' if self.jit_compile else 'off'})"
         ]
-        for label, seconds, unit, note in rows:
-            out.append(
-                f"  {label:<22} {seconds * ms:9.2f} {unit:<8} "
-                f"{self._rate(seconds):>20}{note}"
-            )
+        for label, seconds, unit, note in (
+            ("input pipeline alone", self.input_seconds, "ms/batch", ""),
+            ("train step alone", self.step_seconds, "ms/step", _CACHED),
+            ("both, as `run` trains", self.together_seconds, "ms/step", ""),
+        ):
+            rate = f"{self.global_batch / max(seconds, 1e-12):,.0f} examples/s"
+            out.append(f"  {label:<22} {seconds * ms:9.2f} {unit:<8} {rate:>20}{note}")
         slower = max(self.input_seconds, self.step_seconds)
         if self.bound == "input":
             idle = 1.0 - self.step_seconds / self.input_seconds
@@ -94,15 +85,11 @@ class ProfileReport:
             )
         overlap = self.together_seconds / max(slower, 1e-12)
         if overlap > 1.25:
+            cpu = self.device_kind == "cpu"
             out.append(
                 f"note: together {overlap:.2f}x the slower part alone: input "
                 "and step do not overlap fully"
-                + (
-                    " (on a CPU they share the same cores)"
-                    if self.device_kind == "cpu"
-                    else ""
-                )
-                + "."
+                f"{' (on a CPU they share the same cores)' if cpu else ''}."
             )
         out.extend(f"to change: {tip}" for tip in self.advice())
         return out
@@ -178,18 +165,14 @@ def cpu_has_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether /proc/cpuinfo lists AVX512-BF16 or AMX-BF16."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[-1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+            flags = next((line for line in f if line.startswith("flags")), "")
     except OSError:
         return False
-    return False
+    return bool(set(flags.split(":", 1)[-1].split()) & {"avx512_bf16", "amx_bf16"})
 
 
 def _time_fit(model, dataset, steps: int, rounds: int) -> float:
-    """Median seconds per step over `rounds` epochs of `steps`, after one
-    warm-up epoch."""
+    # Median seconds per step over `rounds` epochs, after a warm-up epoch.
     import keras
 
     starts, seconds = [], []
@@ -232,18 +215,13 @@ def profile(
         steps: steps per timed round (rounded up to whole host calls;
             default >= 20).
         rounds: timed rounds per measurement, after one warm-up.
-
-    Example:
-
-    ```python
-    report = profile(load_recipe("recipes/quickstart.yaml"))
-    report.bound  # "compute"
-    ```
     """
     import keras
+    import tensorflow as tf
 
-    from advtrain.data import make_input
+    from advtrain.data import cache_mode, has_augmentation, make_input
     from advtrain.recipe.build import (
+        build_run_model,
         input_options,
         recipe_optimizer,
         recipe_plan,
@@ -268,33 +246,7 @@ def profile(
     ).repeat()
     input_seconds = _time_input(stream, steps, rounds)
     optimizer = recipe_optimizer(recipe, plan)
-    model = _compiled_run_model(recipe, splits, runtime, optimizer, spe)
-    step_seconds, together_seconds = _time_steps(model, stream, steps, rounds)
-    report = ProfileReport(
-        global_batch=plan.global_batch,
-        replicas=plan.replicas,
-        steps_per_execution=spe,
-        timed_steps=steps,
-        input_seconds=input_seconds,
-        step_seconds=step_seconds,
-        together_seconds=together_seconds,
-        device_kind=runtime.device_kind,
-        precision=runtime.precision,
-        jit_compile=runtime.jit_compile,
-        **_recipe_settings(recipe, model),
-    )
-    for line in report.lines():
-        echo(line)
-    return report
-
-
-def _compiled_run_model(recipe, splits, runtime, optimizer, spe: int):
-    """The run's training model, compiled as `advtrain run` compiles it."""
-    import keras
-
-    from advtrain.recipe.build import build_run_model
-
-    with runtime.scope():
+    with runtime.scope():  # the run's model, compiled as `advtrain run` does
         _, model = build_run_model(recipe, splits)
         model.compile(
             optimizer=optimizer,
@@ -304,27 +256,19 @@ def _compiled_run_model(recipe, splits, runtime, optimizer, spe: int):
             jit_compile=runtime.jit_compile,
         )
         runtime.prepare_model(model)
-    return model
-
-
-def _time_steps(model, stream, steps: int, rounds: int) -> tuple[float, float]:
-    """Seconds per step on one cached batch repeated, then on the stream."""
-    import tensorflow as tf
-
-    batch = next(iter(stream))
-    cached = tf.data.Dataset.from_tensors(batch).repeat()
-    return (
-        _time_fit(model, cached, steps, rounds),
-        _time_fit(model, stream, steps, rounds),
-    )
-
-
-def _recipe_settings(recipe, model) -> dict:
-    """The report's fields from the recipe and the model's resolved step."""
-    from advtrain.data import cache_mode, has_augmentation
-
+    cached = tf.data.Dataset.from_tensors(next(iter(stream))).repeat()
     attack = recipe.attack
-    return dict(
+    report = ProfileReport(
+        global_batch=plan.global_batch,
+        replicas=plan.replicas,
+        steps_per_execution=spe,
+        timed_steps=steps,
+        input_seconds=input_seconds,
+        step_seconds=_time_fit(model, cached, steps, rounds),
+        together_seconds=_time_fit(model, stream, steps, rounds),
+        device_kind=runtime.device_kind,
+        precision=runtime.precision,
+        jit_compile=runtime.jit_compile,
         cache=cache_mode(recipe.data.cache, recipe.data.source),
         augment=has_augmentation(recipe.data.augment.model_dump()),
         attack=attack.method
@@ -333,3 +277,6 @@ def _recipe_settings(recipe, model) -> dict:
         reuse_gradient=bool(getattr(model, "reuse_gradient_step", False)),
         cpu_bf16=cpu_has_bfloat16(),
     )
+    for line in report.lines():
+        echo(line)
+    return report

@@ -6,6 +6,7 @@ are left out at the size they set; unprepared TFDS data is named).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Optional
 
 import keras
@@ -20,6 +21,7 @@ _SCHEDULE_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 def show(recipe: Recipe, *, echo: Echo = print) -> None:
     """Prints what `advtrain run` would do with `recipe`; refuses what
     `run` would refuse."""
+    from advtrain.models.weights import is_pretrained_name
     from advtrain.recipe.build import (
         build_run_model,
         recipe_plan,
@@ -28,7 +30,7 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
     )
 
     echo("resolved recipe:")
-    echo(_indent(recipe.to_yaml().rstrip()))
+    echo("\n".join(f"  {line}" for line in recipe.to_yaml().rstrip().splitlines()))
     pending = unprepared_data(recipe.data)
     if pending:
         echo(f"data: {pending}; model, batch plan and schedule need it.")
@@ -50,17 +52,20 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
             plan.epochs * plan.steps_per_epoch,
         )
     echo(f"model: {adapter_chain(classifier)}")
-    echo(f"  {_weights_line(recipe.model.weights)}")
+    weights = recipe.model.weights
+    if weights is None:
+        echo("  weights: none (random initialisation)")
+    elif is_pretrained_name(weights):
+        echo(f"  weights: {weights} (fetched by `advtrain run`, not by show)")
+    else:
+        found = "present" if Path(weights).expanduser().is_file() else "MISSING"
+        echo(f"  weights: {weights} (file {found}; loaded by `advtrain run`)")
     trainable = sum(int(keras.ops.size(w)) for w in classifier.trainable_weights)
     total = sum(int(keras.ops.size(w)) for w in classifier.weights)
     echo(f"  parameters: {total:,} ({trainable:,} trainable before freezing)")
     echo(plan.describe())
     for line in schedule_lines(recipe, plan):
         echo(line)
-
-
-def _indent(text: str) -> str:
-    return "\n".join(f"  {line}" for line in text.splitlines())
 
 
 def adapter_chain(classifier: keras.Model) -> str:
@@ -79,21 +84,8 @@ def adapter_chain(classifier: keras.Model) -> str:
     return " -> ".join(parts)
 
 
-def _weights_line(weights: Optional[str]) -> str:
-    from pathlib import Path
-
-    from advtrain.models.weights import is_pretrained_name
-
-    if weights is None:
-        return "weights: none (random initialisation)"
-    if is_pretrained_name(weights):
-        return f"weights: {weights} (fetched by `advtrain run`, not by show)"
-    found = "present" if Path(weights).expanduser().is_file() else "MISSING"
-    return f"weights: {weights} (file {found}; loaded by `advtrain run`)"
-
-
 def _without_downloads(recipe: Recipe, splits) -> Recipe:
-    """The recipe without its weights, at the input size they would set."""
+    # The recipe without its weights, at the input size they would set.
     from advtrain.models.classifier import backbone_input_size
 
     cfg = recipe.model

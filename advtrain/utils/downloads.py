@@ -15,7 +15,7 @@ _PORTS = {"http": 80, "https": 443, "ftp": 21}
 
 
 def _resolve(host: str, port: int, timeout: float) -> list:
-    """getaddrinfo with a deadline (it has none of its own)."""
+    # getaddrinfo with a deadline (it has none of its own).
     result: dict = {}
 
     def run():
@@ -36,7 +36,7 @@ def _resolve(host: str, port: int, timeout: float) -> list:
 
 
 def _endpoint(url: str) -> tuple[str, int]:
-    """(host, port) a request for `url` connects to: its proxy's, if any."""
+    # (host, port) a request for `url` connects to: its proxy's, if any.
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     proxy = urllib.request.getproxies().get(parts.scheme)
@@ -48,17 +48,7 @@ def _endpoint(url: str) -> tuple[str, int]:
 
 def check_reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     """Raises OSError (one line) unless `url`'s host (or its proxy) accepts
-    a TCP connection; sends nothing.
-
-    Example:
-
-    ```python
-    try:
-        check_reachable("https://sid.erda.dk/public/archives/")
-    except OSError as exc:
-        print(f"offline: {exc}")
-    ```
-    """
+    a TCP connection; sends nothing."""
     host, port = _endpoint(url)
     if not host:
         raise OSError(f"no host in the URL {url!r}")

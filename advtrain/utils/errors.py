@@ -1,9 +1,5 @@
-"""Errors as the one line a user reads.
-
-An error type carries its exit code as the class attribute `exit_code`
-(`BAD_INPUT` here, 75 `Preempted`, 1 `NonFiniteLossError`); the CLI's
-`_exits` reads it (other ValueError/TypeError/OSError: 2, the rest: 1).
-"""
+"""Errors as the one line a user reads; an error type carries its exit code
+as the class attribute `exit_code`, which the CLI reads."""
 
 from __future__ import annotations
 
@@ -15,9 +11,8 @@ BAD_INPUT = 2  # the exit code of input that cannot be used
 
 
 class ArgumentError(ValueError):
-    """A value of the named argument that cannot be used; `str(exc)` is
-    "argument: message", and a caller may re-raise `exc.message` under its
-    own name for the argument (e.g. a configuration key).
+    """A value of the named argument that cannot be used; a caller may
+    re-raise `exc.message` under its own name for it (a recipe key).
 
     Example:
 
@@ -51,14 +46,6 @@ def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
 def did_you_mean(
     name: object, known: Iterable[str], cutoff: float = 0.6, prefix: str = ""
 ) -> str:
-    """`" Did you mean 'PREFIXCLOSEST'?"`, or "" when no known name is close:
-    the hint every failed lookup appends.
-
-    Example:
-
-    ```python
-    did_you_mean("pgdd", ["fgsm", "pgd"])  # " Did you mean 'pgd'?"
-    ```
-    """
+    """`" Did you mean 'PREFIXCLOSEST'?"`, or "" when no name is close."""
     close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=cutoff)
     return f" Did you mean '{prefix}{close[0]}'?" if close else ""

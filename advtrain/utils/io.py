@@ -1,7 +1,6 @@
-"""Atomic file writes, and up-front checks on the paths users hand in:
-one line naming the argument (or the caller's label for it), the path and
-the problem; `FileNotFoundError` for a missing path, else `ValueError`.
-"""
+"""Atomic file writes, and up-front checks on the paths users hand in: one
+line naming the argument, the path and the problem (`FileNotFoundError` for
+a missing path, else `ValueError`)."""
 
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ def atomic_write_text(path: PathLike, text: str) -> Path:
 
 
 def atomic_write_json(path: PathLike, data: Any) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    return atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def check_writable_dir(path: PathLike, what: str) -> None:
@@ -139,28 +138,24 @@ def check_data_paths(
         what = names.get("path", "path")
         folder = Path(path)
         prefix = Path(f"{path}_x.npy")
-        if source == "arrays" and not folder.is_dir() and not prefix.is_file():
-            raise FileNotFoundError(
-                f"{what} {folder}: not found (arrays: a folder with "
-                f"x_train.npy, or a prefix with {prefix.name})."
-            )
-        if source != "arrays" and folder.exists() and not folder.is_dir():
+        if source == "arrays":
+            if not folder.is_dir() and not prefix.is_file():
+                raise FileNotFoundError(
+                    f"{what} {folder}: not found (arrays: a folder with "
+                    f"x_train.npy, or a prefix with {prefix.name})."
+                )
+        elif folder.exists() and not folder.is_dir():
             raise ValueError(f"{what} {folder}: is a file, expected a folder.")
-        if source != "arrays" and not folder.is_dir():
+        elif not folder.is_dir():
             raise FileNotFoundError(f"{what} {folder}: not found.")
     if tfds_data_dir is not None:
         check_writable_dir(tfds_data_dir, names.get("tfds_data_dir", "tfds_data_dir"))
     if cache not in ("auto", "memory", "none"):
         what = names.get("cache", "cache")
         parent = Path(cache).parent
+        why = "(the cache is a file prefix in an existing folder)."
         if parent.exists() and not parent.is_dir():
-            raise ValueError(
-                f"{what} {cache}: folder {parent} is a file (the cache is "
-                "a file prefix in an existing folder)."
-            )
+            raise ValueError(f"{what} {cache}: folder {parent} is a file {why}")
         if not parent.is_dir():
-            raise FileNotFoundError(
-                f"{what} {cache}: folder {parent} not found (the cache is "
-                "a file prefix in an existing folder)."
-            )
+            raise FileNotFoundError(f"{what} {cache}: folder {parent} not found {why}")
         check_writable_dir(parent, what)

@@ -11,26 +11,17 @@ from advtrain.utils.errors import did_you_mean
 
 
 @functools.cache
-def keyword_names(fn: Callable, skip: int = 0) -> Optional[tuple[str, ...]]:
-    """The names `fn` accepts by keyword after its first `skip` parameters,
-    in order; None when it takes `**kwargs` (any name goes).
-
-    Example:
-
-    ```python
-    def attack(model_fn, x, y, *, eps, scale=1.0): ...
-
-    keyword_names(attack, skip=3)  # ("eps", "scale")
-    ```
-    """
-    parameters = list(inspect.signature(fn).parameters.values())
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+def keyword_names(fn: Callable) -> Optional[tuple[str, ...]]:
+    """The names `fn` accepts by keyword, in order; None when it takes
+    `**kwargs` (any name goes)."""
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return None
-    by_keyword = (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.KEYWORD_ONLY,
+    return tuple(
+        p.name
+        for p in parameters
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     )
-    return tuple(p.name for p in parameters[skip:] if p.kind in by_keyword)
 
 
 def check_options(
@@ -40,9 +31,8 @@ def check_options(
     reserved: Iterable[str] = (),
     received: str = "options",
 ) -> dict[str, Any]:
-    """`options` as a dict, if each name is one `owner` accepts (None:
-    any), none `reserved` (arguments of their own); else a TypeError.
-    `received` is the name `options` came in as ("attack.options")."""
+    """`options` as a dict, if each name is one `owner` accepts (None: any)
+    and none is `reserved`; else a TypeError naming them as `received`."""
     if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
         raise TypeError(
             f"{received} must map option names to values. "

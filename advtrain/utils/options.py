@@ -10,10 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from advtrain.utils.errors import did_you_mean
 
-# Seeds go to numpy, TensorFlow and Keras (seed + epoch): int32 suits all.
-SEED_MAX = 2**31 - 1
+# int32: seeds go to numpy, TensorFlow and Keras (seed + epoch).
 INT_MAX = 2**31 - 1
-Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+Seed = Annotated[int, Field(ge=0, le=INT_MAX)]
 # NUL, C0 controls except tab and newlines, DEL, unpaired surrogates.
 _BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
@@ -33,9 +32,8 @@ class Options(BaseModel):
             raise ValueError(
                 "text must not hold NUL, control characters or unpaired surrogates"
             )
-        if isinstance(value, int) and not isinstance(value, bool):
-            if abs(value) > INT_MAX:
-                raise ValueError(f"integers must be within +-{INT_MAX}")
+        if isinstance(value, int) and abs(value) > INT_MAX:
+            raise ValueError(f"integers must be within +-{INT_MAX}")
         return value
 
 
@@ -72,9 +70,7 @@ def _format_error(
         allowed = ", ".join(known)
         return f"{source}: unknown key '{path}'.{hint} Allowed here: {allowed}."
     received = error.get("input")
-    message = error["msg"]
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
+    message = error["msg"].removeprefix("Value error, ")
     if isinstance(received, bool) and kind in ("int_type", "float_type"):
         message = f"{message} (true/false/yes/no are booleans, not numbers)"
     if isinstance(received, (dict, list)) and kind != "literal_error":

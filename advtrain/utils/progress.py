@@ -41,16 +41,11 @@ def set_quiet(quiet: bool) -> None:
     _settings["quiet"] = bool(quiet)
 
 
-def is_quiet() -> bool:
-    return _settings["quiet"]
-
-
 def _interval_from_env() -> float:
     # ADVTRAIN_PROGRESS_INTERVAL: seconds between plain lines (0: all).
-    raw = os.environ.get("ADVTRAIN_PROGRESS_INTERVAL", "")
     try:
-        return max(0.0, float(raw)) if raw else PLAIN_INTERVAL_S
-    except ValueError:
+        return max(0.0, float(os.environ["ADVTRAIN_PROGRESS_INTERVAL"]))
+    except (KeyError, ValueError):
         return PLAIN_INTERVAL_S
 
 
@@ -94,7 +89,7 @@ class Progress:
             interactive = bool(isatty and isatty())
         self.interactive = interactive
         self.keep = keep
-        self.enabled = not is_quiet()
+        self.enabled = not _settings["quiet"]
         self.interval = REDRAW_INTERVAL_S if interactive else _interval_from_env()
         self.start = time.perf_counter()
         # A terminal shows the first update at once; plain lines wait.
@@ -130,9 +125,8 @@ class Progress:
             self._write(self.line(time.perf_counter()))
         self._drawn = False
 
-    def line(self, now: Optional[float] = None) -> str:
-        """The current state as one line of text."""
-        now = time.perf_counter() if now is None else now
+    def line(self, now: float) -> str:
+        """The state at `now` (`time.perf_counter()`) as one line of text."""
         elapsed = now - self.start
         done = self._done
         parts = [self.label]
@@ -180,25 +174,14 @@ class EpochProgress(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(
-        self,
-        epochs: int,
-        *,
-        stream: Optional[TextIO] = None,
-        interactive: Optional[bool] = None,
-    ):
+    def __init__(self, epochs: int):
         super().__init__()
         self.epochs = epochs
-        self.stream = stream
-        self.interactive = interactive
         self._bar: Optional[Progress] = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._bar = Progress(
-            f"epoch {epoch + 1}/{self.epochs}",
-            self.params.get("steps"),
-            stream=self.stream,
-            interactive=self.interactive,
+            f"epoch {epoch + 1}/{self.epochs}", self.params.get("steps")
         )
 
     def on_train_batch_end(self, batch, logs=None):

@@ -11,7 +11,7 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Maps names to objects; registration is done with a decorator.
+    """Maps names to objects, registered with a decorator.
 
     Example:
 

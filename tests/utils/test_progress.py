@@ -93,19 +93,18 @@ def test_quiet_writes_nothing():
     assert stream.getvalue() == ""
 
 
-def test_epoch_progress_follows_fit_steps():
+def test_epoch_progress_follows_fit_steps(capsys):
     model = dense_classifier()
     model.compile(
         optimizer="adam",
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    stream = io.StringIO()
     x = np.zeros((12, 8, 8, 1), "float32")
     y = np.zeros((12,), "int32")
-    callback = EpochProgress(2, stream=stream, interactive=False)
-    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
-    lines = stream.getvalue().splitlines()
+    capsys.readouterr()
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[EpochProgress(2)])
+    lines = capsys.readouterr().out.splitlines()
     assert [line.split("  ")[:2] for line in lines] == [
         ["epoch 1/2", f"{i}/3 steps ({p}%)"] for i, p in ((1, 33), (2, 67), (3, 100))
     ] + [["epoch 2/2", f"{i}/3 steps ({p}%)"] for i, p in ((1, 33), (2, 67), (3, 100))]
