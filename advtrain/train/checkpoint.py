@@ -1,33 +1,25 @@
 """Crash-safe checkpoints, and resuming from them.
 
-Beyond BackupAndRestore, ModelCheckpoint and tf.train.CheckpointManager:
-optimizer and metric state for a bitwise mid-epoch resume, write-then-rename,
-corrupt ones skipped with a warning, the best kept, in NumPy files.
-
-BackupAndRestore saves weights only, in place, once, and resumes at an
-epoch; CheckpointManager is TensorFlow's alone. So a checkpoint is a folder
-under `checkpoints/`:
+Beyond BackupAndRestore (weights only, once, at an epoch), ModelCheckpoint
+and tf.train.CheckpointManager (TensorFlow's alone): optimizer and metric
+state for a bitwise mid-epoch resume, write-then-rename, corrupt ones
+skipped with a warning, the best kept, in NumPy files (no pickle).
 
 ```
 checkpoints/
-  step-00000013/     a checkpoint inside an epoch (checkpoint_every_steps)
-    variables.npz    model variables (weights, BatchNorm statistics, the
-                     attack's SeedGenerator state), optimizer variables
-                     (iteration count, slots, loss scale), metric variables
+  step-00000013/     inside an epoch (checkpoint_every_steps)
+    variables.npz    model (SeedGenerator state included), optimizer and
+                     metric variables
     state.json       epoch, step, phase, monitored value, sha256 of the npz
-  epoch-0002/        a checkpoint at the end of epoch 2 (same contents)
+  epoch-0002/        at the end of epoch 2 (same contents)
   best.json          which checkpoint holds the best monitored value
 ```
 
-Each checkpoint is written under a `.tmp-` name, flushed to disk and then
-renamed into place, so a checkpoint that carries its final name is complete.
-Pruning renames before deleting, for the same reason. On resume, `.tmp-`
-entries are ignored (and removed) and a checkpoint whose files do not parse
-or whose hash does not match is skipped with a warning, falling back to the
-one before it.
-
-The arrays are stored with `numpy.savez` and read with `allow_pickle=False`:
-no pickle anywhere.
+A checkpoint is written under a `.tmp-` name, fsynced, then renamed, so
+one with its final name is complete; pruning renames before deleting. On
+resume `.tmp-` entries are removed and a checkpoint whose files do not
+parse or whose hash does not match is skipped, falling back to the one
+before it.
 
 Example:
 
@@ -76,11 +68,8 @@ class NonFiniteStateError(RuntimeError):
 
 def writable_dir(out: Path, is_chief: bool) -> Path:
     """Where this worker writes: the run folder for the chief, a private
-    temporary folder (removed at exit) for the other workers.
-
-    Every worker runs the same saving code (tf.distribute's convention),
-    but only the chief's files land in the run folder.
-    """
+    temporary folder (removed at exit) for the others, which run the same
+    saving code (tf.distribute's convention)."""
     if is_chief:
         return out
     scratch = Path(tempfile.mkdtemp(prefix="advtrain-worker-"))
@@ -89,8 +78,8 @@ def writable_dir(out: Path, is_chief: bool) -> Path:
 
 
 def truncate_history(path: Path, epochs: int) -> None:
-    """Keeps the header and the rows of the first `epochs` epochs of a
-    CSVLogger file (a killed run may have logged an epoch it had not
+    """Keeps the header and the whole rows of the first `epochs` epochs of
+    a CSVLogger file (a killed run may have logged an epoch it had not
     checkpointed, or half a row)."""
     if not path.is_file():
         return
@@ -129,9 +118,6 @@ def read_history(path: Path) -> dict[str, list[float]]:
     return history
 
 
-# ---------------------------------------------------------------- variables
-
-
 def _groups(model) -> dict[str, list]:
     optimizer = getattr(model, "optimizer", None)
     built = optimizer is not None and getattr(optimizer, "built", False)
@@ -140,10 +126,6 @@ def _groups(model) -> dict[str, list]:
         "optimizer": list(optimizer.variables) if built else [],
         "metrics": list(getattr(model, "metrics_variables", [])),
     }
-
-
-def _plain(variable) -> np.ndarray:
-    return np.array(variable.numpy() if hasattr(variable, "numpy") else variable)
 
 
 def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
@@ -165,7 +147,7 @@ def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
     for group, variables in groups.items():
         spec[group] = []
         for i, variable in enumerate(variables):
-            value = _plain(variable)
+            value = np.array(variable.numpy())
             spec[group].append(
                 [str(variable.path), list(value.shape), str(value.dtype)]
             )
@@ -178,34 +160,21 @@ def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
 
 @dataclasses.dataclass
 class Checkpoint:
-    """A finished checkpoint folder and its parsed `state.json`."""
+    """A finished checkpoint folder and its parsed `state.json`: `epoch`
+    (0-based) continues after `step` of its batches."""
 
     path: Path
     state: dict[str, Any]
 
-    @property
-    def epoch(self) -> int:
-        """The epoch to continue with (0-based)."""
-        return int(self.state["epoch"])
-
-    @property
-    def step(self) -> int:
-        """Batches of `epoch` already trained."""
-        return int(self.state["step"])
-
-    @property
-    def global_step(self) -> int:
-        return int(self.state["global_step"])
-
-    @property
-    def phase(self) -> str:
-        return self.state["phase"]
+    epoch = property(lambda self: int(self.state["epoch"]))
+    step = property(lambda self: int(self.state["step"]))
+    global_step = property(lambda self: int(self.state["global_step"]))
+    phase = property(lambda self: self.state["phase"])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The saved arrays, after checking the file's hash."""
         data = (self.path / "variables.npz").read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != self.state.get("variables_sha256"):
+        if hashlib.sha256(data).hexdigest() != self.state.get("variables_sha256"):
             raise CheckpointError(
                 f"{self.path}: variables.npz does not match its recorded hash"
             )
@@ -215,13 +184,11 @@ class Checkpoint:
 
 def _sort_key(path: Path) -> tuple[int, int]:
     kind, number = _NAME.match(path.name).groups()
-    if kind == "epoch":
-        # Named by epoch; ordered by global step via state.json, which an
-        # unreadable checkpoint may lack, so fall back to a large number.
-        state = _read_state(path)
-        step = int(state["global_step"]) if state else 1 << 62
-        return step, 1
-    return int(number), 0
+    if kind == "step":
+        return int(number), 0
+    # Ordered by global step, which an unreadable checkpoint may lack.
+    state = _read_state(path)
+    return (int(state["global_step"]) if state else 1 << 62), 1
 
 
 def _read_state(path: Path) -> Optional[dict[str, Any]]:
@@ -245,6 +212,13 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _discard(path: Path) -> None:
@@ -279,8 +253,6 @@ class CheckpointStore:
         self.keep = keep
         self.monitor = monitor
         self.mode = mode
-
-    # ------------------------------------------------------------ listing
 
     def paths(self) -> list[Path]:
         """Checkpoint folders with a final name, oldest first."""
@@ -317,8 +289,6 @@ class CheckpointStore:
                     path.unlink(missing_ok=True)
                 removed.append(path)
         return removed
-
-    # ------------------------------------------------------------ writing
 
     def is_improvement(self, value: Optional[float]) -> bool:
         if self.monitor is None or value is None or not math.isfinite(value):
@@ -371,10 +341,7 @@ class CheckpointStore:
             buffer = io.BytesIO()
             np.savez(buffer, **arrays)
             data = buffer.getvalue()
-            with open(tmp / "variables.npz", "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            _write_synced(tmp / "variables.npz", data)
             state = {
                 "format": FORMAT,
                 "kind": kind,
@@ -391,10 +358,7 @@ class CheckpointStore:
                 "variables": spec,
                 "variables_sha256": hashlib.sha256(data).hexdigest(),
             }
-            with open(tmp / "state.json", "w", encoding="utf-8") as handle:
-                json.dump(state, handle, indent=1)
-                handle.flush()
-                os.fsync(handle.fileno())
+            _write_synced(tmp / "state.json", json.dumps(state, indent=1).encode())
             _fsync_dir(tmp)
             if final.exists():
                 _discard(final)
@@ -408,16 +372,9 @@ class CheckpointStore:
         return final
 
     def record_best(self, path: Path, value: float, epoch: int) -> None:
-        atomic_write_json(
-            self.directory / "best.json",
-            {
-                "checkpoint": path.name,
-                "monitor": self.monitor,
-                "mode": self.mode,
-                "value": float(value),
-                "epoch": epoch,
-            },
-        )
+        best = {"checkpoint": path.name, "monitor": self.monitor, "mode": self.mode}
+        best.update(value=float(value), epoch=epoch)
+        atomic_write_json(self.directory / "best.json", best)
 
     def prune(self) -> None:
         """Keeps the newest `keep` checkpoints and the best one."""
@@ -426,9 +383,6 @@ class CheckpointStore:
         for path in found[: max(0, len(found) - self.keep)]:
             if path.name != best.get("checkpoint"):
                 _discard(path)
-
-
-# ---------------------------------------------------------------- resuming
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -454,8 +408,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
 def find_resume_point(directory: Path, echo: Echo = print) -> Optional[Checkpoint]:
     """The newest checkpoint that loads, warning about those that do not."""
-    store = CheckpointStore(directory)
-    for path in reversed(store.paths()):
+    for path in reversed(CheckpointStore(directory).paths()):
         try:
             return load_checkpoint(path)
         except CheckpointError as exc:
@@ -463,9 +416,7 @@ def find_resume_point(directory: Path, echo: Echo = print) -> Optional[Checkpoin
     return None
 
 
-def restore_variables(
-    model, checkpoint: Checkpoint, group: str, arrays: Optional[dict] = None
-) -> int:
+def restore_variables(model, checkpoint: Checkpoint, group: str) -> int:
     """Assigns one group ("model", "optimizer" or "metrics") of a
     checkpoint to `model`; returns how many variables were set.
 
@@ -490,10 +441,8 @@ def restore_variables(
                 f"{shape}, the model's {variable.path} has "
                 f"{list(variable.shape)}"
             )
-    arrays = checkpoint.arrays() if arrays is None else arrays
-    for i, (variable, (_, shape, dtype)) in enumerate(
-        zip(variables, spec, strict=True)
-    ):
+    arrays = checkpoint.arrays()
+    for i, (variable, (_, shape, dtype)) in enumerate(zip(variables, spec)):  # noqa: B905
         value = arrays[f"{group}/{i:05d}"]
         if value.dtype == np.uint8 and dtype != "uint8":
             value = np.frombuffer(value.tobytes(), dtype=np.dtype(dtype))

@@ -1,11 +1,6 @@
 """The runtime on JAX: data parallelism over the local devices with
-`keras.distribution.DataParallel`, where TensorFlow has `tf.distribute`.
-
-Keras's JAX trainer shards each global batch across the devices of the
-distribution set globally, and replicates the variables, so the model is
-built and trained as on one device. `advtrain.train.runtime.make_runtime`
-calls `jax_placement` on the JAX backend; `advtrain.train.runtime_tensorflow`
-is its TensorFlow twin.
+`keras.distribution.DataParallel` (Keras shards each global batch and
+replicates the variables), where TensorFlow has `tf.distribute`.
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ from typing import Optional
 import jax
 import keras
 
+from advtrain.train.runtime import split_cpu
 from advtrain.utils.errors import ArgumentError
 
 # The strategies with a JAX equivalent: one device, or every local
@@ -41,7 +37,11 @@ def jax_placement(
             f"the local devices). Received: strategy={strategy}",
         )
     if cpu_replicas:
-        _split_cpu(cpu_replicas)
+        split_cpu(
+            lambda: jax.config.update("jax_num_cpu_devices", cpu_replicas),
+            lambda: len(jax.devices("cpu")),
+            cpu_replicas,
+        )
     del deterministic  # XLA's CPU kernels are deterministic; see make_runtime
     devices = jax.local_devices()
     kind = devices[0].platform
@@ -62,17 +62,3 @@ def jax_placement(
     )
     keras.distribution.set_distribution(distribution)
     return distribution, name, len(devices), 1, "", kind
-
-
-def _split_cpu(replicas: int) -> None:
-    try:
-        jax.config.update("jax_num_cpu_devices", replicas)
-    except RuntimeError:
-        existing = len(jax.devices("cpu"))
-        if existing != replicas:
-            raise ArgumentError(
-                "cpu_replicas",
-                f"JAX already started with {existing} CPU device(s) in this "
-                "process; set it before any JAX work (a fresh process). "
-                f"Received: cpu_replicas={replicas}",
-            ) from None
