@@ -272,7 +272,10 @@ class Preemption(keras.callbacks.Callback):
     Creating it installs the signal handlers (main thread only); `close`
     restores the previous ones. Between `arm` and `disarm` (the training
     loop) a signal asks the next step boundary to checkpoint and raise
-    `Preempted`; at other times, or a second time, it raises at once.
+    `Preempted` (a step ending an epoch: at the epoch's end, after
+    validation and the log row); at other times, or a second time, it
+    raises at once. Under MultiWorkerMirroredStrategy TensorFlow's handler
+    makes every worker stop at the same step (or the collectives hang).
 
     Args:
         run_dir: the run folder.
@@ -317,7 +320,7 @@ class Preemption(keras.callbacks.Callback):
             self._requested.set()
             return
         self.received = self.received or name
-        raise self._preempted(self._latest(), during="", written=False)
+        raise self._preempted(self._latest(), "", written=False)
 
     def close(self) -> None:
         """Restores the signal handlers found at creation."""
@@ -336,7 +339,7 @@ class Preemption(keras.callbacks.Callback):
             self._handler = self._tf_handler(resolver)
         self._armed = True
         if self._requested.is_set():
-            raise self._preempted(self._latest(), during="", written=False)
+            raise self._preempted(self._latest(), "", written=False)
 
     def disarm(self) -> None:
         """Leaves training; raises `Preempted` if a signal came in the
@@ -344,9 +347,7 @@ class Preemption(keras.callbacks.Callback):
         self._armed = False
         self._handler = None  # stops TensorFlow's watcher threads
         if self._requested.is_set():
-            raise self._preempted(
-                self._latest(), during=" at the end of training", written=True
-            )
+            raise self._preempted(self._latest(), " at the end of training")
 
     def _tf_handler(self, resolver):
         import shutil
@@ -364,11 +365,9 @@ class Preemption(keras.callbacks.Callback):
             tf.train.Checkpoint(), directory=scratch, max_to_keep=1
         )
         config = tf.distribute.experimental.TerminationConfig(
-            termination_watcher_fn=self._requested.is_set,
-            exit_fn=lambda: None,
-            grace_period=0,
-            save_fn=agreed,
-        )
+            termination_watcher_fn=self._requested.is_set, exit_fn=lambda: None,
+            grace_period=0, save_fn=agreed,
+        )  # fmt: skip
         handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             resolver, manager, termination_config=config
         )
@@ -379,11 +378,8 @@ class Preemption(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._armed:
             return
-        if self._handler is not None:
-            stop = self._cluster_agreed()
-        else:
-            stop = self._requested.is_set()
-        if not stop or self._at_epoch_end:
+        agreed = self._cluster_agreed() if self._handler else self._requested.is_set()
+        if not agreed or self._at_epoch_end:
             return
         path = self._checkpoint.save_step_now(batch, logs)
         if path is None:  # the epoch's last step: see on_epoch_end
@@ -400,11 +396,8 @@ class Preemption(keras.callbacks.Callback):
         # Agreeing takes two steps at most (the one running, the next).
         limit = max(_AGREEMENT_TIMEOUT_SECONDS, 4 * step_seconds)
         if now - self._requested_at > limit:
-            raise self._preempted(
-                self._latest(),
-                during=f" (the workers agreed on no step in {limit:.0f} s)",
-                written=False,
-            )
+            during = f" (the workers agreed on no step in {limit:.0f} s)"
+            raise self._preempted(self._latest(), during, written=False)
         return False
 
     def on_epoch_end(self, epoch, logs=None):
@@ -420,9 +413,7 @@ class Preemption(keras.callbacks.Callback):
 
         return CheckpointStore(self.run_dir / "checkpoints").latest()
 
-    def _preempted(
-        self, checkpoint: Optional[Path], during: str, written: bool = True
-    ) -> Preempted:
+    def _preempted(self, checkpoint: Optional[Path], during: str, written=True):
         self._armed = False
         if checkpoint is None:
             kept = "no checkpoint was written yet"
@@ -434,10 +425,8 @@ class Preemption(keras.callbacks.Callback):
         store = getattr(self._checkpoint, "store", None)
         if store is not None and self.run_dir not in store.directory.parents:
             scratch = store.directory.parent  # a non-chief worker's folder
+        hint = f"; {self.resume_hint}" if self.resume_hint else ""
+        message = f"preempted by {self.received or 'a signal'}{during}: {kept}{hint}"
         return Preempted(
-            f"preempted by {self.received or 'a signal'}{during}: {kept}"
-            + (f"; {self.resume_hint}" if self.resume_hint else ""),
-            checkpoint,
-            multi_worker=self.workers > 1,
-            scratch=scratch,
+            message, checkpoint, multi_worker=self.workers > 1, scratch=scratch
         )

@@ -17,18 +17,8 @@ checkpoints/
 
 A checkpoint is written under a `.tmp-` name, fsynced, then renamed, so
 one with its final name is complete; pruning renames before deleting. On
-resume `.tmp-` entries are removed and a checkpoint whose files do not
-parse or whose hash does not match is skipped, falling back to the one
-before it.
-
-Example:
-
-```python
-store = CheckpointStore(run_dir / "checkpoints", keep=3)
-store.save(model, kind="epoch", epoch=2, step=0, global_step=80, phase="train")
-point = find_resume_point(run_dir / "checkpoints")
-restore_variables(model, point, "model")
-```
+resume `.tmp-` entries are removed and a checkpoint that does not parse or
+match its hash is skipped, falling back to the one before it.
 """
 
 from __future__ import annotations
@@ -130,10 +120,7 @@ def _groups(model) -> dict[str, list]:
 
 def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
     """The arrays to save, and per group the [path, shape, dtype] of each.
-
-    Raises:
-        NonFiniteStateError: a model variable holds NaN or Inf.
-    """
+    Raises `NonFiniteStateError` when a model variable holds NaN or Inf."""
     from advtrain.train.guards import first_nonfinite_variable
 
     groups = _groups(model)
@@ -209,7 +196,7 @@ def _fsync_dir(path: Path) -> None:
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        pass  # some file systems cannot sync a folder
     finally:
         os.close(fd)
 
@@ -236,6 +223,15 @@ class CheckpointStore:
         keep: newest checkpoints kept; the best one is kept as well.
         monitor: metric that ranks epoch checkpoints (None: no best).
         mode: "max" or "min".
+
+    Example:
+
+    ```python
+    store = CheckpointStore(run_dir / "checkpoints", keep=3)
+    store.save(model, kind="epoch", epoch=2, step=0, global_step=80, phase="train")
+    point = find_resume_point(run_dir / "checkpoints")
+    restore_variables(model, point, "model")
+    ```
     """
 
     def __init__(
@@ -280,14 +276,12 @@ class CheckpointStore:
         """Deletes what an interrupted write or prune left behind."""
         if not self.directory.is_dir():
             return []
-        removed = []
-        for path in self.directory.iterdir():
-            if path.name.startswith(TMP_PREFIX):
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-                removed.append(path)
+        removed = [p for p in self.directory.iterdir() if p.name.startswith(TMP_PREFIX)]
+        for path in removed:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         return removed
 
     def is_improvement(self, value: Optional[float]) -> bool:
@@ -318,14 +312,13 @@ class CheckpointStore:
         Args:
             model: the training model (compiled; its optimizer built).
             kind: "epoch" (after `epoch` epochs) or "step" (inside one).
-            epoch: the epoch a resumed run continues with (0-based).
-            step: batches of `epoch` already trained (0 for "epoch").
+            epoch, step: a resumed run continues with `epoch` (0-based)
+                after `step` of its batches.
             global_step: batches trained since the start of the run.
             phase: the fine-tuning phase (advtrain.models.freezing).
             logs: metrics to record in state.json.
             prune: remove checkpoints beyond `keep` (and not the best).
-            steps_per_epoch: recorded, so a resume can tell that the
-                training data changed size.
+            steps_per_epoch: recorded, for a resume to compare.
         """
         if kind not in ("epoch", "step"):
             raise ValueError(f"kind must be epoch or step. Received: {kind}")
@@ -386,11 +379,7 @@ class CheckpointStore:
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
-    """Parses and checks one checkpoint folder.
-
-    Raises:
-        CheckpointError: missing or unreadable files, or a hash mismatch.
-    """
+    """Parses and checks one checkpoint folder (else `CheckpointError`)."""
     state = _read_state(path)
     if state is None:
         raise CheckpointError(f"{path}: state.json missing or unreadable")
@@ -418,12 +407,8 @@ def find_resume_point(directory: Path, echo: Echo = print) -> Optional[Checkpoin
 
 def restore_variables(model, checkpoint: Checkpoint, group: str) -> int:
     """Assigns one group ("model", "optimizer" or "metrics") of a
-    checkpoint to `model`; returns how many variables were set.
-
-    Raises:
-        CheckpointError: the model's variables do not match the saved ones
-            (another configuration or version of the code built it).
-    """
+    checkpoint to `model`; returns how many variables were set. Raises
+    `CheckpointError` when the model's variables do not match the saved."""
     if group not in GROUPS:
         raise ValueError(f"group must be one of {GROUPS}. Received: {group}")
     variables = _groups(model)[group]

@@ -52,15 +52,13 @@ class FitResult:
     """What `fit` returns.
 
     Attributes:
-        model: the trained model (the `AdversarialModel` wrapping yours
-            when an attack was given; yours is its `.classifier`).
-        history: `keras.callbacks.History.history`; with `checkpoints`, the
-            whole run's (read back from its history file after a resume).
+        model: the trained model (with an attack, the `AdversarialModel`
+            whose `.classifier` is yours).
+        history: `History.history`; with `checkpoints`, the whole run's.
         plan: the batch arithmetic that was printed.
         runtime: the strategy and settings that ran.
-        bn_gap: for a classifier with BatchNorm, train-mode vs
-            inference-mode accuracy after training (`settle_batchnorm`'s
-            `gap`, `before` recalibration, `recalibrated` batches).
+        bn_gap: for a classifier with BatchNorm, `settle_batchnorm`'s
+            train-mode vs inference-mode accuracy after training.
         evaluation: with `test_data`, `advtrain.evaluate`'s result.
         train_seconds: the seconds this process spent in the phases.
     """
@@ -105,14 +103,13 @@ def fit(
 
     Args:
         model: a Keras model, a function of no arguments building one, or
-            an `AdversarialModel` built in the runtime's scope (used as it
-            is: no `attack`, no BatchNorm momentum set).
+            an `AdversarialModel` built in the runtime's scope (used as is).
         data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, a
             function of no arguments building a dataset of global batches
-            (called anew for each phase, after the global seed is reset to
-            `seed`), or a function of `skip` returning the endless stream
-            of global batches without its first `skip` (resume continues
-            it; needs `batch_size` and `steps_per_epoch`).
+            (called anew, after the global seed is reset to `seed`), or a
+            function of `skip` returning the endless stream of global
+            batches without its first `skip` (with `batch_size` and
+            `steps_per_epoch`).
         runtime: a `RuntimeOptions`, its dict or a `Runtime`; default auto.
         attack: an `Attack`, its config dict, a method name, or None.
         adv_weight: the adversarial loss weight.
@@ -124,9 +121,8 @@ def fit(
             steps_per_epoch, scale_lr, reference_batch, warmup_epochs, seed:
             as `PlanOptions` (advtrain.train.options).
         batch_size: the global batch; required for arrays.
-        phases: `advtrain.models.freezing.phases(epochs, ...)`: a head-only
-            warm-up, then fine-tuning (each phase a fresh optimizer, so
-            `optimizer` by name); None: one phase, the model whole.
+        phases: `advtrain.models.freezing.phases(epochs, ...)` (each phase
+            a fresh optimizer, so `optimizer` by name); None: one phase.
         shuffle: shuffle arrays and examples anew each epoch.
         batchnorm: `BatchNormOptions` or its dict (the BatchNorm policy).
         validation_data: passed to `Model.fit`.
@@ -137,14 +133,13 @@ def fit(
         test_data: evaluated after training into `FitResult.evaluation`.
         evaluation: `advtrain.evaluate`'s keywords (eps: the attack's).
         checkpoints: a `TrainingState`, restored and opened: training
-            resumes where it stopped, writes its checkpoints and history,
-            stops on NaN and checkpoints on SIGTERM.
-        batchnorm_data: `(held_out, train_batches)`: the BatchNorm gap's
-            examples and the clean batches it recalibrates on (default:
-            `validation_data` or `data`, and the training stream).
-        setting_names: how warnings name `fit`'s settings (`batch_size`,
-            `batchnorm.momentum`, ...) for the caller's user.
-        **renamed: refused; a keyword renamed since 0.2 names its new name.
+            resumes where it stopped, checkpoints, stops on NaN and
+            checkpoints on SIGTERM.
+        batchnorm_data: `(held_out, train_batches)` for the BatchNorm gap
+            and recalibration (default: `validation_data` or `data`, and
+            the training stream).
+        setting_names: how warnings name `fit`'s settings for the user.
+        **renamed: refused; a renamed keyword names its new name.
 
     Example:
 
@@ -165,8 +160,6 @@ def fit(
         lr_schedule=lr_schedule, momentum=momentum, weight_decay=weight_decay,
     )  # fmt: skip
     plan, train = _plan(rt, size, batch, schedule, say)
-    # Phases freeze the backbone of an advtrain classifier; without, the
-    # model trains whole.
     freeze, phases = phases is not None, _checked_phases(phases, plan.epochs)
     net, classifier = _built_model(
         model, rt, plan, bn, say, attack=_as_attack(attack), adv_weight=adv_weight,

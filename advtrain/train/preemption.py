@@ -2,20 +2,8 @@
 
 Beyond TensorFlow's PreemptionCheckpointHandler (which only agrees on a
 step): advtrain's checkpoint, exit 75 (`EX_TEMPFAIL`) on every worker,
-orphans ended.
-
-During training the callback `advtrain.train.callbacks.Preemption`
-finishes the running step, checkpoints it (the chief into the run folder)
-and raises `Preempted`; a step that ends an epoch is checkpointed at the
-epoch's end (after validation and the log row). Outside the training loop
-the signal raises at once. Under MultiWorkerMirroredStrategy the workers
-must stop at the same step, or the next step's collectives hang:
-TensorFlow's handler agrees on it through the coordination service (our
-signal reaches it through `termination_watcher_fn`; at the agreed step it
-calls our `save_fn`), so a signal reaching one worker stops them all.
-
-This module holds what the launcher and the CLI need too and imports no
-TensorFlow.
+orphans ended. The callback is `advtrain.train.callbacks.Preemption`; this
+module holds what the launcher and the CLI need too, without TensorFlow.
 """
 
 from __future__ import annotations

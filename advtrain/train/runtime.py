@@ -104,10 +104,7 @@ class Runtime:
         if self.strategy is None:
             return True
         if self.backend == "jax":
-            return all(
-                len(v.value.sharding.device_set) == self.replicas
-                for v in model.variables
-            )
+            return self._on_every_device(model.variables)
         extended = self.strategy.extended
         return all(
             extended.variable_created_in_scope(getattr(v, "value", v))
@@ -115,17 +112,10 @@ class Runtime:
         )
 
     def prepare_model(self, model: keras.Model) -> keras.Model:
-        """Readies a freshly compiled model for `fit` under this strategy;
-        call it after every `compile`.
-
-        Under MultiWorkerMirroredStrategy Keras 3's `fit` needs a
-        workaround (keras-team/keras#20585). On JAX over several devices,
-        an optimizer made outside the scope is refused in one line.
-
-        Raises:
-            ArgumentError: naming `optimizer`, on JAX over several devices,
-                when it was made outside this runtime's scope.
-        """
+        """Readies a model for `fit` after every `compile`: the workaround
+        for Keras 3's `fit` under MultiWorkerMirroredStrategy
+        (keras-team/keras#20585); on JAX over several devices, an
+        `ArgumentError` for an optimizer made outside the scope."""
         if self.backend == "jax" and self.strategy is not None:
             self._check_optimizer(model.optimizer)
         if self.strategy_name != "multi_worker":
@@ -134,9 +124,11 @@ class Runtime:
 
         return fit_under_multi_worker(model, self.strategy)
 
+    def _on_every_device(self, variables) -> bool:
+        return all(len(v.value.sharding.device_set) == self.replicas for v in variables)
+
     def _check_optimizer(self, optimizer) -> None:
-        placed = [len(v.value.sharding.device_set) for v in optimizer.variables]
-        if all(count == self.replicas for count in placed):
+        if self._on_every_device(optimizer.variables):
             return
         raise ArgumentError(
             "optimizer",
@@ -316,16 +308,10 @@ def plan_batches(
     reference_batch: int = 256,
     warmup_epochs: float = 0.0,
 ) -> BatchPlan:
-    """Batch arithmetic: the batch is global; epochs never shrink.
-
-    The keyword arguments are `PlanOptions`' keys, with its defaults.
-    Per-replica batch = global / replicas; steps per epoch = training
-    examples // global batch (or `steps_per_epoch`). With `scale_lr` the
-    learning rate is `learning_rate * batch_size / reference_batch`.
-
-    Raises:
-        ArgumentError: naming `batch_size`, which does not divide across
-            replicas or exceeds the training set.
+    """Batch arithmetic (`PlanOptions`' keys): the batch is global, split
+    across replicas; steps per epoch = examples // global batch (or
+    `steps_per_epoch`); epochs never shrink. Raises `ArgumentError` naming
+    a `batch_size` that does not divide or exceeds the training set.
 
     Example:
 
@@ -353,21 +339,15 @@ def plan_batches(
     spe, notes = resolve_steps_per_execution(
         runtime.steps_per_execution_setting, steps, runtime
     )
+    peak = learning_rate * batch_size / reference_batch if scale_lr else learning_rate
     return BatchPlan(
-        global_batch=batch_size,
-        replicas=replicas,
-        per_replica_batch=batch_size // replicas,
-        steps_per_epoch=steps,
-        epochs=epochs,
-        steps_per_execution=spe,
-        learning_rate=(
-            learning_rate * batch_size / reference_batch if scale_lr else learning_rate
-        ),
+        global_batch=batch_size, replicas=replicas,
+        per_replica_batch=batch_size // replicas, steps_per_epoch=steps,
+        epochs=epochs, steps_per_execution=spe, learning_rate=peak,
         base_learning_rate=learning_rate,
         reference_batch=reference_batch if scale_lr else None,
-        warmup_steps=int(math.ceil(warmup_epochs * steps)),
-        notes=runtime.notes + notes,
-    )
+        warmup_steps=int(math.ceil(warmup_epochs * steps)), notes=runtime.notes + notes,
+    )  # fmt: skip
 
 
 def weights_fingerprint(model: keras.Model) -> str:

@@ -1,17 +1,6 @@
-"""`TrainingState`: resuming and checkpointing one run folder.
-
-Beyond BackupAndRestore: a resume inside an epoch trains the same batches
-with the same running metrics.
-
-Example:
-
-```python
-state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
-state.restore(model, steps_per_epoch=plan.steps_per_epoch)
-state.open(is_chief=runtime.is_chief, epochs=plan.epochs)
-advtrain.fit(model, stream, checkpoints=state, ...)
-```
-"""
+"""`TrainingState`: resuming and checkpointing one run folder. Beyond
+BackupAndRestore: a resume inside an epoch trains the same batches with the
+same running metrics."""
 
 from __future__ import annotations
 
@@ -51,6 +40,15 @@ class TrainingState:
         workers: workers of the run.
         resume_hint: how to resume, appended to the preemption message.
         echo: receives progress lines and warnings.
+
+    Example:
+
+    ```python
+    state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
+    state.restore(model, steps_per_epoch=plan.steps_per_epoch)
+    state.open(is_chief=runtime.is_chief, epochs=plan.epochs)
+    advtrain.fit(model, stream, checkpoints=state, ...)
+    ```
     """
 
     def __init__(
@@ -73,7 +71,7 @@ class TrainingState:
         self.out = self.run_dir
         self.guard: Optional[NaNGuard] = None
         self.checkpoint: Optional[AtomicCheckpoint] = None
-        self._pending_metrics: list[Checkpoint] = []
+        self._pending_metrics: Optional[Checkpoint] = None
 
     @property
     def start_epoch(self) -> int:
@@ -113,7 +111,7 @@ class TrainingState:
         self.point = point
         # The interrupted epoch's running metrics continue from the
         # checkpoint's (Keras resets them just before on_epoch_begin).
-        self._pending_metrics = [point] if point.step else []
+        self._pending_metrics = point if point.step else None
         same = (
             " (the interrupted epoch's remaining steps are trained "
             "with the same batches)"
@@ -150,21 +148,15 @@ class TrainingState:
             out / "checkpoints", keep_checkpoints, monitor, monitor_mode
         )
         store.remove_temporaries()
+        # Step checkpoints read every variable anyway: check them first.
         self.guard = NaNGuard(
-            self.steps_per_epoch,
-            hint=nan_hint,
-            last_good=store.latest,
-            # Step checkpoints read every variable anyway: check them first.
-            check_state_every_batch=bool(checkpoint_every_steps),
+            self.steps_per_epoch, nan_hint, store.latest, bool(checkpoint_every_steps)
         )
         self.checkpoint = AtomicCheckpoint(
-            store,
-            steps_per_epoch=self.steps_per_epoch,
-            epochs=epochs,
-            every_epochs=checkpoint_every_epochs,
-            every_steps=checkpoint_every_steps,
+            store, steps_per_epoch=self.steps_per_epoch, epochs=epochs,
+            every_epochs=checkpoint_every_epochs, every_steps=checkpoint_every_steps,
             global_step=self.start_global_step,
-        )
+        )  # fmt: skip
         return out
 
     def callbacks(
@@ -173,9 +165,7 @@ class TrainingState:
         """The callbacks in their order: the resumed epoch's metrics,
         `before`, NaN guard, history CSV, checkpoint, preemption."""
         start = keras.callbacks.LambdaCallback(
-            on_epoch_begin=lambda epoch, logs=None: self._restore_epoch_metrics(
-                model, image_shape
-            )
+            on_epoch_begin=lambda *_: self._restore_epoch_metrics(model, image_shape)
         )
         csv = keras.callbacks.CSVLogger(str(self.out / "history.csv"), append=True)
         return [start, *before, self.guard, csv, self.checkpoint, self.preemption]
@@ -193,9 +183,9 @@ class TrainingState:
             restore_variables(model, point, "optimizer")
 
     def _restore_epoch_metrics(self, model: keras.Model, image_shape) -> None:
-        if not self._pending_metrics:
+        point, self._pending_metrics = self._pending_metrics, None
+        if point is None:
             return
-        point = self._pending_metrics.pop()
         try:
             # Compiled metrics create their variables on first use; one update
             # on a dummy batch (then reset) creates them before the restore.
