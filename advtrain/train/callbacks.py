@@ -212,6 +212,8 @@ class AtomicCheckpoint(StepCallback):
     def _save(self, epoch: int, done: int, logs) -> Path:
         # done=0: the end of the epoch before `epoch`, an epoch checkpoint.
         global_step = self._global_step(done) if done else epoch * self.steps_per_epoch
+        if self.saved and self.last_saved_step == global_step:
+            return self.saved[-1]  # preemption right after a checkpoint
         path = self.store.save(
             self.model,
             kind="step" if done else "epoch",
@@ -233,14 +235,10 @@ class AtomicCheckpoint(StepCallback):
         done = self._done(batch)
         if done >= self.steps_per_epoch:
             return None
-        if self.saved and self.last_saved_step == self._global_step(done):
-            return self.saved[-1]
         return self._save(self._epoch, done, logs)
 
     def save_epoch_now(self, epoch: int, logs=None) -> Path:
         """Checkpoints the end of `epoch` unless just done; returns it."""
-        if self.saved and self.last_saved_step == (epoch + 1) * self.steps_per_epoch:
-            return self.saved[-1]
         path = self._save(epoch + 1, 0, logs or {})
         self.store.prune()
         return path

@@ -182,11 +182,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             return []
         # The step count and learning rate go on: a rollback should not
         # replay the schedule, only undo what the bad epochs learned.
-        return [
-            v
-            for v in optimizer.variables
-            if not v.path.endswith(("iteration", "iterations", "learning_rate"))
-        ]
+        schedule = ("iteration", "iterations", "learning_rate")
+        return [v for v in optimizer.variables if not v.path.endswith(schedule)]
 
     def _snapshot(self) -> None:
         self._best_weights = [np.copy(w) for w in self.model.get_weights()]

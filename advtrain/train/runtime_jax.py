@@ -13,23 +13,17 @@ import keras
 from advtrain.train.runtime import split_cpu
 from advtrain.utils.errors import ArgumentError
 
-# The strategies with a JAX equivalent: one device, or every local
-# device in data parallel (mirrored; tpu where the devices are TPUs).
+# The other strategies are data parallel over every local device.
 _ONE_DEVICE = ("default", "one_device")
-_TENSORFLOW_ONLY = ("multi_worker",)
 
 
 def jax_placement(
     strategy: str, cpu_replicas: Optional[int], deterministic: bool
 ) -> tuple[Optional[keras.distribution.DataParallel], str, int, int, str, str]:
     """(distribution or None, strategy name with auto resolved, replicas,
-    workers, this task, device kind), the distribution set globally.
-
-    Call it before any JAX work: `cpu_replicas` splits the CPU into that
-    many devices, which JAX allows only before it starts (as
-    `XLA_FLAGS=--xla_force_host_platform_device_count=N` does).
-    """
-    if strategy in _TENSORFLOW_ONLY:
+    workers, this task, device kind), the distribution set globally. Call
+    it before any JAX work (`cpu_replicas` splits the CPU)."""
+    if strategy == "multi_worker":
         raise ArgumentError(
             "strategy",
             f"{strategy} runs on TensorFlow only; on JAX use auto, default, "
@@ -51,9 +45,8 @@ def jax_placement(
             f"no TPU found (JAX sees {kind} devices). Use auto, default, "
             "one_device or mirrored. Received: strategy=tpu",
         )
-    name = strategy
-    if name == "auto":
-        name = "mirrored" if len(devices) > 1 else "default"
+    auto = "mirrored" if len(devices) > 1 else "default"
+    name = auto if strategy == "auto" else strategy
     if name in _ONE_DEVICE:
         keras.distribution.set_distribution(None)
         return None, name, 1, 1, "", kind

@@ -17,11 +17,8 @@ def tensorflow_placement(
     strategy: str, cpu_replicas: Optional[int], deterministic: bool
 ) -> tuple[tf.distribute.Strategy, str, int, int, str, str]:
     """(strategy, its name with auto resolved, replicas, workers, this
-    task, device kind) for the `strategy` setting.
-
-    Call it before any other TensorFlow work: `cpu_replicas` splits the CPU
-    into logical devices, which TensorFlow allows only before it starts.
-    """
+    task, device kind). Call it before any other TensorFlow work
+    (`cpu_replicas` splits the CPU)."""
     if cpu_replicas:
         cpus = tf.config.list_physical_devices("CPU")
         split_cpu(
@@ -47,11 +44,8 @@ def _device_kind() -> str:
 
 
 def tf_config_tasks() -> int:
-    """Number of tasks TF_CONFIG's cluster names (0 without TF_CONFIG).
-
-    Raises:
-        ValueError: TF_CONFIG is set but is not JSON with a cluster.
-    """
+    """Number of tasks TF_CONFIG's cluster names (0 without TF_CONFIG);
+    ValueError when it is not JSON with a cluster."""
     raw = os.environ.get("TF_CONFIG", "").strip()
     if not raw:
         return 0
