@@ -324,6 +324,8 @@ class CheckpointStore:
             raise ValueError(f"kind must be epoch or step. Received: {kind}")
         name = f"epoch-{epoch:04d}" if kind == "epoch" else f"step-{global_step:08d}"
         arrays, spec = capture_variables(model)
+        numbers = (int, float, np.floating, np.integer)
+        logs = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, numbers)}
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / name
         tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{name}"
@@ -343,11 +345,7 @@ class CheckpointStore:
                 "global_step": global_step,
                 "steps_per_epoch": steps_per_epoch,
                 "phase": phase,
-                "logs": {
-                    k: float(v)
-                    for k, v in (logs or {}).items()
-                    if isinstance(v, (int, float, np.floating, np.integer))
-                },
+                "logs": logs,
                 "variables": spec,
                 "variables_sha256": hashlib.sha256(data).hexdigest(),
             }

@@ -599,21 +599,18 @@ def _training_data(
             # Whole batches only, as array_batches and the plan's
             # steps per epoch count them (shuffled batches drop the rest).
             whole = len(x) if shuffle else len(x) // batch_size * batch_size
+            examples = Examples(np.asarray(x)[:whole], np.asarray(y)[:whole])
             batches = ArrayBatches(
-                Examples(np.asarray(x)[:whole], np.asarray(y)[:whole]),
-                batch_size=batch_size,
-                training=shuffle,
-                seed=seed,
-            ).repeat()
-            return batches.skip, len(x), batch_size
+                examples, batch_size=batch_size, training=shuffle, seed=seed
+            )
+            return batches.repeat().skip, len(x), batch_size
         from advtrain.data.streaming import array_batches
 
         ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed, repeat=True)
         return ds.skip, len(x), batch_size
     raise TypeError(
         "data must be (x, y) arrays, a tf.data.Dataset or a function "
-        "building one. "
-        f"Received: {type(data).__name__}"
+        f"building one. Received: {type(data).__name__}"
     )
 
 

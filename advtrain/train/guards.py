@@ -375,10 +375,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             "best_epoch": self.best_epoch,
         }
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
-        for prefix, values in (
-            ("weights", self._best_weights),
-            ("slots", self._best_slots),
-        ):
+        best = {"weights": self._best_weights, "slots": self._best_slots}
+        for prefix, values in best.items():
             for i, value in enumerate(values or []):
                 arrays[f"{prefix}/{i:05d}"] = value
         buffer = io.BytesIO()
@@ -393,22 +391,21 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         try:
             with np.load(Path(path), allow_pickle=False) as npz:
                 meta = json.loads(npz["meta"].tobytes().decode())
-                weights = [
-                    npz[k] for k in sorted(npz.files) if k.startswith("weights/")
-                ]
-                slots = [npz[k] for k in sorted(npz.files) if k.startswith("slots/")]
+                files = sorted(npz.files)
+                weights = [npz[k] for k in files if k.startswith("weights/")]
+                slots = [npz[k] for k in files if k.startswith("slots/")]
         except (OSError, ValueError, KeyError):
             return False
         best_epoch = meta.get("best_epoch")
         if best_epoch is None or best_epoch > epochs_done or not weights:
             return False
-        self.accuracies = [
-            (int(e), float(a)) for e, a in meta["accuracies"] if e <= epochs_done
-        ]
+
+        def done(rows):
+            return [(int(e), float(value)) for e, value in rows if e <= epochs_done]
+
+        self.accuracies = done(meta["accuracies"])
+        self.gaps = done(meta.get("gaps", []))
         self.triggers = [t for t in meta["triggers"] if t["epoch"] <= epochs_done]
-        self.gaps = [
-            (int(e), float(g)) for e, g in meta.get("gaps", []) if e <= epochs_done
-        ]
         self.best_accuracy = float(meta["best_accuracy"])
         self.best_epoch = int(best_epoch)
         self._best_weights = weights

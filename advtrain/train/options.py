@@ -22,8 +22,7 @@ class RuntimeOptions(Options):
         refused.
     cpu_replicas: split the CPU into N logical devices (for tests).
     precision: Keras dtype policy; logits and losses stay float32.
-    jit_compile: XLA for the train step and its attack; auto = off on
-        TensorFlow, on on JAX (see make_runtime for why).
+    jit_compile: XLA; auto = off on TensorFlow, on on JAX (make_runtime).
     steps_per_execution: train steps per host call; auto = the largest
         divisor of the steps per epoch up to 32 (1 under mirrored and
         multi_worker, where Keras 3 cannot loop steps).

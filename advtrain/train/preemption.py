@@ -47,13 +47,9 @@ class Preempted(Exception):
 
 def exit_preempted(exc: Preempted) -> None:
     """Ends a multi-worker process at once after `Preempted` (exit 75),
-    removing its private folder; does nothing for a single-process run.
-
-    After `fit` was left mid-epoch under MultiWorkerMirroredStrategy, the
-    interpreter's teardown blocks in TensorFlow's destructors (TF 2.21:
-    25 s and more) past the scheduler's grace period; the fsynced
-    checkpoint holds everything worth keeping.
-    """
+    removing its private folder: the interpreter's teardown would block in
+    TensorFlow's destructors (TF 2.21: 25 s and more) past the scheduler's
+    grace period. Does nothing for a single-process run."""
     import shutil
     import sys
 
@@ -67,13 +63,10 @@ def exit_preempted(exc: Preempted) -> None:
 
 
 def watch_launcher() -> None:
-    """Ends this worker when the launcher named in the environment is gone.
-
-    A daemon thread polls the parent pid (portable, unlike Linux's
-    `PR_SET_PDEATHSIG`); when the launcher vanished it sends this process
-    SIGTERM (checkpoint and exit), and after `_ORPHAN_GRACE_SECONDS` ends
-    it outright, should it be stuck in a collective with a dead peer.
-    """
+    """Ends this worker when the launcher named in the environment is gone:
+    a daemon thread polls the parent pid (portable, unlike
+    `PR_SET_PDEATHSIG`), then sends SIGTERM, and after
+    `_ORPHAN_GRACE_SECONDS` ends a worker stuck in a collective."""
     raw = os.environ.get(LAUNCHER_PID_ENV)
     if not raw or not raw.isdigit():
         return

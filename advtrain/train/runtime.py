@@ -163,22 +163,13 @@ def make_runtime(
 ) -> Runtime:
     """Places the run on the devices and sets the precision policy.
 
-    The arguments are `RuntimeOptions`' keys, with its defaults. `backend`
-    is the Keras backend the run expects (None: the one Keras runs on,
-    which is picked at import, so another is an error).
-
+    The arguments are `RuntimeOptions`' keys, with its defaults. Call it
+    before any other TensorFlow or JAX work (`cpu_replicas` splits the CPU).
     `jit_compile: auto` is off on TensorFlow, where XLA made every
-    adversarial step slower on CPUs (scripts/bench_step) and is opt-in
-    elsewhere, and on on JAX, which without jit runs op by op. JAX's CPU
-    kernels are deterministic already (on GPUs, set
-    `XLA_FLAGS=--xla_gpu_deterministic_ops=true` before starting).
-
-    Call it before any other TensorFlow or JAX work: `cpu_replicas` splits
-    the CPU into logical devices, which both allow only before they start.
-
-    Raises:
-        ArgumentError: naming `backend`, `strategy` or `cpu_replicas`,
-            which cannot be set up here.
+    adversarial step slower on CPUs (scripts/bench_step), and on on JAX,
+    which without jit runs op by op. JAX's CPU kernels are deterministic
+    already (on GPUs, set `XLA_FLAGS=--xla_gpu_deterministic_ops=true`).
+    Raises `ArgumentError` naming a setting that cannot be set up here.
     """
     running = keras.backend.backend()
     if backend is not None and backend != running:
