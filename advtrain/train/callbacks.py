@@ -137,7 +137,6 @@ class NaNGuard(StepCallback):
         self.model.stop_training = True
         # The loss went bad at or before the host call's last step.
         step = self._done(batch)
-        global_step = self._global_step(step)
         last = self.last_good()
         kept = f"kept {last}" if last else "no checkpoint was written yet"
         causes = ["learning rate too high", "eps too large"]
@@ -146,8 +145,8 @@ class NaNGuard(StepCallback):
             causes.append(f"float16 overflow (loss scale {float(np.asarray(scale)):g})")
         hint = f" ({self.hint})" if self.hint else ""
         raise NonFiniteLossError(
-            f"{what} at epoch {self._epoch + 1}, step {step} "
-            f"(global step {global_step}); training stopped and nothing was "
+            f"{what} at epoch {self._epoch + 1}, step {step} (global step "
+            f"{self._global_step(step)}); training stopped and nothing was "
             f"saved from it, {kept}. Likely causes: {', '.join(causes)}{hint}."
         )
 

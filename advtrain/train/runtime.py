@@ -95,9 +95,7 @@ class Runtime:
     def input_strategy(self):
         """The `tf.distribute` strategy whose replicas each read their own
         batches, or None for whole global batches (one replica, or JAX)."""
-        if self.backend == "jax" or self.replicas == 1:
-            return None
-        return self.strategy
+        return None if self.backend == "jax" or self.replicas == 1 else self.strategy
 
     def holds_variables_of(self, model: keras.Model) -> bool:
         """Whether `model`'s variables were created under this scope."""
