@@ -1,10 +1,8 @@
 """Training callbacks: progress lines, the NaN guard, atomic checkpoints,
-and preemption (SIGTERM/SIGINT: checkpoint the step, then stop).
-
-Beyond Keras's TerminateOnNaN, ModelCheckpoint and BackupAndRestore: a
-NaN stop before anything saves the bad weights, step checkpoints a run
-resumes from mid-epoch, SIGTERM -> checkpoint -> exit 75 on every worker.
-"""
+preemption. Beyond Keras's TerminateOnNaN, ModelCheckpoint and
+BackupAndRestore: a NaN stop before anything saves the bad weights, step
+checkpoints a run resumes from mid-epoch, SIGTERM -> checkpoint -> exit 75
+on every worker."""
 
 from __future__ import annotations
 
@@ -57,17 +55,9 @@ class NonFiniteLossError(RuntimeError):
 
 
 class StepCallback(keras.callbacks.Callback):
-    """Base of the callbacks that name a step: the epoch, the batches of it
-    trained, and the global step.
-
-    Keras's `params["steps"]` and batch index count within one `fit`. A
-    resumed run fits its interrupted epoch alone, for its remaining steps
-    (`fit_phases`), so the batches before that fit are `steps_per_epoch`
-    minus `params["steps"]`.
-
-    Args:
-        steps_per_epoch: batches per epoch.
-    """
+    """Base of the callbacks that name a step (epoch, batches of it trained,
+    global step). A resumed run fits its interrupted epoch alone, so the
+    batches before that `fit` are `steps_per_epoch - params["steps"]`."""
 
     def __init__(self, steps_per_epoch: int):
         super().__init__()
@@ -81,9 +71,7 @@ class StepCallback(keras.callbacks.Callback):
         self._before = max(0, self.steps_per_epoch - steps)
 
     def _done(self, batch: int) -> int:
-        """Batches of the current epoch trained after host call `batch`
-        (with steps_per_execution > 1, Keras reports a host call's last
-        step)."""
+        # With steps_per_execution > 1, Keras reports a host call's last step.
         return min(self._before + batch + 1, self.steps_per_epoch)
 
     def _global_step(self, done: int) -> int:
@@ -93,24 +81,18 @@ class StepCallback(keras.callbacks.Callback):
 class NaNGuard(StepCallback):
     """Stops training at the first non-finite loss, before anything saves it.
 
-    Replaces `keras.callbacks.TerminateOnNaN`, which lets the epoch end (and
-    so every epoch-end callback, checkpoints included) run on NaN weights.
-    This guard raises `NonFiniteLossError` from the batch where the loss
-    turned non-finite, so `fit` ends there: no checkpoint, model or metrics
-    file is written from the bad weights, and the message names the step,
-    the last good checkpoint and the usual causes. The model's state
-    (weights and BatchNorm moving statistics, which can turn NaN while the
-    loss stays finite) is checked the same way at every epoch end, before
-    the epoch's history row and checkpoint, and with `check_state_every_batch`
-    after every host call too. Put it before the CSV logger and the
-    checkpoint callback.
+    Unlike `keras.callbacks.TerminateOnNaN`, which lets the epoch-end
+    callbacks run on NaN weights, it raises `NonFiniteLossError` from the
+    batch itself. The model's state (which can turn NaN while the loss
+    stays finite) is checked at every epoch end too, and with
+    `check_state_every_batch` after every host call. Put it before the CSV
+    logger and the checkpoint.
 
     Args:
         steps_per_epoch: batches per epoch, to report a global step.
         hint: the likely causes, e.g. the run's learning rate and eps.
         last_good: returns the newest checkpoint on disk (or None).
-        check_state_every_batch: also check the state after every host
-            call (one read of every variable; for step checkpoints).
+        check_state_every_batch: check the state after every host call.
 
     Example:
 
@@ -155,7 +137,6 @@ class NaNGuard(StepCallback):
         self.model.stop_training = True
         # The loss went bad at or before the host call's last step.
         step = self._done(batch)
-        global_step = self._global_step(step)
         last = self.last_good()
         kept = f"kept {last}" if last else "no checkpoint was written yet"
         causes = ["learning rate too high", "eps too large"]
@@ -164,8 +145,8 @@ class NaNGuard(StepCallback):
             causes.append(f"float16 overflow (loss scale {float(np.asarray(scale)):g})")
         hint = f" ({self.hint})" if self.hint else ""
         raise NonFiniteLossError(
-            f"{what} at epoch {self._epoch + 1}, step {step} "
-            f"(global step {global_step}); training stopped and nothing was "
+            f"{what} at epoch {self._epoch + 1}, step {step} (global step "
+            f"{self._global_step(step)}); training stopped and nothing was "
             f"saved from it, {kept}. Likely causes: {', '.join(causes)}{hint}."
         )
 
@@ -173,32 +154,24 @@ class NaNGuard(StepCallback):
 class AtomicCheckpoint(StepCallback):
     """Checkpoints every N epochs and every M steps, atomically, for resume.
 
-    Each checkpoint (an `advtrain.train.checkpoint.CheckpointStore` folder)
-    holds the model's variables (SeedGenerator state included), the
-    optimizer's (iterations, slots, loss scale) and the metrics', plus the
-    epoch and step, so a resumed run continues exactly where it was
-    written. The newest `keep` are kept, plus the best by the store's
-    monitor; an epoch that improves it is checkpointed even off schedule,
-    and so is the final epoch.
-
-    Step checkpoints land at the first host call at or after every
-    `every_steps`-th step (exactly there when `steps_per_execution` divides
-    it), never on an epoch's last step: the epoch checkpoint belongs there.
+    Each checkpoint (`advtrain.train.checkpoint.CheckpointStore`) holds the
+    model's, optimizer's and metrics' variables plus the epoch and step,
+    so a resumed run continues exactly where it was written. The final
+    epoch and an epoch that improves the store's monitor are checkpointed
+    even off schedule. Step checkpoints land at the first host call at or
+    after every `every_steps`-th step, never on an epoch's last step.
 
     Args:
-        store: where checkpoints go.
-        steps_per_epoch: batches per epoch.
-        epochs: the run's total epochs.
-        every_epochs: epoch checkpoint period.
-        every_steps: step checkpoint period (None: none).
-        phase: name of the current fine-tuning phase (recorded).
+        store: a `CheckpointStore`.
+        steps_per_epoch, epochs: batches per epoch, the run's epochs.
+        every_epochs, every_steps: the checkpoint periods (steps: None).
+        phase: the current fine-tuning phase (recorded).
         global_step: batches already trained (when resuming).
 
     Example:
 
     ```python
-    store = CheckpointStore(run_dir / "checkpoints", keep=3,
-                            monitor="adv_accuracy")
+    store = CheckpointStore(run_dir / "checkpoints", monitor="adv_accuracy")
     ckpt = AtomicCheckpoint(store, steps_per_epoch=100, epochs=10)
     model.fit(ds, epochs=10, steps_per_epoch=100, callbacks=[ckpt])
     ```
@@ -236,9 +209,10 @@ class AtomicCheckpoint(StepCallback):
         self._save(self._epoch, done, logs)
 
     def _save(self, epoch: int, done: int, logs) -> Path:
-        """Checkpoints `done` batches of `epoch` (0: the end of the epoch
-        before it, an epoch checkpoint)."""
+        # done=0: the end of the epoch before `epoch`, an epoch checkpoint.
         global_step = self._global_step(done) if done else epoch * self.steps_per_epoch
+        if self.saved and self.last_saved_step == global_step:
+            return self.saved[-1]  # preemption right after a checkpoint
         path = self.store.save(
             self.model,
             kind="step" if done else "epoch",
@@ -255,21 +229,15 @@ class AtomicCheckpoint(StepCallback):
         return path
 
     def save_step_now(self, batch: int, logs=None) -> Optional[Path]:
-        """Checkpoints the step reached after host call `batch`, off
-        schedule (preemption); None on an epoch's last step, which
-        `save_epoch_now` checkpoints at the epoch's end."""
+        """Checkpoints the step reached after host call `batch` now; None
+        on an epoch's last step (`save_epoch_now` at the epoch's end)."""
         done = self._done(batch)
         if done >= self.steps_per_epoch:
             return None
-        if self.saved and self.last_saved_step == self._global_step(done):
-            return self.saved[-1]
         return self._save(self._epoch, done, logs)
 
     def save_epoch_now(self, epoch: int, logs=None) -> Path:
-        """Checkpoints the end of `epoch` (call after `on_epoch_end`) unless
-        it was just checkpointed; returns the checkpoint."""
-        if self.saved and self.last_saved_step == (epoch + 1) * self.steps_per_epoch:
-            return self.saved[-1]
+        """Checkpoints the end of `epoch` unless just done; returns it."""
         path = self._save(epoch + 1, 0, logs or {})
         self.store.prune()
         return path
@@ -298,17 +266,18 @@ _AGREEMENT_TIMEOUT_SECONDS = 15.0
 class Preemption(keras.callbacks.Callback):
     """Turns SIGTERM and SIGINT into a checkpoint and a clean exit.
 
-    Creating it installs the signal handlers (main thread only; elsewhere
-    it does nothing); `close` restores the previous ones. Between `arm`
-    and `disarm` (the training loop) a signal asks the next step boundary
-    to checkpoint and raise `Preempted`; at other times it raises at once.
-    A second signal while the first is handled also raises at once.
+    Creating it installs the signal handlers (main thread only); `close`
+    restores the previous ones. Between `arm` and `disarm` (the training
+    loop) a signal asks the next step boundary to checkpoint and raise
+    `Preempted` (a step ending an epoch: at the epoch's end, after
+    validation and the log row); at other times, or a second time, it
+    raises at once. Under MultiWorkerMirroredStrategy TensorFlow's handler
+    makes every worker stop at the same step (or the collectives hang).
 
     Args:
-        run_dir: the run folder (its checkpoints are named in the message).
+        run_dir: the run folder.
         workers: workers of the run.
-        resume_hint: how to resume ("resume with ..."), ending the message.
-        signals: the signals handled.
+        resume_hint: how to resume, ending the message.
 
     Example:
 
@@ -321,14 +290,7 @@ class Preemption(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(
-        self,
-        run_dir: Path,
-        *,
-        workers: int = 1,
-        resume_hint: str = "",
-        signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
-    ):
+    def __init__(self, run_dir: Path, *, workers: int = 1, resume_hint: str = ""):
         super().__init__()
         self.run_dir = Path(run_dir)
         self.workers = workers
@@ -344,10 +306,8 @@ class Preemption(keras.callbacks.Callback):
         self._handler = None
         self._previous: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
-            for signum in signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
                 self._previous[signum] = signal.signal(signum, self._on_signal)
-
-    # ------------------------------------------------------------ signals
 
     def _on_signal(self, signum, frame):
         name = signal.Signals(signum).name
@@ -357,7 +317,7 @@ class Preemption(keras.callbacks.Callback):
             self._requested.set()
             return
         self.received = self.received or name
-        raise self._preempted(self._latest(), during="", written=False)
+        raise self._preempted(self._latest(), "", written=False)
 
     def close(self) -> None:
         """Restores the signal handlers found at creation."""
@@ -366,23 +326,17 @@ class Preemption(keras.callbacks.Callback):
         self._previous.clear()
         self._handler = None
 
-    # ------------------------------------------------------------ training
-
     def arm(self, checkpoint, strategy=None) -> None:
-        """Enters training: a signal now stops after the current step.
-
-        Args:
-            checkpoint: the run's `AtomicCheckpoint` (writes the checkpoint).
-            strategy: the run's strategy; under MultiWorkerMirroredStrategy
-                TensorFlow's `PreemptionCheckpointHandler` picks the step.
-        """
+        """Enters training: a signal now stops after the current step,
+        checkpointed by `checkpoint` (an `AtomicCheckpoint`); under
+        MultiWorkerMirroredStrategy TensorFlow's handler picks the step."""
         self._checkpoint = checkpoint
         resolver = getattr(strategy, "cluster_resolver", None)
         if resolver is not None and resolver.cluster_spec().jobs:
             self._handler = self._tf_handler(resolver)
         self._armed = True
         if self._requested.is_set():
-            raise self._preempted(self._latest(), during="", written=False)
+            raise self._preempted(self._latest(), "", written=False)
 
     def disarm(self) -> None:
         """Leaves training; raises `Preempted` if a signal came in the
@@ -390,9 +344,7 @@ class Preemption(keras.callbacks.Callback):
         self._armed = False
         self._handler = None  # stops TensorFlow's watcher threads
         if self._requested.is_set():
-            raise self._preempted(
-                self._latest(), during=" at the end of training", written=True
-            )
+            raise self._preempted(self._latest(), " at the end of training")
 
     def _tf_handler(self, resolver):
         import shutil
@@ -410,11 +362,9 @@ class Preemption(keras.callbacks.Callback):
             tf.train.Checkpoint(), directory=scratch, max_to_keep=1
         )
         config = tf.distribute.experimental.TerminationConfig(
-            termination_watcher_fn=self._requested.is_set,
-            exit_fn=lambda: None,
-            grace_period=0,
-            save_fn=agreed,
-        )
+            termination_watcher_fn=self._requested.is_set, exit_fn=lambda: None,
+            grace_period=0, save_fn=agreed,
+        )  # fmt: skip
         handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             resolver, manager, termination_config=config
         )
@@ -425,11 +375,8 @@ class Preemption(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._armed:
             return
-        if self._handler is not None:
-            stop = self._cluster_agreed()
-        else:
-            stop = self._requested.is_set()
-        if not stop or self._at_epoch_end:
+        agreed = self._cluster_agreed() if self._handler else self._requested.is_set()
+        if not agreed or self._at_epoch_end:
             return
         path = self._checkpoint.save_step_now(batch, logs)
         if path is None:  # the epoch's last step: see on_epoch_end
@@ -438,7 +385,6 @@ class Preemption(keras.callbacks.Callback):
         raise self._preempted(path, during=" after the current step")
 
     def _cluster_agreed(self) -> bool:
-        """Whether the workers reached the step they agreed to stop at."""
         self._handler.save_checkpoint_if_preempted()
         now = time.monotonic()
         step_seconds, self._batch_end = now - self._batch_end, now
@@ -447,11 +393,8 @@ class Preemption(keras.callbacks.Callback):
         # Agreeing takes two steps at most (the one running, the next).
         limit = max(_AGREEMENT_TIMEOUT_SECONDS, 4 * step_seconds)
         if now - self._requested_at > limit:
-            raise self._preempted(
-                self._latest(),
-                during=f" (the workers agreed on no step in {limit:.0f} s)",
-                written=False,
-            )
+            during = f" (the workers agreed on no step in {limit:.0f} s)"
+            raise self._preempted(self._latest(), during, written=False)
         return False
 
     def on_epoch_end(self, epoch, logs=None):
@@ -460,8 +403,6 @@ class Preemption(keras.callbacks.Callback):
         path = self._checkpoint.save_epoch_now(epoch, logs)
         raise self._preempted(path, during=" at the end of the epoch")
 
-    # ------------------------------------------------------------ messages
-
     def _latest(self) -> Optional[Path]:
         if self._checkpoint is not None:
             return self._checkpoint.store.latest()
@@ -469,9 +410,7 @@ class Preemption(keras.callbacks.Callback):
 
         return CheckpointStore(self.run_dir / "checkpoints").latest()
 
-    def _preempted(
-        self, checkpoint: Optional[Path], during: str, written: bool = True
-    ) -> Preempted:
+    def _preempted(self, checkpoint: Optional[Path], during: str, written=True):
         self._armed = False
         if checkpoint is None:
             kept = "no checkpoint was written yet"
@@ -483,10 +422,8 @@ class Preemption(keras.callbacks.Callback):
         store = getattr(self._checkpoint, "store", None)
         if store is not None and self.run_dir not in store.directory.parents:
             scratch = store.directory.parent  # a non-chief worker's folder
+        hint = f"; {self.resume_hint}" if self.resume_hint else ""
+        message = f"preempted by {self.received or 'a signal'}{during}: {kept}{hint}"
         return Preempted(
-            f"preempted by {self.received or 'a signal'}{during}: {kept}"
-            + (f"; {self.resume_hint}" if self.resume_hint else ""),
-            checkpoint,
-            multi_worker=self.workers > 1,
-            scratch=scratch,
+            message, checkpoint, multi_worker=self.workers > 1, scratch=scratch
         )

@@ -1,42 +1,24 @@
 """Crash-safe checkpoints, and resuming from them.
 
-Beyond BackupAndRestore, ModelCheckpoint and tf.train.CheckpointManager:
-optimizer and metric state for a bitwise mid-epoch resume, write-then-rename,
-corrupt ones skipped with a warning, the best kept, in NumPy files.
-
-BackupAndRestore saves weights only, in place, once, and resumes at an
-epoch; CheckpointManager is TensorFlow's alone. So a checkpoint is a folder
-under `checkpoints/`:
+Beyond BackupAndRestore (weights only, once, at an epoch), ModelCheckpoint
+and tf.train.CheckpointManager (TensorFlow's alone): optimizer and metric
+state for a bitwise mid-epoch resume, write-then-rename, corrupt ones
+skipped with a warning, the best kept, in NumPy files (no pickle).
 
 ```
 checkpoints/
-  step-00000013/     a checkpoint inside an epoch (checkpoint_every_steps)
-    variables.npz    model variables (weights, BatchNorm statistics, the
-                     attack's SeedGenerator state), optimizer variables
-                     (iteration count, slots, loss scale), metric variables
+  step-00000013/     inside an epoch (checkpoint_every_steps)
+    variables.npz    model (SeedGenerator state included), optimizer and
+                     metric variables
     state.json       epoch, step, phase, monitored value, sha256 of the npz
-  epoch-0002/        a checkpoint at the end of epoch 2 (same contents)
+  epoch-0002/        at the end of epoch 2 (same contents)
   best.json          which checkpoint holds the best monitored value
 ```
 
-Each checkpoint is written under a `.tmp-` name, flushed to disk and then
-renamed into place, so a checkpoint that carries its final name is complete.
-Pruning renames before deleting, for the same reason. On resume, `.tmp-`
-entries are ignored (and removed) and a checkpoint whose files do not parse
-or whose hash does not match is skipped with a warning, falling back to the
-one before it.
-
-The arrays are stored with `numpy.savez` and read with `allow_pickle=False`:
-no pickle anywhere.
-
-Example:
-
-```python
-store = CheckpointStore(run_dir / "checkpoints", keep=3)
-store.save(model, kind="epoch", epoch=2, step=0, global_step=80, phase="train")
-point = find_resume_point(run_dir / "checkpoints")
-restore_variables(model, point, "model")
-```
+A checkpoint is written under a `.tmp-` name, fsynced, then renamed, so
+one with its final name is complete; pruning renames before deleting. On
+resume `.tmp-` entries are removed and a checkpoint that does not parse or
+match its hash is skipped, falling back to the one before it.
 """
 
 from __future__ import annotations
@@ -76,11 +58,8 @@ class NonFiniteStateError(RuntimeError):
 
 def writable_dir(out: Path, is_chief: bool) -> Path:
     """Where this worker writes: the run folder for the chief, a private
-    temporary folder (removed at exit) for the other workers.
-
-    Every worker runs the same saving code (tf.distribute's convention),
-    but only the chief's files land in the run folder.
-    """
+    temporary folder (removed at exit) for the others, which run the same
+    saving code (tf.distribute's convention)."""
     if is_chief:
         return out
     scratch = Path(tempfile.mkdtemp(prefix="advtrain-worker-"))
@@ -89,8 +68,8 @@ def writable_dir(out: Path, is_chief: bool) -> Path:
 
 
 def truncate_history(path: Path, epochs: int) -> None:
-    """Keeps the header and the rows of the first `epochs` epochs of a
-    CSVLogger file (a killed run may have logged an epoch it had not
+    """Keeps the header and the whole rows of the first `epochs` epochs of
+    a CSVLogger file (a killed run may have logged an epoch it had not
     checkpointed, or half a row)."""
     if not path.is_file():
         return
@@ -129,9 +108,6 @@ def read_history(path: Path) -> dict[str, list[float]]:
     return history
 
 
-# ---------------------------------------------------------------- variables
-
-
 def _groups(model) -> dict[str, list]:
     optimizer = getattr(model, "optimizer", None)
     built = optimizer is not None and getattr(optimizer, "built", False)
@@ -142,16 +118,9 @@ def _groups(model) -> dict[str, list]:
     }
 
 
-def _plain(variable) -> np.ndarray:
-    return np.array(variable.numpy() if hasattr(variable, "numpy") else variable)
-
-
 def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
     """The arrays to save, and per group the [path, shape, dtype] of each.
-
-    Raises:
-        NonFiniteStateError: a model variable holds NaN or Inf.
-    """
+    Raises `NonFiniteStateError` when a model variable holds NaN or Inf."""
     from advtrain.train.guards import first_nonfinite_variable
 
     groups = _groups(model)
@@ -165,7 +134,7 @@ def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
     for group, variables in groups.items():
         spec[group] = []
         for i, variable in enumerate(variables):
-            value = _plain(variable)
+            value = np.array(variable.numpy())
             spec[group].append(
                 [str(variable.path), list(value.shape), str(value.dtype)]
             )
@@ -178,34 +147,21 @@ def capture_variables(model) -> tuple[dict[str, np.ndarray], dict[str, list]]:
 
 @dataclasses.dataclass
 class Checkpoint:
-    """A finished checkpoint folder and its parsed `state.json`."""
+    """A finished checkpoint folder and its parsed `state.json`: `epoch`
+    (0-based) continues after `step` of its batches."""
 
     path: Path
     state: dict[str, Any]
 
-    @property
-    def epoch(self) -> int:
-        """The epoch to continue with (0-based)."""
-        return int(self.state["epoch"])
-
-    @property
-    def step(self) -> int:
-        """Batches of `epoch` already trained."""
-        return int(self.state["step"])
-
-    @property
-    def global_step(self) -> int:
-        return int(self.state["global_step"])
-
-    @property
-    def phase(self) -> str:
-        return self.state["phase"]
+    epoch = property(lambda self: int(self.state["epoch"]))
+    step = property(lambda self: int(self.state["step"]))
+    global_step = property(lambda self: int(self.state["global_step"]))
+    phase = property(lambda self: self.state["phase"])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The saved arrays, after checking the file's hash."""
         data = (self.path / "variables.npz").read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != self.state.get("variables_sha256"):
+        if hashlib.sha256(data).hexdigest() != self.state.get("variables_sha256"):
             raise CheckpointError(
                 f"{self.path}: variables.npz does not match its recorded hash"
             )
@@ -215,13 +171,11 @@ class Checkpoint:
 
 def _sort_key(path: Path) -> tuple[int, int]:
     kind, number = _NAME.match(path.name).groups()
-    if kind == "epoch":
-        # Named by epoch; ordered by global step via state.json, which an
-        # unreadable checkpoint may lack, so fall back to a large number.
-        state = _read_state(path)
-        step = int(state["global_step"]) if state else 1 << 62
-        return step, 1
-    return int(number), 0
+    if kind == "step":
+        return int(number), 0
+    # Ordered by global step, which an unreadable checkpoint may lack.
+    state = _read_state(path)
+    return (int(state["global_step"]) if state else 1 << 62), 1
 
 
 def _read_state(path: Path) -> Optional[dict[str, Any]]:
@@ -242,9 +196,16 @@ def _fsync_dir(path: Path) -> None:
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        pass  # some file systems cannot sync a folder
     finally:
         os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _discard(path: Path) -> None:
@@ -262,6 +223,15 @@ class CheckpointStore:
         keep: newest checkpoints kept; the best one is kept as well.
         monitor: metric that ranks epoch checkpoints (None: no best).
         mode: "max" or "min".
+
+    Example:
+
+    ```python
+    store = CheckpointStore(run_dir / "checkpoints", keep=3)
+    store.save(model, kind="epoch", epoch=2, step=0, global_step=80, phase="train")
+    point = find_resume_point(run_dir / "checkpoints")
+    restore_variables(model, point, "model")
+    ```
     """
 
     def __init__(
@@ -279,8 +249,6 @@ class CheckpointStore:
         self.keep = keep
         self.monitor = monitor
         self.mode = mode
-
-    # ------------------------------------------------------------ listing
 
     def paths(self) -> list[Path]:
         """Checkpoint folders with a final name, oldest first."""
@@ -308,17 +276,13 @@ class CheckpointStore:
         """Deletes what an interrupted write or prune left behind."""
         if not self.directory.is_dir():
             return []
-        removed = []
-        for path in self.directory.iterdir():
-            if path.name.startswith(TMP_PREFIX):
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-                removed.append(path)
+        removed = [p for p in self.directory.iterdir() if p.name.startswith(TMP_PREFIX)]
+        for path in removed:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         return removed
-
-    # ------------------------------------------------------------ writing
 
     def is_improvement(self, value: Optional[float]) -> bool:
         if self.monitor is None or value is None or not math.isfinite(value):
@@ -348,19 +312,20 @@ class CheckpointStore:
         Args:
             model: the training model (compiled; its optimizer built).
             kind: "epoch" (after `epoch` epochs) or "step" (inside one).
-            epoch: the epoch a resumed run continues with (0-based).
-            step: batches of `epoch` already trained (0 for "epoch").
+            epoch, step: a resumed run continues with `epoch` (0-based)
+                after `step` of its batches.
             global_step: batches trained since the start of the run.
             phase: the fine-tuning phase (advtrain.models.freezing).
             logs: metrics to record in state.json.
             prune: remove checkpoints beyond `keep` (and not the best).
-            steps_per_epoch: recorded, so a resume can tell that the
-                training data changed size.
+            steps_per_epoch: recorded, for a resume to compare.
         """
         if kind not in ("epoch", "step"):
             raise ValueError(f"kind must be epoch or step. Received: {kind}")
         name = f"epoch-{epoch:04d}" if kind == "epoch" else f"step-{global_step:08d}"
         arrays, spec = capture_variables(model)
+        numbers = (int, float, np.floating, np.integer)
+        logs = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, numbers)}
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / name
         tmp = self.directory / f"{TMP_PREFIX}{os.getpid()}-{name}"
@@ -371,10 +336,7 @@ class CheckpointStore:
             buffer = io.BytesIO()
             np.savez(buffer, **arrays)
             data = buffer.getvalue()
-            with open(tmp / "variables.npz", "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            _write_synced(tmp / "variables.npz", data)
             state = {
                 "format": FORMAT,
                 "kind": kind,
@@ -383,18 +345,11 @@ class CheckpointStore:
                 "global_step": global_step,
                 "steps_per_epoch": steps_per_epoch,
                 "phase": phase,
-                "logs": {
-                    k: float(v)
-                    for k, v in (logs or {}).items()
-                    if isinstance(v, (int, float, np.floating, np.integer))
-                },
+                "logs": logs,
                 "variables": spec,
                 "variables_sha256": hashlib.sha256(data).hexdigest(),
             }
-            with open(tmp / "state.json", "w", encoding="utf-8") as handle:
-                json.dump(state, handle, indent=1)
-                handle.flush()
-                os.fsync(handle.fileno())
+            _write_synced(tmp / "state.json", json.dumps(state, indent=1).encode())
             _fsync_dir(tmp)
             if final.exists():
                 _discard(final)
@@ -408,16 +363,9 @@ class CheckpointStore:
         return final
 
     def record_best(self, path: Path, value: float, epoch: int) -> None:
-        atomic_write_json(
-            self.directory / "best.json",
-            {
-                "checkpoint": path.name,
-                "monitor": self.monitor,
-                "mode": self.mode,
-                "value": float(value),
-                "epoch": epoch,
-            },
-        )
+        best = {"checkpoint": path.name, "monitor": self.monitor, "mode": self.mode}
+        best.update(value=float(value), epoch=epoch)
+        atomic_write_json(self.directory / "best.json", best)
 
     def prune(self) -> None:
         """Keeps the newest `keep` checkpoints and the best one."""
@@ -428,15 +376,8 @@ class CheckpointStore:
                 _discard(path)
 
 
-# ---------------------------------------------------------------- resuming
-
-
 def load_checkpoint(path: Path) -> Checkpoint:
-    """Parses and checks one checkpoint folder.
-
-    Raises:
-        CheckpointError: missing or unreadable files, or a hash mismatch.
-    """
+    """Parses and checks one checkpoint folder (else `CheckpointError`)."""
     state = _read_state(path)
     if state is None:
         raise CheckpointError(f"{path}: state.json missing or unreadable")
@@ -454,8 +395,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
 def find_resume_point(directory: Path, echo: Echo = print) -> Optional[Checkpoint]:
     """The newest checkpoint that loads, warning about those that do not."""
-    store = CheckpointStore(directory)
-    for path in reversed(store.paths()):
+    for path in reversed(CheckpointStore(directory).paths()):
         try:
             return load_checkpoint(path)
         except CheckpointError as exc:
@@ -463,16 +403,10 @@ def find_resume_point(directory: Path, echo: Echo = print) -> Optional[Checkpoin
     return None
 
 
-def restore_variables(
-    model, checkpoint: Checkpoint, group: str, arrays: Optional[dict] = None
-) -> int:
+def restore_variables(model, checkpoint: Checkpoint, group: str) -> int:
     """Assigns one group ("model", "optimizer" or "metrics") of a
-    checkpoint to `model`; returns how many variables were set.
-
-    Raises:
-        CheckpointError: the model's variables do not match the saved ones
-            (another configuration or version of the code built it).
-    """
+    checkpoint to `model`; returns how many variables were set. Raises
+    `CheckpointError` when the model's variables do not match the saved."""
     if group not in GROUPS:
         raise ValueError(f"group must be one of {GROUPS}. Received: {group}")
     variables = _groups(model)[group]
@@ -490,10 +424,8 @@ def restore_variables(
                 f"{shape}, the model's {variable.path} has "
                 f"{list(variable.shape)}"
             )
-    arrays = checkpoint.arrays() if arrays is None else arrays
-    for i, (variable, (_, shape, dtype)) in enumerate(
-        zip(variables, spec, strict=True)
-    ):
+    arrays = checkpoint.arrays()
+    for i, (variable, (_, shape, dtype)) in enumerate(zip(variables, spec)):  # noqa: B905
         value = arrays[f"{group}/{i:05d}"]
         if value.dtype == np.uint8 and dtype != "uint8":
             value = np.frombuffer(value.tobytes(), dtype=np.dtype(dtype))

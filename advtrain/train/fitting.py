@@ -1,10 +1,6 @@
-"""`advtrain.fit` (defined here, in `advtrain.train.fitting`): any Keras model,
-adversarially trained or not, through advtrain's runtime.
-
-Strategy, precision, XLA, batch arithmetic, steps per execution, phases,
-checkpoints and resume, for a model and data you bring: a regressor, a
-sequence model, a classifier over wide tabular inputs, adversarially
-trained or not.
+"""`advtrain.fit`: any Keras model (a regressor, a sequence model, a
+classifier), adversarially trained or not, through advtrain's runtime:
+strategy, precision, XLA, batch arithmetic, phases, checkpoints and resume.
 """
 
 from __future__ import annotations
@@ -56,19 +52,14 @@ class FitResult:
     """What `fit` returns.
 
     Attributes:
-        model: the trained model (the `AdversarialModel` wrapping yours
-            when an attack was given; yours is its `.classifier`).
-        history: `keras.callbacks.History.history`; with `checkpoints`, the
-            whole run's (read back from its history file after a resume).
+        model: the trained model (with an attack, the `AdversarialModel`
+            whose `.classifier` is yours).
+        history: `History.history`; with `checkpoints`, the whole run's.
         plan: the batch arithmetic that was printed.
         runtime: the strategy and settings that ran.
-        bn_gap: for a classifier with BatchNorm, train-mode vs
-            inference-mode accuracy after training
-            (`advtrain.models.batchnorm.policy.settle_batchnorm`: `gap`, `before`
-            recalibration, `recalibrated` batches); None otherwise.
-        evaluation: with `test_data`, `advtrain.evaluate`'s result:
-            `robust_accuracy` (the worst case over FGSM, PGD and
-            AutoAttack) and its interval first; None otherwise.
+        bn_gap: for a classifier with BatchNorm, `settle_batchnorm`'s
+            train-mode vs inference-mode accuracy after training.
+        evaluation: with `test_data`, `advtrain.evaluate`'s result.
         train_seconds: the seconds this process spent in the phases.
     """
 
@@ -112,14 +103,13 @@ def fit(
 
     Args:
         model: a Keras model, a function of no arguments building one, or
-            an `AdversarialModel` built in the runtime's scope (used as it
-            is: no `attack`, no BatchNorm momentum set).
+            an `AdversarialModel` built in the runtime's scope (used as is).
         data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, a
             function of no arguments building a dataset of global batches
-            (called anew for each phase, after the global seed is reset to
-            `seed`), or a function of `skip` returning the endless stream
-            of global batches without its first `skip` (resume continues
-            it; needs `batch_size` and `steps_per_epoch`).
+            (called anew, after the global seed is reset to `seed`), or a
+            function of `skip` returning the endless stream of global
+            batches without its first `skip` (with `batch_size` and
+            `steps_per_epoch`).
         runtime: a `RuntimeOptions`, its dict or a `Runtime`; default auto.
         attack: an `Attack`, its config dict, a method name, or None.
         adv_weight: the adversarial loss weight.
@@ -127,21 +117,13 @@ def fit(
         loss: a Keras loss (with an attack: cross-entropy from logits).
         metrics: Keras metrics.
         optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
-        learning_rate: as `PlanOptions` (advtrain.train.options).
-        lr_schedule: as `PlanOptions`.
-        momentum: as `PlanOptions` (SGD's momentum).
-        weight_decay: as `PlanOptions`.
+        learning_rate, lr_schedule, momentum, weight_decay, epochs,
+            steps_per_epoch, scale_lr, reference_batch, warmup_epochs, seed:
+            as `PlanOptions` (advtrain.train.options).
         batch_size: the global batch; required for arrays.
-        epochs: as `PlanOptions`.
-        steps_per_epoch: as `PlanOptions`.
-        scale_lr: as `PlanOptions`.
-        reference_batch: as `PlanOptions`.
-        warmup_epochs: as `PlanOptions`.
-        phases: `advtrain.models.freezing.phases(epochs, ...)`: a head-only
-            warm-up, then fine-tuning (each phase a fresh optimizer, so
-            `optimizer` by name); None: one phase, the model whole.
+        phases: `advtrain.models.freezing.phases(epochs, ...)` (each phase
+            a fresh optimizer, so `optimizer` by name); None: one phase.
         shuffle: shuffle arrays and examples anew each epoch.
-        seed: as `PlanOptions`.
         batchnorm: `BatchNormOptions` or its dict (the BatchNorm policy).
         validation_data: passed to `Model.fit`.
         callbacks: passed to `Model.fit`; a `CatastrophicOverfittingGuard`
@@ -151,14 +133,13 @@ def fit(
         test_data: evaluated after training into `FitResult.evaluation`.
         evaluation: `advtrain.evaluate`'s keywords (eps: the attack's).
         checkpoints: a `TrainingState`, restored and opened: training
-            resumes where it stopped, writes its checkpoints and history,
-            stops on NaN and checkpoints on SIGTERM.
-        batchnorm_data: `(held_out, train_batches)`: the BatchNorm gap's
-            examples and the clean batches it recalibrates on (default:
-            `validation_data` or `data`, and the training stream).
-        setting_names: how warnings name `fit`'s settings (`batch_size`,
-            `batchnorm.momentum`, ...) for the caller's user.
-        **renamed: refused; a keyword renamed since 0.2 names its new name.
+            resumes where it stopped, checkpoints, stops on NaN and
+            checkpoints on SIGTERM.
+        batchnorm_data: `(held_out, train_batches)` for the BatchNorm gap
+            and recalibration (default: `validation_data` or `data`, and
+            the training stream).
+        setting_names: how warnings name `fit`'s settings for the user.
+        **renamed: refused; a renamed keyword names its new name.
 
     Example:
 
@@ -179,8 +160,6 @@ def fit(
         lr_schedule=lr_schedule, momentum=momentum, weight_decay=weight_decay,
     )  # fmt: skip
     plan, train = _plan(rt, size, batch, schedule, say)
-    # Phases freeze the backbone of an advtrain classifier; without, the
-    # model trains whole.
     freeze, phases = phases is not None, _checked_phases(phases, plan.epochs)
     net, classifier = _built_model(
         model, rt, plan, bn, say, attack=_as_attack(attack), adv_weight=adv_weight,
@@ -214,9 +193,9 @@ def fit(
     if batchnorm_data is None:
         held_out = validation_data if validation_data is not None else data
         batchnorm_data = (None if callable(held_out) else held_out, stream(0))
-    gap = settle_trained_batchnorm(
-        classifier, *batchnorm_data, per_replica_batch=plan.per_replica_batch,
-        batchnorm=bn, echo=say, names=_settle_names(setting_names),
+    gap = _settle_trained_batchnorm(
+        classifier, *batchnorm_data, plan.per_replica_batch, bn, say,
+        _settle_names(setting_names),
     )  # fmt: skip
     evaluated = _evaluate(classifier, test_data, evaluation, attack, say)
     return FitResult(net, history, plan, rt, gap, evaluated, seconds)
@@ -228,7 +207,6 @@ def _input_shape(model: keras.Model) -> Optional[tuple]:
 
 
 def _settle_names(names: Optional[Mapping[str, str]]) -> Optional[dict[str, str]]:
-    """`setting_names` as `settle_batchnorm` names its settings."""
     if not names:
         return None
     keys = {"batch_size": "batch_size"}
@@ -237,9 +215,6 @@ def _settle_names(names: Optional[Mapping[str, str]]) -> Optional[dict[str, str]
 
 
 def _refuse_unknown(given: dict[str, Any], evaluation: Any) -> None:
-    """`fit`'s keywords that are no argument (a renamed one names its new
-    name, any other the closest argument) and `evaluation`'s, before
-    anything runs."""
     from advtrain.evaluation.robustness import evaluate_keywords
 
     if isinstance(evaluation, dict):
@@ -253,7 +228,6 @@ def _refuse_unknown(given: dict[str, Any], evaluation: Any) -> None:
 
 
 def _evaluate(classifier, test_data, evaluation, attack, say: Echo):
-    """`advtrain.evaluate` on `test_data` after training (None without)."""
     if test_data is None:
         return None
     from advtrain.evaluation.report import robustness_headline
@@ -274,39 +248,17 @@ def _evaluate(classifier, test_data, evaluation, attack, say: Echo):
     return result
 
 
-# ---------------------------------------------------------------- stages
-
-# The `PlanOptions` keys `fit` takes as they are (it works out
-# batch_size, and optimizer may be an object).
-_TRAIN_KEYS = (
-    *(k for k in PLAN_KEYS if k != "batch_size"),
-    *OPTIMIZER_KEYS[1:],
-    "seed",
-)
-
-
 def _plan(rt: Runtime, size: Optional[int], batch: int, options: dict, say: Echo):
-    """(batch plan, validated train section) for `fit`'s arguments; prints
-    the runtime and the batch arithmetic."""
     if size is None and options["steps_per_epoch"] is None:
         raise ValueError(
             "The training data's length is unknown (a generator or repeated "
             "dataset): pass steps_per_epoch. Received: steps_per_epoch=None"
         )
     optimizer = options["optimizer"]
-    train = _validated(
-        PlanOptions,
-        {
-            **{key: options[key] for key in _TRAIN_KEYS},
-            "batch_size": batch,
-            "optimizer": optimizer if isinstance(optimizer, str) else "adam",
-        },
-    )
-    plan = plan_batches(
-        rt,
-        size if size is not None else batch,
-        **train.model_dump(include=set(PLAN_KEYS)),
-    )
+    named = optimizer if isinstance(optimizer, str) else "adam"
+    train = _validated(PlanOptions, dict(options, batch_size=batch, optimizer=named))
+    size = size if size is not None else batch
+    plan = plan_batches(rt, size, **train.model_dump(include=set(PLAN_KEYS)))
     say(rt.describe())
     say(plan.describe())
     return plan, train
@@ -314,9 +266,7 @@ def _plan(rt: Runtime, size: Optional[int], batch: int, options: dict, say: Echo
 
 def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
     """(training model, the user's model in it): built in the strategy's
-    scope, BatchNorm momentum set for the run, wrapped for the attack if
-    any (whose steps compute BatchNorm with the fused kernel; the layers
-    keep their class)."""
+    scope, BatchNorm momentum set for the run, wrapped for the attack."""
     from advtrain.models.adversarial import AdversarialModel
 
     if isinstance(model, AdversarialModel):
@@ -328,28 +278,24 @@ def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
         return model, model.classifier
     with rt.scope():
         net = classifier = _model_in_scope(model, rt)
+        steps = plan.epochs * plan.steps_per_epoch
+        # The fused kernel is the training step's, below.
         note = apply_batchnorm_policy(
-            net,
-            total_steps=plan.epochs * plan.steps_per_epoch,
-            momentum=bn["momentum"],
-            fused_kernel=False,  # the training step's, below
+            net, total_steps=steps, momentum=bn["momentum"], fused_kernel=False
         )
         if note:
             say(note)
         if attack is not None:
+            # BatchNorm momentum is set above for the whole run.
             net = AdversarialModel(
-                net,
-                attack,
-                **adversarial,
-                fused_batchnorm=bn["fused_kernel"],
-                batchnorm_momentum=None,  # set above for the whole run
-            )
+                net, attack, **adversarial, fused_batchnorm=bn["fused_kernel"],
+                batchnorm_momentum=None,
+            )  # fmt: skip
             say(f"step: {net.step_note}")
     return net, classifier
 
 
 def _default_loss(net, classifier, loss):
-    """`loss`, or for an adversarial model cross-entropy from logits."""
     if loss is not None:
         return loss
     if net is not classifier:
@@ -360,7 +306,6 @@ def _default_loss(net, classifier, loss):
 
 
 def _checked_phases(phases: Optional[list[Phase]], epochs: int) -> list[Phase]:
-    """`phases`, which must cover the plan's epochs; None: one phase."""
     from advtrain.models.freezing import phases as one_phase
 
     if phases is None:
@@ -375,45 +320,23 @@ def _checked_phases(phases: Optional[list[Phase]], epochs: int) -> list[Phase]:
 
 
 def _label_checked(stream, net, classifier, loss):
-    """(`stream(skip)` of the training batches, their `InputChecks`): an
-    `AdversarialModel` checks its data itself; a plain model's labels are
-    checked in the stream against the loss and the model's output
-    (`advtrain.models.input_checks`)."""
-    from advtrain.models.input_checks import (
-        InputChecks,
-        label_kind,
-        loss_name,
-        output_shape,
-    )
+    """(`stream(skip)`, `InputChecks`): a plain model's labels are checked
+    in the stream against the loss and the model's output."""
+    from advtrain.models import input_checks as ic
 
-    checks = InputChecks(
-        logits_shape=output_shape(classifier),
-        labels=label_kind(loss),
-        loss_name=loss_name(loss),
+    checks = ic.InputChecks(
+        logits_shape=ic.output_shape(classifier),
+        labels=ic.label_kind(loss),
+        loss_name=ic.loss_name(loss),
     )
     if net is not classifier:  # AdversarialModel: its fit checks the data
         return stream, checks
     return lambda skip: checks.checked(stream(skip)), checks
 
 
-# ---------------------------------------------------------------- phases
-
-
-def _compile(model: keras.Model, *, optimizer, loss, metrics, plan, runtime) -> None:
-    """Compiles the training model for one phase (in the strategy's scope)."""
-    model.compile(
-        optimizer=optimizer,
-        loss=loss,
-        metrics=metrics,
-        steps_per_execution=plan.steps_per_execution,
-        jit_compile=runtime.jit_compile,
-    )
-    runtime.prepare_model(model)
-
 
 def _phase_optimizer(optimizer, plan, phase, options: dict[str, Any]):
-    """A fresh optimizer for `phase` (its learning-rate factor applied) when
-    `optimizer` is a name; an optimizer object serves one phase as it is."""
+    # A name makes a fresh optimizer per phase; an object serves one phase.
     if isinstance(optimizer, str):
         rate = plan.learning_rate * phase.lr_factor
         phase_plan = dataclasses.replace(plan, learning_rate=rate)
@@ -435,19 +358,15 @@ def _fit_phases(
     freeze: Optional[keras.Model], validation_data, verbose, echo: Echo,
 ) -> tuple[dict[str, list[float]], float]:
     # fmt: on
-    """Fits the phases (from where `state` resumes, when given); returns
-    this process's history and its training seconds. `stream(skip)` is the
-    stream of global batches from the start with the first `skip` dropped:
-    each `Model.fit` continues where the last one stopped."""
+    """Fits the phases (from where `state` resumes); returns this process's
+    history and training seconds. Each `Model.fit` continues the stream
+    (`stream(skip)`: without its first `skip` global batches)."""
     from advtrain.models.freezing import apply_phase
 
     spe, start = plan.steps_per_epoch, time.perf_counter()
     start_epoch = state.start_epoch if state else 0
-    seeding = keras.callbacks.LambdaCallback(
-        on_epoch_begin=lambda epoch, logs=None: keras.utils.set_random_seed(
-            seed + epoch
-        )
-    )
+    reseed = lambda epoch, logs=None: keras.utils.set_random_seed(seed + epoch)  # noqa: E731
+    seeding = keras.callbacks.LambdaCallback(on_epoch_begin=reseed)
     history: dict[str, list[float]] = {}
     if state:
         state.preemption.arm(state.checkpoint, runtime.strategy)
@@ -465,14 +384,12 @@ def _fit_phases(
                 f"lr x{phase.lr_factor:g}"
             )
         with runtime.scope():
-            _compile(
-                model,
+            model.compile(
                 optimizer=_phase_optimizer(optimizer, plan, phase, optimizer_options),
-                loss=loss,
-                metrics=metrics,
-                plan=plan,
-                runtime=runtime,
-            )
+                loss=loss, metrics=metrics, jit_compile=runtime.jit_compile,
+                steps_per_execution=plan.steps_per_execution,
+            )  # fmt: skip
+            runtime.prepare_model(model)
             if state:
                 state.restore_optimizer(model, phase)
                 state.checkpoint.phase = phase.name
@@ -482,15 +399,11 @@ def _fit_phases(
             # An interrupted epoch is fitted alone, for its remaining steps.
             end = epoch + 1 if step else phase.end_epoch
             result = model.fit(
-                stream(epoch * spe + step),
-                initial_epoch=epoch,
-                epochs=end,
-                steps_per_epoch=spe - step,
-                validation_data=validation_data,
-                callbacks=[seeding, *callbacks],
-                verbose=verbose,
+                stream(epoch * spe + step), initial_epoch=epoch, epochs=end,
+                steps_per_epoch=spe - step, validation_data=validation_data,
+                callbacks=[seeding, *callbacks], verbose=verbose,
                 shuffle=False,  # the input pipeline shuffles
-            )
+            )  # fmt: skip
             for key, values in result.history.items():
                 history.setdefault(key, []).extend(values)
             epoch, step = end, 0
@@ -499,11 +412,8 @@ def _fit_phases(
     return history, time.perf_counter() - start
 
 
-# ---------------------------------------------------------------- batchnorm
-
 
 def _batchnorm_options(batchnorm: Any) -> dict[str, Any]:
-    """The BatchNorm policy's keys, validated, defaults filled in."""
     if batchnorm is None:
         batchnorm = BatchNormOptions()
     elif isinstance(batchnorm, dict):
@@ -516,46 +426,25 @@ def _batchnorm_options(batchnorm: Any) -> dict[str, Any]:
     return batchnorm.model_dump()
 
 
-def settle_trained_batchnorm(
-    model: keras.Model,
-    held_out: Any,
-    train_batches: Any,
-    *,
-    per_replica_batch: int,
-    batchnorm: dict[str, Any],
-    echo: Optional[Echo] = print,
-    names: Optional[dict[str, str]] = None,
-) -> Optional[dict[str, Any]]:
-    """The one after-training BatchNorm step of `fit`
-    (`advtrain.models.batchnorm.policy.settle_batchnorm`): the gap on up to
-    512 `held_out` examples (arrays or batches; else the training
-    batches'), recalibrated on `train_batches` as `batchnorm`'s settle keys
-    say. None when the model has no BatchNorm or is no classifier with
-    integer labels."""
+def _settle_trained_batchnorm(model, held_out, train_batches, batch, bn, echo, names):
+    """`settle_batchnorm` after training: the gap on up to 512 `held_out`
+    examples (else the training batches'), recalibrated on
+    `train_batches`. None without BatchNorm or integer class labels."""
     if not batchnorm_layers(model):
         return None
-    examples = _gap_examples(held_out)
-    if examples is None:
-        examples = _gap_examples(train_batches)
+    examples = _gap_examples(held_out) or _gap_examples(train_batches)
     if examples is None or not _is_classification(model, *examples):
         return None
     x, y = examples
     report = settle_batchnorm(
-        model,
-        x,
-        y,
-        batch_size=min(per_replica_batch, len(y)),
-        train_batches=train_batches,
-        **{key: batchnorm[key] for key in SETTLE_KEYS},
-        echo=echo,
-        names=names,
-    )
+        model, x, y, batch_size=min(batch, len(y)), train_batches=train_batches,
+        **{key: bn[key] for key in SETTLE_KEYS}, echo=echo, names=names,
+    )  # fmt: skip
     report.pop("warning")  # echoed; the result keeps the numbers
     return report
 
 
 def _gap_examples(source: Any) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """Up to `_GAP_EXAMPLES` (x, y) pairs from arrays or a batched dataset."""
     if isinstance(source, (tuple, list)) and len(source) in (2, 3):
         x, y = source[0], source[1]
         if isinstance(x, (dict, list, tuple)):
@@ -584,19 +473,14 @@ def _gap_examples(source: Any) -> Optional[tuple[np.ndarray, np.ndarray]]:
 
 
 def _is_classification(model: keras.Model, x: np.ndarray, y: np.ndarray) -> bool:
-    """Integer labels and more than one output: accuracy means something."""
     if not np.issubdtype(y.dtype, np.integer) or y.size != len(y):
         return False
     out = model(x[:1], training=False)
     return not isinstance(out, (list, tuple, dict)) and out.shape[-1] > 1
 
 
-# ---------------------------------------------------------------- runtime
-
 
 def _validated(cls, values: dict, source: str = "advtrain.fit"):
-    """`cls(**values)`, a pydantic error turned into one ValueError line
-    (`advtrain.utils.options.format_validation_error`)."""
     try:
         return cls(**values)
     except pydantic.ValidationError as exc:
@@ -619,8 +503,6 @@ def _as_runtime(runtime: Any) -> Runtime:
 
 
 def _as_attack(attack: Any):
-    """The `Attack` for `fit`'s `attack` argument (None or "none": no
-    attack; a method name or a config: `Attack.from_config`)."""
     from advtrain.attacks import Attack
 
     if isinstance(attack, str):
@@ -636,7 +518,6 @@ def _as_attack(attack: Any):
 
 
 def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
-    """The model with its variables created under the runtime's strategy."""
     if not isinstance(model, keras.Model):
         if not callable(model):
             raise TypeError(
@@ -665,8 +546,6 @@ def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
     return clone
 
 
-# ---------------------------------------------------------------- data
-
 
 def _training_data(
     data: Any,
@@ -678,15 +557,9 @@ def _training_data(
     """(`stream(skip)`: the endless stream of global batches without its
     first `skip`, number of examples or None, global batch).
 
-    A function building a batched dataset is called anew for each stream,
-    after the global seed is reset to `seed`; a function of `skip` is the
-    caller's stream. Every new iterator of the other streams replays it
-    from the start: epoch e is shuffled with a seed drawn from (seed, e),
-    not by a dataset that reshuffles per iterator. Keras under a
-    distribution strategy opens an extra iterator to build the model
-    before training; with per-iterator reshuffling that one drew the first
-    order and training the second,
-    so N replicas trained on a different order than one device.
+    Every new iterator replays the same stream: Keras under a strategy
+    opens an extra iterator before training, and per-iterator reshuffling
+    would give N replicas another order than one device.
     """
     is_dataset = tf is not None and isinstance(data, tf.data.Dataset)
     if callable(data) and not is_dataset and _takes_skip(data):
@@ -726,21 +599,18 @@ def _training_data(
             # Whole batches only, as array_batches and the plan's
             # steps per epoch count them (shuffled batches drop the rest).
             whole = len(x) if shuffle else len(x) // batch_size * batch_size
+            examples = Examples(np.asarray(x)[:whole], np.asarray(y)[:whole])
             batches = ArrayBatches(
-                Examples(np.asarray(x)[:whole], np.asarray(y)[:whole]),
-                batch_size=batch_size,
-                training=shuffle,
-                seed=seed,
-            ).repeat()
-            return batches.skip, len(x), batch_size
+                examples, batch_size=batch_size, training=shuffle, seed=seed
+            )
+            return batches.repeat().skip, len(x), batch_size
         from advtrain.data.streaming import array_batches
 
         ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed, repeat=True)
         return ds.skip, len(x), batch_size
     raise TypeError(
         "data must be (x, y) arrays, a tf.data.Dataset or a function "
-        "building one. "
-        f"Received: {type(data).__name__}"
+        f"building one. Received: {type(data).__name__}"
     )
 
 
@@ -749,7 +619,6 @@ def _are_arrays(data: Any) -> bool:
 
 
 def _takes_skip(function: Callable) -> bool:
-    """Whether `function` takes a positional argument (`skip`)."""
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
@@ -761,8 +630,6 @@ def _takes_skip(function: Callable) -> bool:
 
 
 def _dataset_function(build: Callable[[], Any], batch_size, seed):
-    """`_training_data` for a function building batched datasets."""
-
     def built() -> tf.data.Dataset:
         keras.utils.set_random_seed(seed)  # the order depends on seed alone
         ds = build()
@@ -809,6 +676,3 @@ def _dataset_data(ds, batch_size, shuffle, seed):
         )
     size = None if known is None else known * batch
     return ds.repeat(), size, int(batch)
-
-
-# ---------------------------------------------------------------- builder

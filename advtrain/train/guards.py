@@ -1,8 +1,5 @@
-"""`CatastrophicOverfittingGuard`: catches FGSM training's sudden collapse.
-
-Also `first_nonfinite_variable`, the one check that a model's state (its
-weights and BatchNorm moving statistics) holds only finite numbers.
-"""
+"""`CatastrophicOverfittingGuard` (FGSM training's sudden collapse) and
+`first_nonfinite_variable` (the one finite-value check)."""
 
 from __future__ import annotations
 
@@ -24,9 +21,7 @@ from advtrain.utils.progress import Echo
 ACTIONS = ("stop", "rollback")
 KEEPS = ("best", "last")
 
-# The exit code of a run when the guard passed no epoch as sound
-# (`CatastrophicOverfittingGuard.unsound`): the run finished and saved its
-# weights, but they are not robust.
+# A run's exit code when the guard passed no epoch as sound (`unsound`).
 COLLAPSED_EXIT_CODE = 3
 
 
@@ -34,11 +29,8 @@ def first_nonfinite_variable(
     state: Union[keras.layers.Layer, Iterable[keras.Variable]],
 ) -> Optional[str]:
     """The path of the first float variable that holds NaN or Inf, or None:
-    the one finite-value check (the NaN guard, checkpoints, the saved model).
-
-    `state` is a model, whose weights are checked (trainable or not:
-    BatchNorm moving mean and variance included), or the variables to
-    check. One device read per variable, one host sync in all.
+    the one finite-value check, of a model's weights (BatchNorm statistics
+    included) or of the variables given. One host sync in all.
 
     Example:
 
@@ -60,62 +52,33 @@ def first_nonfinite_variable(
 class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     """Watches PGD accuracy on a fixed training batch; acts when it collapses.
 
-    Single-step (FGSM) adversarial training can overfit catastrophically:
-    within an epoch, accuracy under PGD falls to about zero while accuracy
-    under the training attack climbs (Wong, Rice and Kolter 2020). After
-    every epoch this callback runs PGD on the same training examples, with
-    the same random start, and keeps the weights of the best epoch in
-    memory. An epoch collapsed when either
-    - its PGD accuracy fell more than `drop` (absolute) below the best
-      epoch's, or
-    - the training attack's accuracy (the epoch's `adv_accuracy` log, of
-      an `AdversarialModel`) is more than `max_gap` above its PGD
-      accuracy, in an epoch trained at full eps from its first step (after
-      the model's eps ramp): the signature of a run that defeats its own
-      attack, seen even when the run was never robust, so has no best to
-      fall from.
-    A collapsed epoch never becomes the best. The guard then restores the
-    best weights (and the optimizer's moment estimates, not its step count
-    or learning rate), if it kept any, and either stops training
-    (`action="stop"`, early stopping as in Wong et al.) or goes on from
-    there (`action="rollback"`); either way it says so through `echo`.
-
-    When the gap caught a collapse and no epoch passed the gap check,
-    `finish()` sets `unsound` and says so in one line: no epoch the guard
-    could keep was sound. The weights stay in the model (a run saves them
-    and exits with `COLLAPSED_EXIT_CODE`).
-
-    It adds `co_guard_pgd_accuracy` to the epoch logs (history, CSV log,
-    progress line) when it runs before those callbacks. `triggers` lists
-    each collapse it caught. With `state_path`, what it has seen (accuracy
-    per epoch, triggers, the best epoch's weights and optimizer moments)
-    is written there atomically after every epoch, and `load_state` takes
-    it back when a run resumes, so a resumed run can still roll back to a
-    best epoch from before the interruption.
+    FGSM training can overfit catastrophically: PGD accuracy falls to about
+    zero while the training attack's climbs (Wong, Rice and Kolter 2020).
+    After every epoch this runs PGD on the same examples and random start
+    and keeps the best epoch's weights. An epoch collapsed when its PGD
+    accuracy fell more than `drop` below the best, or when, at full eps
+    from its first step, its `adv_accuracy` log is more than `max_gap`
+    above its PGD accuracy. The guard then restores the best weights and
+    optimizer moments, if any, and stops or goes on (`action`). When the
+    gap passed no epoch, `finish()` sets `unsound` (a run exits with
+    `COLLAPSED_EXIT_CODE`). It logs `co_guard_pgd_accuracy`.
 
     Args:
         x, y: the fixed training batch: [0, 1] pixels and integer labels.
         eps: attack radius, in pixel units (the training eps).
         norm: "inf" or 2.
         steps: PGD steps; the step size is `2.5 * eps / steps`.
-        drop: absolute fall in PGD accuracy from the best epoch that counts
-            as a collapse, in (0, 1].
-        max_gap: the training attack's accuracy above PGD accuracy that
-            counts as a collapse, in (0, 1]; None: no gap check.
+        drop: fall in PGD accuracy from the best epoch, in (0, 1].
+        max_gap: the training attack's accuracy above PGD accuracy, in
+            (0, 1]; None: no gap check.
         action: "stop" or "rollback".
         echo: receives one line per collapse.
         classifier: the model to attack; default the trained model's
-            `classifier` attribute (AdversarialModel), else the model.
-        seed: seed of the PGD random start (the same every epoch).
-        state_path: a `.npz` file the guard's state is written to after
-            every epoch (see `load_state`); None keeps it in memory only.
-        keep: "best" (default): when training ends below the best epoch's
-            PGD accuracy by more than the check's noise (`keep_margin`),
-            `finish()` restores the best epoch's weights
-            (early stopping on the PGD check, as Wong et al. do); "last"
-            keeps the last epoch's. Keras calls `finish()` through
-            `on_train_end`; `advtrain.fit`, which fits once per phase,
-            calls it after the last one.
+            `classifier` (AdversarialModel), else the model.
+        seed: seed of the PGD random start.
+        state_path: a `.npz` written after every epoch (see `load_state`).
+        keep: "best": `finish()` restores the best epoch's weights when
+            training ends more than `keep_margin()` below; "last": not.
 
     Example:
 
@@ -149,10 +112,6 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             raise ValueError(
                 f"keep must be one of {', '.join(KEEPS)}. Received: keep={keep!r}"
             )
-        self.keep = keep
-        self.final: Optional[dict[str, Any]] = None
-        # `advtrain.fit` fits once per phase and calls `finish()` itself.
-        self.finish_on_train_end = True
         if action not in ACTIONS:
             raise ValueError(
                 f"action must be one of {', '.join(ACTIONS)}. "
@@ -173,15 +132,13 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
                 f"Received: x.shape={tuple(self.x.shape)}, "
                 f"y.shape={tuple(self.y.shape)}"
             )
-        self.eps = eps
-        self.norm = norm
-        self.steps = steps
-        self.drop = drop
-        self.max_gap = max_gap
-        self.action = action
+        self.eps, self.norm, self.steps, self.seed = eps, norm, steps, seed
+        self.drop, self.max_gap, self.action, self.keep = drop, max_gap, action, keep
         self.echo = echo
         self.classifier = classifier
-        self.seed = seed
+        self.final: Optional[dict[str, Any]] = None
+        # `advtrain.fit` fits once per phase and calls `finish()` itself.
+        self.finish_on_train_end = True
         self.accuracies: list[tuple[int, float]] = []
         self.triggers: list[dict[str, Any]] = []
         # (epoch, training attack's accuracy - PGD accuracy), for the
@@ -196,8 +153,6 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         self._measure: Optional[Callable] = None
         self.state_path = None if state_path is None else Path(state_path)
 
-    # ------------------------------------------------------------ helpers
-
     def _target(self) -> keras.Model:
         if self.classifier is not None:
             return self.classifier
@@ -206,13 +161,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     def robust_accuracy(self) -> float:
         """PGD accuracy of the current weights on the fixed batch."""
         if self._measure is None:
-            target, eps, norm, steps, seed = (
-                self._target(),
-                self.eps,
-                self.norm,
-                self.steps,
-                self.seed,
-            )
+            target = self._target()
+            eps, norm, steps, seed = self.eps, self.norm, self.steps, self.seed
 
             def measure(x, y):
                 model_fn = lambda z: target(z, training=False)  # noqa: E731
@@ -232,11 +182,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             return []
         # The step count and learning rate go on: a rollback should not
         # replay the schedule, only undo what the bad epochs learned.
-        return [
-            v
-            for v in optimizer.variables
-            if not v.path.endswith(("iteration", "iterations", "learning_rate"))
-        ]
+        schedule = ("iteration", "iterations", "learning_rate")
+        return [v for v in optimizer.variables if not v.path.endswith(schedule)]
 
     def _snapshot(self) -> None:
         self._best_weights = [np.copy(w) for w in self.model.get_weights()]
@@ -249,8 +196,6 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             for variable, value in zip(slots, self._best_slots, strict=True):
                 variable.assign(value)
 
-    # ------------------------------------------------------------ hooks
-
     def on_epoch_begin(self, epoch, logs=None):
         self._full_eps = self._trains_at_full_eps()
 
@@ -260,8 +205,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             self.save_state(self.state_path)
 
     def _trains_at_full_eps(self) -> bool:
-        """Whether every step of the coming epoch attacks at full eps: the
-        model's eps ramp (`AdversarialModel.eps_ramp_steps`) has ended."""
+        # Whether the model's eps ramp (`eps_ramp_steps`) has ended.
         ramp = getattr(self.model, "eps_ramp_steps", 0) or 0
         if not ramp:
             return True
@@ -272,8 +216,7 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         return int(optimizer.iterations.numpy()) + 1 >= ramp
 
     def _gap(self, logs, accuracy: float) -> Optional[tuple[float, float]]:
-        """(training attack's accuracy, its gap to `accuracy`), or None
-        when the epoch cannot be judged so (ramp, no `adv_accuracy`)."""
+        # (training attack's accuracy, its gap to `accuracy`), or None.
         if self.max_gap is None or not self._full_eps or not logs:
             return None
         attack_accuracy = logs.get("adv_accuracy")
@@ -303,9 +246,6 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     def _collapse(
         self, epoch: int, accuracy: float, attack_accuracy: Optional[float] = None
     ) -> None:
-        """Records a collapse (a fall from the best epoch, or, given
-        `attack_accuracy`, the gap), restores the best epoch if there is
-        one, and stops training or goes on."""
         kept = self._best_weights is not None
         self.triggers.append(
             {
@@ -347,10 +287,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             self.finish()
 
     def finish(self) -> Optional[dict[str, Any]]:
-        """With `keep="best"`, restores the best epoch's weights when the
-        last epoch measured lower; returns (and records in `summary()`)
-        what it did, or None. Then sets `unsound` (and says so) when no
-        epoch it could keep was sound."""
+        """Keeps the best epoch (`keep="best"`), returning what it did or
+        None; then sets `unsound` (and says so) when no epoch was sound."""
         final = self._keep_best()
         self.unsound = self._verdict()
         if self.unsound is not None:
@@ -358,12 +296,9 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         return final
 
     def _keep_best(self) -> Optional[dict[str, Any]]:
-        if (
-            self.keep != "best"
-            or self._best_weights is None
-            or not self.accuracies
-            or self.model is None
-        ):
+        if self.keep != "best" or self._best_weights is None:
+            return None
+        if not self.accuracies or self.model is None:
             return None
         last_epoch, last = self.accuracies[-1]
         if self.best_accuracy - last <= self.keep_margin():
@@ -388,16 +323,13 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
     def keep_margin(self) -> float:
         """How far below the best epoch's PGD accuracy the last epoch may
         end and still be kept: two standard errors of the difference of two
-        accuracies measured on this batch (binomial, at the best epoch's
-        accuracy). On 256 examples at 95% that is 3.9 points: closer epochs
-        differ by the check's noise, and keeping the last one (the end of
-        the schedule) beats choosing by noise."""
+        binomial accuracies on this batch (3.9 points on 256 examples at
+        95%); keeping the schedule's end beats choosing by noise."""
         p = min(max(self.best_accuracy, 0.0), 1.0)
         return 2.0 * float(np.sqrt(2.0 * p * (1.0 - p) / self.y.shape[0]))
 
     def kept_epoch(self) -> Optional[int]:
-        """The epoch whose weights the model holds now (None before the
-        first epoch)."""
+        """The epoch whose weights the model holds (None before the first)."""
         if self.final is not None:
             return self.final["restored_epoch"]
         if not self.accuracies:
@@ -408,8 +340,6 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         return last_epoch
 
     def _verdict(self) -> Optional[dict[str, Any]]:
-        """What `unsound` holds: None unless the gap check caught a collapse
-        and passed no epoch."""
         collapsed = [t["epoch"] for t in self.triggers if t.get("reason") == "gap"]
         if not collapsed or any(g <= self.max_gap for _, g in self.gaps):
             return None
@@ -434,11 +364,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             "message": message,
         }
 
-    # ------------------------------------------------------------ state
-
     def save_state(self, path: Union[str, Path]) -> None:
-        """Writes accuracies, gaps, triggers and the best epoch's weights
-        and optimizer moments to one `.npz`, atomically."""
+        """Writes what it saw and the best epoch's weights, atomically."""
         meta = {
             "format": 1,
             "accuracies": [[e, a] for e, a in self.accuracies],
@@ -448,10 +375,8 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             "best_epoch": self.best_epoch,
         }
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
-        for prefix, values in (
-            ("weights", self._best_weights),
-            ("slots", self._best_slots),
-        ):
+        best = {"weights": self._best_weights, "slots": self._best_slots}
+        for prefix, values in best.items():
             for i, value in enumerate(values or []):
                 arrays[f"{prefix}/{i:05d}"] = value
         buffer = io.BytesIO()
@@ -461,28 +386,26 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             tmp.write_bytes(buffer.getvalue())
 
     def load_state(self, path: Union[str, Path], epochs_done: int) -> bool:
-        """Takes back a saved state, keeping what it recorded for the first
-        `epochs_done` epochs; False (and a fresh guard) when `path` is
-        missing or unreadable, or its best epoch came later."""
+        """Takes back a saved state's first `epochs_done` epochs; False (a
+        fresh guard) when `path` is unreadable or its best epoch later."""
         try:
             with np.load(Path(path), allow_pickle=False) as npz:
                 meta = json.loads(npz["meta"].tobytes().decode())
-                weights = [
-                    npz[k] for k in sorted(npz.files) if k.startswith("weights/")
-                ]
-                slots = [npz[k] for k in sorted(npz.files) if k.startswith("slots/")]
+                files = sorted(npz.files)
+                weights = [npz[k] for k in files if k.startswith("weights/")]
+                slots = [npz[k] for k in files if k.startswith("slots/")]
         except (OSError, ValueError, KeyError):
             return False
         best_epoch = meta.get("best_epoch")
         if best_epoch is None or best_epoch > epochs_done or not weights:
             return False
-        self.accuracies = [
-            (int(e), float(a)) for e, a in meta["accuracies"] if e <= epochs_done
-        ]
+
+        def done(rows):
+            return [(int(e), float(value)) for e, value in rows if e <= epochs_done]
+
+        self.accuracies = done(meta["accuracies"])
+        self.gaps = done(meta.get("gaps", []))
         self.triggers = [t for t in meta["triggers"] if t["epoch"] <= epochs_done]
-        self.gaps = [
-            (int(e), float(g)) for e, g in meta.get("gaps", []) if e <= epochs_done
-        ]
         self.best_accuracy = float(meta["best_accuracy"])
         self.best_epoch = int(best_epoch)
         self._best_weights = weights

@@ -1,6 +1,5 @@
-"""The runtime's and the batch plan's typed options, shared by
-`advtrain.fit` and the application's `runtime` and `train` settings.
-"""
+"""The runtime's and the batch plan's typed options (`advtrain.fit`'s and
+the recipe's `runtime` and `train` sections)."""
 
 from __future__ import annotations
 
@@ -15,19 +14,15 @@ class RuntimeOptions(Options):
     """Where and how the step runs (advtrain.train.runtime.make_runtime).
 
     backend: the Keras backend the run expects, tensorflow or jax (None:
-        whichever Keras runs on); it must be the one Keras was imported
-        with.
+        whichever Keras was imported with).
     strategy: auto (multi_worker when TF_CONFIG or a SLURM step names
         several tasks, mirrored over several GPUs or cpu_replicas, else
-        default), default, one_device, mirrored, multi_worker (from
-        TF_CONFIG, as a launcher sets it, or SLURM), tpu. On JAX,
-        mirrored is keras.distribution.DataParallel over the local devices
-        and multi_worker is refused.
-    cpu_replicas: split the CPU into N logical devices (mirrored then
-        trains N replicas; for tests and for checking reductions).
+        default), default, one_device, mirrored, multi_worker, tpu. On JAX,
+        mirrored is keras.distribution.DataParallel and multi_worker is
+        refused.
+    cpu_replicas: split the CPU into N logical devices (for tests).
     precision: Keras dtype policy; logits and losses stay float32.
-    jit_compile: XLA for the train step and its attack; auto = off on
-        TensorFlow, on on JAX (see make_runtime for why).
+    jit_compile: XLA; auto = off on TensorFlow, on on JAX (make_runtime).
     steps_per_execution: train steps per host call; auto = the largest
         divisor of the steps per epoch up to 32 (1 under mirrored and
         multi_worker, where Keras 3 cannot loop steps).
@@ -57,15 +52,12 @@ class PlanOptions(Options):
     """Optimisation and batch arithmetic (advtrain.train.runtime.plan_batches).
 
     batch_size is the global batch, split evenly across replicas; epochs
-    are never divided by the number of workers. scale_lr: learning_rate is
-    the rate at reference_batch and scales linearly with the global batch
-    (lr x batch_size / reference_batch); warmup_epochs: linear warm-up
-    from 0 over that many epochs (may be fractional). Both are printed
-    with the resulting numbers at the start of a run.
+    are never divided by the number of workers. scale_lr: learning_rate x
+    batch_size / reference_batch; warmup_epochs: linear warm-up from 0
+    over that many epochs (may be fractional).
     """
 
     epochs: int = Field(10, ge=0)
-    # The global batch: split evenly across replicas.
     batch_size: int = Field(64, ge=1)
     steps_per_epoch: Optional[int] = Field(None, ge=1)
     optimizer: Literal["adam", "sgd", "adamw"] = "adam"

@@ -1,22 +1,22 @@
-"""Strategy, precision, XLA and batch arithmetic, resolved once per run.
+"""Strategy, precision, XLA and batch arithmetic, resolved and printed once
+at the start of a run.
 
-The backend-neutral part: the device placement itself is in
-`advtrain.train.runtime_tensorflow` (tf.distribute) and
-`advtrain.train.runtime_jax` (keras.distribution).
-
-Everything here is decided once at the start of a run and printed, so the
-user sees how the batch is split and what the machine will do.
+The device placement itself is in `advtrain.train.runtime_tensorflow`
+(tf.distribute) and `advtrain.train.runtime_jax` (keras.distribution).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import math
 import os
+from collections.abc import Callable
 from typing import Optional, Union
 
 import keras
+import numpy as np
 
 from advtrain.utils.errors import ArgumentError
 
@@ -49,20 +49,16 @@ class Runtime:
     """A resolved runtime: what the `runtime` settings turned into.
 
     Attributes:
-        strategy: on TensorFlow the `tf.distribute.Strategy` to build the
-            model under; on JAX the `keras.distribution.DataParallel` set
-            globally, or None on one device.
-        strategy_name: default, one_device, mirrored, multi_worker or tpu
-            (`auto` resolved).
+        strategy: the `tf.distribute.Strategy`, or on JAX the
+            `keras.distribution.DataParallel` set globally or None.
+        strategy_name: `auto` resolved.
         replicas: replicas in sync, over all workers.
         device_kind: cpu, gpu or tpu.
         precision: the Keras dtype policy set globally.
         jit_compile: whether train steps compile with XLA.
-        steps_per_execution_setting: the setting, resolved per run
-            by `plan_batches`.
+        steps_per_execution_setting: resolved per run by `plan_batches`.
         workers: worker processes (multi_worker), else 1.
         task: this process's cluster task ("worker 0"), or "".
-        backend: the Keras backend, tensorflow or jax.
     """
 
     strategy: object
@@ -79,8 +75,8 @@ class Runtime:
 
     @property
     def is_chief(self) -> bool:
-        """Whether this process writes the run folder (tf.distribute's
-        convention: the `chief` task, else worker 0; JAX runs one process)."""
+        """Whether this process writes the run folder (the `chief` task,
+        else worker 0)."""
         resolver = getattr(self.strategy, "cluster_resolver", None)
         if resolver is None or not getattr(resolver, "task_type", None):
             return True
@@ -90,38 +86,23 @@ class Runtime:
         cluster = resolver.cluster_spec().as_dict()
         return "chief" not in cluster and task_type == "worker" and task_id == 0
 
-    @property
-    def multi_step_loops(self) -> bool:
-        """Whether `steps_per_execution > 1` works under this strategy."""
-        if self.backend == "jax":
-            return True
-        return self.strategy_name not in _SINGLE_STEP_STRATEGIES
-
     def scope(self) -> contextlib.AbstractContextManager:
-        """The scope to build and compile models in: the strategy's on
-        TensorFlow, the distribution's on JAX."""
+        """The scope to build and compile models in."""
         if self.strategy is None:
             return contextlib.nullcontext()
         return self.strategy.scope()
 
     def input_strategy(self):
         """The `tf.distribute` strategy whose replicas each read their own
-        batches, or None when the input is whole global batches (one
-        replica, or JAX, where Keras shards each batch over the devices)."""
-        if self.backend == "jax" or self.replicas == 1:
-            return None
-        return self.strategy
+        batches, or None for whole global batches (one replica, or JAX)."""
+        return None if self.backend == "jax" or self.replicas == 1 else self.strategy
 
     def holds_variables_of(self, model: keras.Model) -> bool:
-        """Whether `model`'s variables were created under this runtime's
-        scope (else the model must be rebuilt in it)."""
+        """Whether `model`'s variables were created under this scope."""
         if self.strategy is None:
             return True
         if self.backend == "jax":
-            return all(
-                len(v.value.sharding.device_set) == self.replicas
-                for v in model.variables
-            )
+            return self._on_every_device(model.variables)
         extended = self.strategy.extended
         return all(
             extended.variable_created_in_scope(getattr(v, "value", v))
@@ -129,19 +110,10 @@ class Runtime:
         )
 
     def prepare_model(self, model: keras.Model) -> keras.Model:
-        """Readies a freshly compiled model for `fit` under this strategy.
-
-        Call it after every `compile` (which resets what it sets).
-        MultiWorkerMirroredStrategy needs a workaround: Keras 3's `fit`
-        fails under it (keras-team/keras#20585;
-        `advtrain._keras_workarounds.fit_under_multi_worker`). On JAX over
-        several devices, an optimizer made outside the scope is refused
-        in one line (JAX's own error names no argument).
-
-        Raises:
-            ArgumentError: naming `optimizer`, on JAX over several devices,
-                when it was made outside this runtime's scope.
-        """
+        """Readies a model for `fit` after every `compile`: the workaround
+        for Keras 3's `fit` under MultiWorkerMirroredStrategy
+        (keras-team/keras#20585); on JAX over several devices, an
+        `ArgumentError` for an optimizer made outside the scope."""
         if self.backend == "jax" and self.strategy is not None:
             self._check_optimizer(model.optimizer)
         if self.strategy_name != "multi_worker":
@@ -150,11 +122,11 @@ class Runtime:
 
         return fit_under_multi_worker(model, self.strategy)
 
+    def _on_every_device(self, variables) -> bool:
+        return all(len(v.value.sharding.device_set) == self.replicas for v in variables)
+
     def _check_optimizer(self, optimizer) -> None:
-        # Its step counter and learning rate are variables made when the
-        # optimizer is: on one device when that was outside the scope.
-        placed = [len(v.value.sharding.device_set) for v in optimizer.variables]
-        if all(count == self.replicas for count in placed):
+        if self._on_every_device(optimizer.variables):
             return
         raise ArgumentError(
             "optimizer",
@@ -166,16 +138,10 @@ class Runtime:
 
     def describe(self) -> str:
         """One line for the start banner."""
-        where = (
-            f" ({self.workers} workers, this is {self.task})"
-            if (self.workers > 1)
-            else ""
-        )
-        how = (
-            " (keras.distribution.DataParallel)"
-            if self.replicas > 1 and (self.backend == "jax")
-            else ""
-        )
+        where = f" ({self.workers} workers, this is {self.task})"
+        where = where if self.workers > 1 else ""
+        jax_dp = self.replicas > 1 and self.backend == "jax"
+        how = " (keras.distribution.DataParallel)" if jax_dp else ""
         return (
             f"runtime: {self.strategy_name} strategy{how} on {self.device_kind}, "
             f"{self.replicas} replica(s){where}, {self.precision}, "
@@ -195,36 +161,13 @@ def make_runtime(
 ) -> Runtime:
     """Places the run on the devices and sets the precision policy.
 
-    The arguments are `RuntimeOptions`' keys, with its defaults.
-
-    `backend` is the Keras backend the run expects (None: the one Keras
-    runs on). Keras picks its backend when it is imported, so a different
-    one is an error here; the caller starts Keras on the right one.
-
-    `strategy: auto` picks, on TensorFlow, multi_worker when TF_CONFIG or
-    SLURM describe a cluster of several tasks, MirroredStrategy over
-    several GPUs or CPU replicas (`cpu_replicas`), one device otherwise;
-    on JAX, `keras.distribution.DataParallel` over the local devices when
-    there are several (mirrored), one device otherwise.
-
-    `jit_compile: auto` means off on TensorFlow and on on JAX. On CPUs XLA
-    made every TensorFlow adversarial step slower (scripts/bench_step); on
-    GPUs and TPUs no measurement has been made here, and XLA's gains
-    depend on the model, so there it is opt-in: `jit_compile: true`. JAX
-    without jit runs op by op in Python: always slower.
-
-    `deterministic` enables TensorFlow's op determinism; JAX's CPU kernels
-    are deterministic already (on GPUs, set
-    `XLA_FLAGS=--xla_gpu_deterministic_ops=true` before starting).
-
-    Call it before any other TensorFlow or JAX work: `cpu_replicas` splits
-    the CPU into logical devices, which both allow only before they start.
-
-    Raises:
-        ArgumentError: naming `backend` (not the one Keras runs on),
-            `strategy` or `cpu_replicas`, which cannot be set up here (no
-            TPU, no cluster for multi_worker, a TensorFlow-only strategy
-            on JAX, CPU already initialised).
+    The arguments are `RuntimeOptions`' keys, with its defaults. Call it
+    before any other TensorFlow or JAX work (`cpu_replicas` splits the CPU).
+    `jit_compile: auto` is off on TensorFlow, where XLA made every
+    adversarial step slower on CPUs (scripts/bench_step), and on on JAX,
+    which without jit runs op by op. JAX's CPU kernels are deterministic
+    already (on GPUs, set `XLA_FLAGS=--xla_gpu_deterministic_ops=true`).
+    Raises `ArgumentError` naming a setting that cannot be set up here.
     """
     running = keras.backend.backend()
     if backend is not None and backend != running:
@@ -258,28 +201,15 @@ def make_runtime(
     if not isinstance(jit_compile, bool):
         jit_compile = running == "jax"
     return Runtime(
-        strategy=made,
-        strategy_name=name,
-        replicas=replicas,
-        device_kind=kind,
-        precision=precision,
-        jit_compile=jit_compile,
-        steps_per_execution_setting=steps_per_execution,
-        workers=workers,
-        task=task,
-        notes=notes,
-        backend=running,
-    )
+        made, name, replicas, kind, precision, jit_compile, steps_per_execution,
+        workers=workers, task=task, notes=notes, backend=running,
+    )  # fmt: skip
 
 
 @dataclasses.dataclass
 class BatchPlan:
-    """How the global batch and the epoch are divided.
-
-    `learning_rate` is the peak rate after `train.scale_lr`;
-    `base_learning_rate` the configured one; `warmup_steps` the linear warm-up
-    from 0 (`train.warmup_epochs` x steps per epoch).
-    """
+    """How the global batch and the epoch are divided. `learning_rate` is
+    the peak rate after `scale_lr`, `base_learning_rate` the configured one."""
 
     global_batch: int
     replicas: int
@@ -329,38 +259,30 @@ def resolve_steps_per_execution(
     """Steps per host call, and why it differs from the setting if it does.
 
     It always divides the epoch: Keras runs whole host calls, so 10 steps
-    per epoch at 4 per call would train 12 (reproduced with Keras 3.15).
-    `auto` is the largest divisor up to 32: one host round trip per step
-    dominates small models (scripts/bench_spe).
+    per epoch at 4 per call would train 12 (Keras 3.15). `auto` is the
+    largest divisor up to 32 (scripts/bench_spe).
     """
-    notes = []
-    if not runtime.multi_step_loops:
-        if setting != 1:
-            notes.append(
-                f"1 step per host call under {runtime.strategy_name} "
-                "(Keras 3 cannot loop several steps per call under it: "
-                "keras-team/keras#19246)"
-            )
-        return 1, notes
-    if setting == "auto":
-        spe = _largest_divisor(steps_per_epoch, MAX_STEPS_PER_EXECUTION)
-        if spe < 4 <= steps_per_epoch:
-            notes.append(
-                f"{steps_per_epoch} steps per epoch have no divisor from 4 to "
-                f"{MAX_STEPS_PER_EXECUTION}: {spe} step(s) per host call; set "
-                "steps_per_epoch to a multiple of 8 or 16 for speed"
-            )
-        return spe, notes
-    wanted = int(setting)
-    cap = min(wanted, MAX_STEPS_PER_EXECUTION)
-    spe = _largest_divisor(steps_per_epoch, cap)
-    if spe != wanted:
-        notes.append(
-            f"steps_per_execution={wanted} -> {spe}, the largest "
-            f"value up to {cap} that divides "
-            f"the {steps_per_epoch} steps per epoch"
+    if runtime.backend != "jax" and runtime.strategy_name in _SINGLE_STEP_STRATEGIES:
+        note = (
+            f"1 step per host call under {runtime.strategy_name} (Keras 3 "
+            "cannot loop several steps per call under it: keras-team/keras#19246)"
         )
-    return spe, notes
+        return 1, [note] if setting != 1 else []
+    auto = setting == "auto"
+    cap = min(MAX_STEPS_PER_EXECUTION, steps_per_epoch if auto else int(setting))
+    spe = _largest_divisor(steps_per_epoch, cap)
+    if auto and spe < 4 <= steps_per_epoch:
+        return spe, [
+            f"{steps_per_epoch} steps per epoch have no divisor from 4 to "
+            f"{MAX_STEPS_PER_EXECUTION}: {spe} step(s) per host call; set "
+            "steps_per_epoch to a multiple of 8 or 16 for speed"
+        ]
+    if not auto and spe != int(setting):
+        return spe, [
+            f"steps_per_execution={int(setting)} -> {spe}, the largest value up "
+            f"to {cap} that divides the {steps_per_epoch} steps per epoch"
+        ]
+    return spe, []
 
 
 def plan_batches(
@@ -375,17 +297,10 @@ def plan_batches(
     reference_batch: int = 256,
     warmup_epochs: float = 0.0,
 ) -> BatchPlan:
-    """Batch arithmetic: the batch is global; epochs never shrink.
-
-    The keyword arguments are `PlanOptions`' keys, with its
-    defaults. Per-replica batch = global / replicas; steps per epoch =
-    training examples // global batch (or `steps_per_epoch`); the epoch
-    count is the configured one whatever the number of workers. With `scale_lr`
-    the learning rate is `learning_rate * batch_size / reference_batch`.
-
-    Raises:
-        ArgumentError: naming `batch_size`, when the global batch does not
-            divide across replicas or is larger than the training set.
+    """Batch arithmetic (`PlanOptions`' keys): the batch is global, split
+    across replicas; steps per epoch = examples // global batch (or
+    `steps_per_epoch`); epochs never shrink. Raises `ArgumentError` naming
+    a `batch_size` that does not divide or exceeds the training set.
 
     Example:
 
@@ -413,35 +328,20 @@ def plan_batches(
     spe, notes = resolve_steps_per_execution(
         runtime.steps_per_execution_setting, steps, runtime
     )
+    peak = learning_rate * batch_size / reference_batch if scale_lr else learning_rate
     return BatchPlan(
-        global_batch=batch_size,
-        replicas=replicas,
-        per_replica_batch=batch_size // replicas,
-        steps_per_epoch=steps,
-        epochs=epochs,
-        steps_per_execution=spe,
-        learning_rate=(
-            learning_rate * batch_size / reference_batch if scale_lr else learning_rate
-        ),
+        global_batch=batch_size, replicas=replicas,
+        per_replica_batch=batch_size // replicas, steps_per_epoch=steps,
+        epochs=epochs, steps_per_execution=spe, learning_rate=peak,
         base_learning_rate=learning_rate,
         reference_batch=reference_batch if scale_lr else None,
-        warmup_steps=int(math.ceil(warmup_epochs * steps)),
-        notes=runtime.notes + notes,
-    )
+        warmup_steps=int(math.ceil(warmup_epochs * steps)), notes=runtime.notes + notes,
+    )  # fmt: skip
 
 
 def weights_fingerprint(model: keras.Model) -> str:
-    """sha256 of the weights that replicas keep in sync, in order.
-
-    BatchNorm moving statistics are left out: Keras 3 creates them without
-    a cross-replica aggregation, so each worker keeps the statistics of its
-    own shard (the chief's are saved; `model.batchnorm.recalibrate`
-    re-estimates them on clean data after training).
-    """
-    import hashlib
-
-    import numpy as np
-
+    """sha256 of the weights that replicas keep in sync, in order: not the
+    BatchNorm moving statistics, which Keras 3 keeps per worker."""
     from advtrain.models.batchnorm.policy import batchnorm_layers
 
     local = {
@@ -456,9 +356,8 @@ def weights_fingerprint(model: keras.Model) -> str:
 
 @keras.saving.register_keras_serializable(package="advtrain")
 class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
-    """Triangular one-cycle schedule: linear from 0 to `peak` over
-    `warmup_steps`, then linear down to 0 at `total_steps` (the schedule of
-    Wong, Rice and Kolter 2020). Without warm-up it starts at `peak`.
+    """Triangular one-cycle schedule (Wong, Rice and Kolter 2020): linear
+    from 0 to `peak` over `warmup_steps`, then down to 0 at `total_steps`.
 
     Example:
 
@@ -496,36 +395,42 @@ def make_optimizer(
     momentum: float = 0.9,
     weight_decay: float = 0.0,
 ) -> keras.optimizers.Optimizer:
-    """The optimizer (`PlanOptions`' keys, with its defaults) with
-    its learning-rate schedule, from the plan's rate and steps."""
+    """The optimizer (`PlanOptions`' keys) with its learning-rate schedule."""
     total = max(1, plan.steps_per_epoch * max(plan.epochs, 1))
     warmup = plan.warmup_steps
     lr: object = plan.learning_rate
     if lr_schedule == "onecycle":
         lr = OneCycle(plan.learning_rate, warmup, total)
     elif lr_schedule == "cosine" or warmup:
-        decay_steps = max(1, total - warmup)
-        if lr_schedule == "constant":
-            # Warm-up then constant: a cosine with alpha=1 never decays.
-            schedule_alpha = 1.0
-        else:
-            schedule_alpha = 0.0
         lr = keras.optimizers.schedules.CosineDecay(
             initial_learning_rate=plan.learning_rate if not warmup else 0.0,
-            decay_steps=decay_steps,
-            alpha=schedule_alpha,
+            decay_steps=max(1, total - warmup),
+            # Warm-up then constant: a cosine with alpha=1 never decays.
+            alpha=1.0 if lr_schedule == "constant" else 0.0,
             warmup_target=plan.learning_rate if warmup else None,
             warmup_steps=warmup,
         )
     if optimizer == "sgd":
         return keras.optimizers.SGD(
-            learning_rate=lr,
-            momentum=momentum,
-            nesterov=True,
-            weight_decay=weight_decay or None,
+            lr, momentum=momentum, nesterov=True, weight_decay=weight_decay or None
         )
     if optimizer == "adamw":
-        return keras.optimizers.AdamW(
-            learning_rate=lr, weight_decay=weight_decay or 0.004
-        )
+        return keras.optimizers.AdamW(lr, weight_decay=weight_decay or 0.004)
     return keras.optimizers.Adam(learning_rate=lr, weight_decay=weight_decay or None)
+
+
+def split_cpu(split: Callable[[], None], devices: Callable[[], int], replicas: int):
+    """Runs `split` (which fails once the backend started) unless the CPU
+    already holds `replicas` devices."""
+    try:
+        split()
+    except RuntimeError:
+        existing = devices()
+        if existing != replicas:
+            library = "JAX" if keras.backend.backend() == "jax" else "TensorFlow"
+            raise ArgumentError(
+                "cpu_replicas",
+                f"{library} already started with {existing} CPU device(s) in "
+                f"this process; set it before any {library} work (a fresh "
+                f"process). Received: cpu_replicas={replicas}",
+            ) from None

@@ -1,11 +1,6 @@
 """The runtime on JAX: data parallelism over the local devices with
-`keras.distribution.DataParallel`, where TensorFlow has `tf.distribute`.
-
-Keras's JAX trainer shards each global batch across the devices of the
-distribution set globally, and replicates the variables, so the model is
-built and trained as on one device. `advtrain.train.runtime.make_runtime`
-calls `jax_placement` on the JAX backend; `advtrain.train.runtime_tensorflow`
-is its TensorFlow twin.
+`keras.distribution.DataParallel` (Keras shards each global batch and
+replicates the variables), where TensorFlow has `tf.distribute`.
 """
 
 from __future__ import annotations
@@ -15,25 +10,20 @@ from typing import Optional
 import jax
 import keras
 
+from advtrain.train.runtime import split_cpu
 from advtrain.utils.errors import ArgumentError
 
-# The strategies with a JAX equivalent: one device, or every local
-# device in data parallel (mirrored; tpu where the devices are TPUs).
+# The other strategies are data parallel over every local device.
 _ONE_DEVICE = ("default", "one_device")
-_TENSORFLOW_ONLY = ("multi_worker",)
 
 
 def jax_placement(
     strategy: str, cpu_replicas: Optional[int], deterministic: bool
 ) -> tuple[Optional[keras.distribution.DataParallel], str, int, int, str, str]:
     """(distribution or None, strategy name with auto resolved, replicas,
-    workers, this task, device kind), the distribution set globally.
-
-    Call it before any JAX work: `cpu_replicas` splits the CPU into that
-    many devices, which JAX allows only before it starts (as
-    `XLA_FLAGS=--xla_force_host_platform_device_count=N` does).
-    """
-    if strategy in _TENSORFLOW_ONLY:
+    workers, this task, device kind), the distribution set globally. Call
+    it before any JAX work (`cpu_replicas` splits the CPU)."""
+    if strategy == "multi_worker":
         raise ArgumentError(
             "strategy",
             f"{strategy} runs on TensorFlow only; on JAX use auto, default, "
@@ -41,7 +31,11 @@ def jax_placement(
             f"the local devices). Received: strategy={strategy}",
         )
     if cpu_replicas:
-        _split_cpu(cpu_replicas)
+        split_cpu(
+            lambda: jax.config.update("jax_num_cpu_devices", cpu_replicas),
+            lambda: len(jax.devices("cpu")),
+            cpu_replicas,
+        )
     del deterministic  # XLA's CPU kernels are deterministic; see make_runtime
     devices = jax.local_devices()
     kind = devices[0].platform
@@ -51,9 +45,8 @@ def jax_placement(
             f"no TPU found (JAX sees {kind} devices). Use auto, default, "
             "one_device or mirrored. Received: strategy=tpu",
         )
-    name = strategy
-    if name == "auto":
-        name = "mirrored" if len(devices) > 1 else "default"
+    auto = "mirrored" if len(devices) > 1 else "default"
+    name = auto if strategy == "auto" else strategy
     if name in _ONE_DEVICE:
         keras.distribution.set_distribution(None)
         return None, name, 1, 1, "", kind
@@ -62,17 +55,3 @@ def jax_placement(
     )
     keras.distribution.set_distribution(distribution)
     return distribution, name, len(devices), 1, "", kind
-
-
-def _split_cpu(replicas: int) -> None:
-    try:
-        jax.config.update("jax_num_cpu_devices", replicas)
-    except RuntimeError:
-        existing = len(jax.devices("cpu"))
-        if existing != replicas:
-            raise ArgumentError(
-                "cpu_replicas",
-                f"JAX already started with {existing} CPU device(s) in this "
-                "process; set it before any JAX work (a fresh process). "
-                f"Received: cpu_replicas={replicas}",
-            ) from None

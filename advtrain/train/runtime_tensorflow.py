@@ -1,9 +1,5 @@
 """The runtime on TensorFlow: a `tf.distribute` strategy over the local
-devices, a cluster (TF_CONFIG or SLURM) or a TPU.
-
-`advtrain.train.runtime.make_runtime` calls `tensorflow_placement` on the
-TensorFlow backend; `advtrain.train.runtime_jax` is its JAX twin.
-"""
+devices, a cluster (TF_CONFIG or SLURM) or a TPU."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from advtrain.train.runtime import split_cpu
 from advtrain.utils.errors import ArgumentError, one_line
 
 
@@ -20,13 +17,17 @@ def tensorflow_placement(
     strategy: str, cpu_replicas: Optional[int], deterministic: bool
 ) -> tuple[tf.distribute.Strategy, str, int, int, str, str]:
     """(strategy, its name with auto resolved, replicas, workers, this
-    task, device kind) for the `strategy` setting.
-
-    Call it before any other TensorFlow work: `cpu_replicas` splits the CPU
-    into logical devices, which TensorFlow allows only before it starts.
-    """
+    task, device kind). Call it before any other TensorFlow work
+    (`cpu_replicas` splits the CPU)."""
     if cpu_replicas:
-        _split_cpu(cpu_replicas)
+        cpus = tf.config.list_physical_devices("CPU")
+        split_cpu(
+            lambda: tf.config.set_logical_device_configuration(
+                cpus[0], [tf.config.LogicalDeviceConfiguration()] * cpu_replicas
+            ),
+            lambda: len(tf.config.list_logical_devices("CPU")),
+            cpu_replicas,
+        )
     if deterministic:
         tf.config.experimental.enable_op_determinism()
     name = _auto_strategy() if strategy == "auto" else strategy
@@ -42,29 +43,9 @@ def _device_kind() -> str:
     return "cpu"
 
 
-def _split_cpu(replicas: int) -> None:
-    cpus = tf.config.list_physical_devices("CPU")
-    try:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration()] * replicas
-        )
-    except RuntimeError:
-        existing = len(tf.config.list_logical_devices("CPU"))
-        if existing != replicas:
-            raise ArgumentError(
-                "cpu_replicas",
-                f"TensorFlow already started with {existing} CPU device(s) in "
-                "this process; set it before any TensorFlow work (a fresh "
-                f"process). Received: cpu_replicas={replicas}",
-            ) from None
-
-
 def tf_config_tasks() -> int:
-    """Number of tasks TF_CONFIG's cluster names (0 without TF_CONFIG).
-
-    Raises:
-        ValueError: TF_CONFIG is set but is not JSON with a cluster.
-    """
+    """Number of tasks TF_CONFIG's cluster names (0 without TF_CONFIG);
+    ValueError when it is not JSON with a cluster."""
     raw = os.environ.get("TF_CONFIG", "").strip()
     if not raw:
         return 0

@@ -1,18 +1,6 @@
-"""`TrainingState`: resuming and checkpointing one run folder.
-
-Beyond `Model.fit` with BackupAndRestore: a resume inside an epoch trains
-the same batches with the same running metrics. `advtrain.fit` takes it as
-`checkpoints=` (restored and opened).
-
-Example:
-
-```python
-state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
-state.restore(model, steps_per_epoch=plan.steps_per_epoch)
-state.open(is_chief=runtime.is_chief, epochs=plan.epochs)
-advtrain.fit(model, stream, checkpoints=state, ...)
-```
-"""
+"""`TrainingState`: resuming and checkpointing one run folder. Beyond
+BackupAndRestore: a resume inside an epoch trains the same batches with the
+same running metrics."""
 
 from __future__ import annotations
 
@@ -21,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import keras
+import numpy as np
 
 from advtrain.train.callbacks import AtomicCheckpoint, NaNGuard, Preemption
 from advtrain.train.checkpoint import (
@@ -41,18 +30,25 @@ from advtrain.utils.progress import Echo
 class TrainingState:
     """Resume and checkpointing of one run folder.
 
-    Creating it installs the preemption signal handlers (a signal before
-    training raises `Preempted` at once). Then `restore` (resume point,
-    model variables), `open` (the folder this worker writes, the checkpoint
-    store), `callbacks`, and during training `restore_optimizer`.
+    Creating it installs the preemption signal handlers (SIGTERM/SIGINT:
+    checkpoint and exit 75; before training, `Preempted` at once). Then
+    `restore`, `open`, `callbacks`, and during training `restore_optimizer`.
 
     Args:
         run_dir: the run folder.
-        resuming: whether `run_dir` holds the run, interrupted (the caller
-            knows its folder's rules).
+        resuming: whether `run_dir` holds the run, interrupted.
         workers: workers of the run.
         resume_hint: how to resume, appended to the preemption message.
         echo: receives progress lines and warnings.
+
+    Example:
+
+    ```python
+    state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
+    state.restore(model, steps_per_epoch=plan.steps_per_epoch)
+    state.open(is_chief=runtime.is_chief, epochs=plan.epochs)
+    advtrain.fit(model, stream, checkpoints=state, ...)
+    ```
     """
 
     def __init__(
@@ -67,7 +63,6 @@ class TrainingState:
         self.run_dir = Path(run_dir)
         self.echo = echo
         self.resuming = resuming
-        # SIGTERM/SIGINT: checkpoint and exit 75 (advtrain.train.preemption).
         self.preemption = Preemption(
             self.run_dir, workers=workers, resume_hint=resume_hint
         )
@@ -76,16 +71,16 @@ class TrainingState:
         self.out = self.run_dir
         self.guard: Optional[NaNGuard] = None
         self.checkpoint: Optional[AtomicCheckpoint] = None
-        self._pending_metrics: list[Checkpoint] = []
+        self._pending_metrics: Optional[Checkpoint] = None
 
     @property
     def start_epoch(self) -> int:
-        """The epoch training continues with (0-based)."""
+        """The epoch training continues with (0-based), after `start_step`
+        of its batches."""
         return self.point.epoch if self.point else 0
 
     @property
     def start_step(self) -> int:
-        """Batches of `start_epoch` trained before the interruption."""
         return self.point.step if self.point else 0
 
     @property
@@ -93,12 +88,10 @@ class TrainingState:
         return self.start_epoch * self.steps_per_epoch + self.start_step
 
     def restore(self, model: keras.Model, *, steps_per_epoch: int) -> None:
-        """Finds the newest usable checkpoint and restores the model's
-        variables from it (nothing for a new run).
+        """Restores the model's variables from the newest usable checkpoint.
 
         Raises:
-            CheckpointError: the checkpoint was written with another number
-                of steps per epoch, or for another model.
+            CheckpointError: it was written for another epoch length or model.
         """
         self.steps_per_epoch = spe = steps_per_epoch
         if not self.resuming:
@@ -118,16 +111,15 @@ class TrainingState:
         self.point = point
         # The interrupted epoch's running metrics continue from the
         # checkpoint's (Keras resets them just before on_epoch_begin).
-        self._pending_metrics = [point] if point.step else []
+        self._pending_metrics = point if point.step else None
+        same = (
+            " (the interrupted epoch's remaining steps are trained "
+            "with the same batches)"
+        )
         self.echo(
             f"resuming {self.run_dir} from {point.path.name}: epoch "
             f"{point.epoch + 1}, after step {point.step}/{spe}"
-            + (
-                " (the interrupted epoch's remaining steps are trained "
-                "with the same batches)"
-                if point.step
-                else ""
-            )
+            + (same if point.step else "")
         )
 
     def open(
@@ -143,10 +135,9 @@ class TrainingState:
         checkpoint_every_steps: Optional[int] = None,
         nan_hint: str = "",
     ) -> Path:
-        """Prepares the folder this worker writes (the run folder for the
-        chief, a private one for the others) and the checkpoint callbacks;
-        returns the folder. `files` (name: text) are written first, each
-        atomically: the caller's record of what the folder holds."""
+        """Prepares and returns the folder this worker writes (the chief's:
+        the run folder), writing `files` (name: text) into it atomically,
+        and the checkpoint callbacks."""
         self.out = out = writable_dir(self.run_dir, is_chief)
         out.mkdir(parents=True, exist_ok=True)
         for name, text in (files or {}).items():
@@ -154,47 +145,34 @@ class TrainingState:
         if self.resuming:
             truncate_history(out / "history.csv", self.start_epoch)
         store = CheckpointStore(
-            out / "checkpoints",
-            keep=keep_checkpoints,
-            monitor=monitor,
-            mode=monitor_mode,
+            out / "checkpoints", keep_checkpoints, monitor, monitor_mode
         )
         store.remove_temporaries()
+        # Step checkpoints read every variable anyway: check them first.
         self.guard = NaNGuard(
-            self.steps_per_epoch,
-            hint=nan_hint,
-            last_good=store.latest,
-            # Step checkpoints read every variable anyway: check them first.
-            check_state_every_batch=bool(checkpoint_every_steps),
+            self.steps_per_epoch, nan_hint, store.latest, bool(checkpoint_every_steps)
         )
         self.checkpoint = AtomicCheckpoint(
-            store,
-            steps_per_epoch=self.steps_per_epoch,
-            epochs=epochs,
-            every_epochs=checkpoint_every_epochs,
-            every_steps=checkpoint_every_steps,
+            store, steps_per_epoch=self.steps_per_epoch, epochs=epochs,
+            every_epochs=checkpoint_every_epochs, every_steps=checkpoint_every_steps,
             global_step=self.start_global_step,
-        )
+        )  # fmt: skip
         return out
 
     def callbacks(
         self, model: keras.Model, image_shape, before: Sequence = ()
     ) -> list[keras.callbacks.Callback]:
-        """A callback continuing the interrupted epoch's running metrics,
-        `before`, the NaN guard, the history CSV, the checkpoint, and last
-        the preemption callback (it may checkpoint the epoch's end)."""
+        """The callbacks in their order: the resumed epoch's metrics,
+        `before`, NaN guard, history CSV, checkpoint, preemption."""
         start = keras.callbacks.LambdaCallback(
-            on_epoch_begin=lambda epoch, logs=None: self._restore_epoch_metrics(
-                model, image_shape
-            )
+            on_epoch_begin=lambda *_: self._restore_epoch_metrics(model, image_shape)
         )
         csv = keras.callbacks.CSVLogger(str(self.out / "history.csv"), append=True)
         return [start, *before, self.guard, csv, self.checkpoint, self.preemption]
 
     def restore_optimizer(self, model: keras.Model, phase) -> None:
-        """Continues the optimizer of the interrupted phase (slots,
-        iterations and so the learning-rate schedule, loss scale); a new
-        phase starts a fresh one, as an uninterrupted run does."""
+        """Continues the optimizer of the interrupted phase; a new phase
+        starts a fresh one, as an uninterrupted run does."""
         point = self.point
         if (
             point is not None
@@ -205,11 +183,9 @@ class TrainingState:
             restore_variables(model, point, "optimizer")
 
     def _restore_epoch_metrics(self, model: keras.Model, image_shape) -> None:
-        if not self._pending_metrics:
+        point, self._pending_metrics = self._pending_metrics, None
+        if point is None:
             return
-        import numpy as np
-
-        point = self._pending_metrics.pop()
         try:
             # Compiled metrics create their variables on first use; one update
             # on a dummy batch (then reset) creates them before the restore.
@@ -225,8 +201,7 @@ class TrainingState:
             )
 
     def history(self, trained: dict[str, list[float]]) -> dict[str, list[float]]:
-        """The whole run's history: `trained` (this process's fits), or the
-        history file when the run was resumed."""
+        """The whole run's history (from its file when resumed)."""
         if self.resuming:
             return read_history(self.out / "history.csv") or trained
         return trained
