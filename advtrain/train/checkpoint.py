@@ -70,24 +70,25 @@ def writable_dir(out: Path, is_chief: bool) -> Path:
 def truncate_history(path: Path, epochs: int) -> None:
     """Keeps the header and the whole rows of the first `epochs` epochs of
     a CSVLogger file (a killed run may have logged an epoch it had not
-    checkpointed, or half a row)."""
+    checkpointed, or half a row), byte for byte: Keras ends its rows with
+    CRLF, and a resumed run's file must equal an uninterrupted one's."""
     if not path.is_file():
         return
     with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
-    if not rows:
+        lines = handle.readlines()
+    if not lines:
         return
-    kept = [rows[0]]
-    for row in rows[1:]:
+    width = len(next(csv.reader(lines[:1])))
+    kept = lines[:1]
+    for line in lines[1:]:
+        row = next(csv.reader([line]), [])
         try:
             epoch = int(row[0])
         except (IndexError, ValueError):
             continue
-        if epoch < epochs and len(row) == len(rows[0]):
-            kept.append(row)
-    buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows(kept)
-    atomic_write_text(path, buffer.getvalue())
+        if epoch < epochs and len(row) == width and line.endswith("\n"):
+            kept.append(line)
+    atomic_write_text(path, "".join(kept))
 
 
 def read_history(path: Path) -> dict[str, list[float]]:

@@ -39,7 +39,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
 
 def atomic_write_text(path: PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8", newline="")
     return Path(path)
 
 

@@ -167,8 +167,8 @@ def test_sigterm_mid_epoch_checkpoints_exits_75_and_resumes_exactly(
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
-    history = (out / "history.csv").read_text()
-    assert history == (uninterrupted / "history.csv").read_text()
+    history = (out / "history.csv").read_bytes()
+    assert history == (uninterrupted / "history.csv").read_bytes()
 
 
 def test_exit_code_of_a_launch():

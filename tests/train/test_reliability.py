@@ -131,7 +131,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path, reference
     difference = max_weight_difference(reference / "model.keras", out / "model.keras")
     print(f"max abs weight difference after SIGKILL + resume: {difference}")
     assert difference == 0.0
-    assert (out / "history.csv").read_text() == (reference / "history.csv").read_text()
+    assert (out / "history.csv").read_bytes() == (reference / "history.csv").read_bytes()
     # Optimizer slots and iterations, BN statistics, the attack's RNG state
     # and the epoch metrics match too: the last checkpoints are identical.
     mine = load_checkpoint(out / "checkpoints" / "epoch-0003").arrays()
@@ -157,7 +157,7 @@ def test_same_recipe_on_same_folder_resumes_at_epoch_boundary(tmp_path, referenc
     assert "from epoch-0002: epoch 3, after step 0/4" in result.output
     assert "epoch 1/3" not in result.output
     assert max_weight_difference(reference / "model.keras", out / "model.keras") == 0.0
-    assert (out / "history.csv").read_text() == (reference / "history.csv").read_text()
+    assert (out / "history.csv").read_bytes() == (reference / "history.csv").read_bytes()
 
 
 def test_different_recipe_is_refused_naming_the_keys(tmp_path, reference):
@@ -351,9 +351,14 @@ def test_keeps_last_k_plus_the_best_and_step_checkpoint_spacing(tmp_path):
 
 def test_truncate_history_drops_unfinished_epochs(tmp_path):
     path = tmp_path / "history.csv"
-    path.write_text("epoch,loss\n0,1.5\n1,1.2\n2,1.1\n3,0.")
+    # CSVLogger's own line ends (CRLF) are kept: a resumed run's file equals
+    # an uninterrupted run's byte for byte.
+    path.write_bytes(b"epoch,loss\r\n0,1.5\r\n1,1.2\r\n2,1.1\r\n3,0.")
     truncate_history(path, 2)
-    assert path.read_text() == "epoch,loss\n0,1.5\n1,1.2\n"
+    assert path.read_bytes() == b"epoch,loss\r\n0,1.5\r\n1,1.2\r\n"
+    path.write_bytes(b"epoch,loss\r\n0,1.5\r\n1,1.")
+    truncate_history(path, 5)
+    assert path.read_bytes() == b"epoch,loss\r\n0,1.5\r\n"
 
 
 def test_only_the_chief_writes_into_the_run_folder(tmp_path):
