@@ -105,11 +105,12 @@ def attack_settings(method: str, backend: str = "advtrain") -> Optional[dict]:
 def _parameters(method: str, backend: str) -> Optional[dict[str, Any]]:
     # Every setting the method's function takes, shared ones included.
     fn = attacks.get(_function_name(method, backend))
-    names = keyword_names(fn, skip=3)
+    names = keyword_names(fn)
     if names is None:
         return None
     defaults = inspect.signature(fn).parameters
-    return {k: defaults[k].default for k in names if k not in CALL_KEYS}
+    skip = CALL_KEYS + tuple(defaults)[:3]  # model_fn, x, y
+    return {k: defaults[k].default for k in names if k not in skip}
 
 
 _UNSET = object()  # a shared setting the caller did not give

@@ -1,12 +1,14 @@
 """The runtime's and the batch plan's typed options (`advtrain.fit`'s and
-the recipe's `runtime` and `train` sections)."""
+the application's runtime and training settings)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
+from advtrain.utils.errors import ArgumentError
 from advtrain.utils.options import Options, Seed
 
 
@@ -71,3 +73,21 @@ class PlanOptions(Options):
     reference_batch: int = Field(256, ge=1)
     warmup_epochs: float = Field(0.0, ge=0.0)
     seed: Seed = 0
+
+
+def split_cpu(
+    split: Callable[[], None], devices: Callable[[], int], replicas: int, library: str
+):
+    """Runs `split` (which fails once the backend started) unless the CPU
+    already holds `replicas` devices (on both backends)."""
+    try:
+        split()
+    except RuntimeError:
+        existing = devices()
+        if existing != replicas:
+            raise ArgumentError(
+                "cpu_replicas",
+                f"{library} already started with {existing} CPU device(s) in "
+                f"this process; set it before any {library} work (a fresh "
+                f"process). Received: cpu_replicas={replicas}",
+            ) from None

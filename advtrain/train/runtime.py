@@ -12,7 +12,6 @@ import dataclasses
 import hashlib
 import math
 import os
-from collections.abc import Callable
 from typing import Optional, Union
 
 import keras
@@ -417,20 +416,3 @@ def make_optimizer(
     if optimizer == "adamw":
         return keras.optimizers.AdamW(lr, weight_decay=weight_decay or 0.004)
     return keras.optimizers.Adam(learning_rate=lr, weight_decay=weight_decay or None)
-
-
-def split_cpu(split: Callable[[], None], devices: Callable[[], int], replicas: int):
-    """Runs `split` (which fails once the backend started) unless the CPU
-    already holds `replicas` devices."""
-    try:
-        split()
-    except RuntimeError:
-        existing = devices()
-        if existing != replicas:
-            library = "JAX" if keras.backend.backend() == "jax" else "TensorFlow"
-            raise ArgumentError(
-                "cpu_replicas",
-                f"{library} already started with {existing} CPU device(s) in "
-                f"this process; set it before any {library} work (a fresh "
-                f"process). Received: cpu_replicas={replicas}",
-            ) from None

@@ -10,7 +10,7 @@ from typing import Optional
 import jax
 import keras
 
-from advtrain.train.runtime import split_cpu
+from advtrain.train.options import split_cpu
 from advtrain.utils.errors import ArgumentError
 
 # The other strategies are data parallel over every local device.
@@ -35,6 +35,7 @@ def jax_placement(
             lambda: jax.config.update("jax_num_cpu_devices", cpu_replicas),
             lambda: len(jax.devices("cpu")),
             cpu_replicas,
+            "JAX",
         )
     del deterministic  # XLA's CPU kernels are deterministic; see make_runtime
     devices = jax.local_devices()

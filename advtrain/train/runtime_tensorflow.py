@@ -9,7 +9,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from advtrain.train.runtime import split_cpu
+from advtrain.train.options import split_cpu
 from advtrain.utils.errors import ArgumentError, one_line
 
 
@@ -27,6 +27,7 @@ def tensorflow_placement(
             ),
             lambda: len(tf.config.list_logical_devices("CPU")),
             cpu_replicas,
+            "TensorFlow",
         )
     if deterministic:
         tf.config.experimental.enable_op_determinism()

@@ -12,7 +12,7 @@ BAD_INPUT = 2  # the exit code of input that cannot be used
 
 class ArgumentError(ValueError):
     """A value of the named argument that cannot be used; a caller may
-    re-raise `exc.message` under its own name for it (a recipe key).
+    re-raise `exc.message` under its own name for it (a config key).
 
     Example:
 

@@ -304,10 +304,13 @@ def bn_gap_warning(
         "statistics do not match the batch statistics"
     )
     if recalibrated:
+        fix = (
+            f"a larger {batch_size} (per-batch statistics vary between batches) "
+            "or held-out data closer to the training data"
+        )
         return (
             f"BatchNorm gap: {cause} even after recalibration on clean training "
-            f"data. Fix: a larger {batch_size} (per-batch statistics vary "
-            "between batches) or held-out data closer to the training data."
+            f"data. Fix: {fix}."
         )
     lower = (
         0.9
