@@ -85,10 +85,10 @@ def test_subclass_losses_and_logs_match_on_one_and_two_replicas(replica_runs):
     for key in one.files:
         # Weights, and logs per example: the same whatever the replicas.
         # TRADES's own PGD starts where the KL's input gradient is rounding
-        # noise, so a few pixels' signs follow the reduction order (1.7e-4
-        # seen in one process); a per-replica loss error moves weights by
-        # more than 1e-2.
-        atol = 1e-3 if key.startswith("trades_pgd/") else 1e-5
+        # noise, so a few pixels' signs follow the reduction order: 1.7e-4
+        # measured; a loss averaged per replica, not over the global batch,
+        # moves these weights by 1.4e-3.
+        atol = 5e-4 if key.startswith("trades_pgd/") else 1e-5
         np.testing.assert_allclose(two[key], one[key], atol=atol, err_msg=key)
     # The custom term trained: without it the weights would be another run's.
     assert not np.allclose(one["pairing/w0"], one["trades/w0"])
