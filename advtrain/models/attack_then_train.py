@@ -55,7 +55,9 @@ def train_step_after_attack(model, attack, x, y, sample_weight) -> dict:
         # from an inference pass; it takes no part in the gradient.
         y_pred = model(x, training=False)
         if not model.clean_loss_tracker.fed:
-            clean = model._inference_loss(x, y, y_pred, sample_weight)
+            clean = model.compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
+            )
             model.track_losses(clean=clean)
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
