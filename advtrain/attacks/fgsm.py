@@ -49,7 +49,8 @@ def fgsm(
         eps: perturbation size in pixel units.
         norm: "inf" or 2.
         loss_fn: `(labels, logits) -> per-example loss`; cross-entropy.
-        clip_min, clip_max: the valid pixel range (None: open on that side).
+        clip_min: the lowest valid pixel value (None: no bound).
+        clip_max: the highest valid pixel value (None: no bound).
         loss_scale: multiplies the loss before differentiating (mixed
             precision); the step only uses the gradient's direction.
         return_gradient: also return the input gradient the step used.

@@ -62,7 +62,8 @@ def pgd(
         random_start: start uniformly inside the ball (else at `x`).
         restarts: independent runs, as `steps` an int or a tensor.
         loss_fn: `(labels, logits) -> per-example loss`.
-        clip_min, clip_max: the valid pixel range.
+        clip_min: the lowest valid pixel value.
+        clip_max: the highest valid pixel value.
         loss_scale: multiplies the loss before differentiating.
         seed: None, an int or a `keras.random.SeedGenerator`.
 

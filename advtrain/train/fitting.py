@@ -117,9 +117,16 @@ def fit(
         loss: a Keras loss (with an attack: cross-entropy from logits).
         metrics: Keras metrics.
         optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
-        learning_rate, lr_schedule, momentum, weight_decay, epochs,
-            steps_per_epoch, scale_lr, reference_batch, warmup_epochs, seed:
-            as `PlanOptions` (advtrain.train.options).
+        learning_rate: as `PlanOptions` (advtrain.train.options).
+        lr_schedule: as `PlanOptions`.
+        momentum: as `PlanOptions`.
+        weight_decay: as `PlanOptions`.
+        epochs: as `PlanOptions`.
+        steps_per_epoch: as `PlanOptions`.
+        scale_lr: as `PlanOptions`.
+        reference_batch: as `PlanOptions`.
+        warmup_epochs: as `PlanOptions`.
+        seed: as `PlanOptions`.
         batch_size: the global batch; required for arrays.
         phases: `advtrain.models.freezing.phases(epochs, ...)` (each phase
             a fresh optimizer, so `optimizer` by name); None: one phase.
