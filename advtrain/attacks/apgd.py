@@ -85,10 +85,21 @@ def apgd_ce(
         return lambda logits: loss_fn(y, logits)
 
     return _best_over_runs(
-        model_fn, x, labels, objective, restarts, eps=eps, steps=steps,
-        norm=norm, rho=rho, momentum=momentum, clip_min=clip_min,
-        clip_max=clip_max, loss_scale=loss_scale, seed=seed,
-    )  # fmt: skip
+        model_fn,
+        x,
+        labels,
+        objective,
+        restarts,
+        eps=eps,
+        steps=steps,
+        norm=norm,
+        rho=rho,
+        momentum=momentum,
+        clip_min=clip_min,
+        clip_max=clip_max,
+        loss_scale=loss_scale,
+        seed=seed,
+    )
 
 
 def apgd_dlr(
@@ -143,10 +154,21 @@ def apgd_dlr(
 
     runs = restarts * max(targets, 1)
     return _best_over_runs(
-        model_fn, x, labels, objective, runs, eps=eps, steps=steps,
-        norm=norm, rho=rho, momentum=momentum, clip_min=clip_min,
-        clip_max=clip_max, loss_scale=loss_scale, seed=seed,
-    )  # fmt: skip
+        model_fn,
+        x,
+        labels,
+        objective,
+        runs,
+        eps=eps,
+        steps=steps,
+        norm=norm,
+        rho=rho,
+        momentum=momentum,
+        clip_min=clip_min,
+        clip_max=clip_max,
+        loss_scale=loss_scale,
+        seed=seed,
+    )
 
 
 def _usable_targets(targets: int, classes: Optional[int]) -> int:
@@ -251,9 +273,21 @@ def _best_over_runs(model_fn, x, labels, objective, runs, seed, **options):
 
 
 def _apgd_run(
-    model_fn, x, labels, objective, *, eps, steps, norm, rho, momentum,
-    clip_min, clip_max, loss_scale, seed,
-):  # fmt: skip
+    model_fn,
+    x,
+    labels,
+    objective,
+    *,
+    eps,
+    steps,
+    norm,
+    rho,
+    momentum,
+    clip_min,
+    clip_max,
+    loss_scale,
+    seed,
+):
     # One run (paper, Algorithm 1): per example the last misclassified
     # point (else the highest-loss one), whether one was found, the highest
     # loss. Where the paper leaves it open, the authors' code decides: the
@@ -278,13 +312,20 @@ def _apgd_run(
     loss, grad, wrong = gradient_at(start)
     batch = ops.shape(x)[0]
     state = dict(
-        current=start, previous=start, best=start, adversarial=start,
-        grad=grad, best_grad=grad, loss=loss, best_loss=loss,
-        best_at_check=loss, fooled=wrong,
+        current=start,
+        previous=start,
+        best=start,
+        adversarial=start,
+        grad=grad,
+        best_grad=grad,
+        loss=loss,
+        best_loss=loss,
+        best_at_check=loss,
+        fooled=wrong,
         eta=ops.full((batch,) + (1,) * (rank - 1), 2.0 * eps_t, x.dtype),
         rises=ops.zeros((batch,), "float32"),
         halved_at_check=ops.zeros((batch,), "bool"),
-    )  # fmt: skip
+    )
     interval = _intervals(steps)
 
     def body(i, s):

@@ -123,11 +123,22 @@ def fgsm_random_start(
     """
     alpha = 1.25 * eps if alpha is None else alpha
     return _step_from_noise(
-        model_fn, x, y, eps=eps, alpha=alpha, noise=eps, project_to_eps=True,
-        norm=norm, loss_fn=loss_fn, clip_min=clip_min, clip_max=clip_max,
-        loss_scale=loss_scale, seed=seed, return_gradient=return_gradient,
+        model_fn,
+        x,
+        y,
+        eps=eps,
+        alpha=alpha,
+        noise=eps,
+        project_to_eps=True,
+        norm=norm,
+        loss_fn=loss_fn,
+        clip_min=clip_min,
+        clip_max=clip_max,
+        loss_scale=loss_scale,
+        seed=seed,
+        return_gradient=return_gradient,
         clip_start=clip_start,
-    )  # fmt: skip
+    )
 
 
 def fgsm_random_start_from_gradient(
@@ -184,11 +195,22 @@ def n_fgsm(
     alpha = eps if alpha is None else alpha
     noise = 2 * eps if noise is None else noise
     return _step_from_noise(
-        model_fn, x, y, eps=eps, alpha=alpha, noise=noise, project_to_eps=False,
-        norm=norm, loss_fn=loss_fn, clip_min=clip_min, clip_max=clip_max,
-        loss_scale=loss_scale, seed=seed, return_gradient=return_gradient,
+        model_fn,
+        x,
+        y,
+        eps=eps,
+        alpha=alpha,
+        noise=noise,
+        project_to_eps=False,
+        norm=norm,
+        loss_fn=loss_fn,
+        clip_min=clip_min,
+        clip_max=clip_max,
+        loss_scale=loss_scale,
+        seed=seed,
+        return_gradient=return_gradient,
         clip_start=clip_start,
-    )  # fmt: skip
+    )
 
 
 def zerograd(
@@ -224,19 +246,44 @@ def zerograd(
     check_fraction("zero_quantile", zero_quantile)
     alpha = 1.25 * eps if alpha is None else alpha
     return _step_from_noise(
-        model_fn, x, y, eps=eps, alpha=alpha, noise=eps, project_to_eps=True,
-        norm=norm, loss_fn=loss_fn, clip_min=clip_min, clip_max=clip_max,
-        loss_scale=loss_scale, seed=seed, return_gradient=return_gradient,
+        model_fn,
+        x,
+        y,
+        eps=eps,
+        alpha=alpha,
+        noise=eps,
+        project_to_eps=True,
+        norm=norm,
+        loss_fn=loss_fn,
+        clip_min=clip_min,
+        clip_max=clip_max,
+        loss_scale=loss_scale,
+        seed=seed,
+        return_gradient=return_gradient,
         clip_start=clip_start,
         zero_quantile=zero_quantile,
-    )  # fmt: skip
+    )
 
 
 def _step_from_noise(
-    model_fn, x, y, *, eps, alpha, noise, project_to_eps, norm, loss_fn,
-    clip_min, clip_max, loss_scale, seed, return_gradient, clip_start,
+    model_fn,
+    x,
+    y,
+    *,
+    eps,
+    alpha,
+    noise,
+    project_to_eps,
+    norm,
+    loss_fn,
+    clip_min,
+    clip_max,
+    loss_scale,
+    seed,
+    return_gradient,
+    clip_start,
     zero_quantile=0.0,
-):  # fmt: skip
+):
     norm = checked_norm(norm, eps)
     check_eps("alpha", alpha)
     check_eps("noise", noise)

@@ -87,9 +87,16 @@ def pgd(
     def one_run(run_seed):
         start = pgd_start(x, random_start=random_start, seed=run_seed, **box)
         return pgd_steps(
-            model_fn, x, y, start, steps=steps, step_size=step_size,
-            loss_fn=loss_fn, loss_scale=loss_scale, **box,
-        )  # fmt: skip
+            model_fn,
+            x,
+            y,
+            start,
+            steps=steps,
+            step_size=step_size,
+            loss_fn=loss_fn,
+            loss_scale=loss_scale,
+            **box,
+        )
 
     best = one_run(seed)
     if isinstance(restarts, int) and restarts == 1:
@@ -116,9 +123,20 @@ def pgd_start(x, *, eps, norm, random_start, clip_min, clip_max, seed) -> Any:
 
 
 def pgd_steps(
-    model_fn, x, y, x_adv, *, steps, eps, norm, step_size, loss_fn, loss_scale,
-    clip_min, clip_max,
-) -> Any:  # fmt: skip
+    model_fn,
+    x,
+    y,
+    x_adv,
+    *,
+    steps,
+    eps,
+    norm,
+    step_size,
+    loss_fn,
+    loss_scale,
+    clip_min,
+    clip_max,
+) -> Any:
     """`steps` projected steepest-ascent steps from `x_adv` around `x`."""
 
     def body(i, x_adv):

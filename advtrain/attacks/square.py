@@ -93,9 +93,18 @@ def square(
     for r in range(restarts):
         seeds = base + ops.convert_to_tensor([0, 1_000_003 * r], "int32")
         point, run_margin, run_used = run(
-            model_fn, x, labels, margin, sides, iterations, geometry, seeds,
-            eps=eps, clip_min=clip_min, clip_max=clip_max,
-        )  # fmt: skip
+            model_fn,
+            x,
+            labels,
+            margin,
+            sides,
+            iterations,
+            geometry,
+            seeds,
+            eps=eps,
+            clip_min=clip_min,
+            clip_max=clip_max,
+        )
         better = run_margin < margin
         best = ops.where(per_example(better, 4), point, best)
         margin = ops.where(better, run_margin, margin)
@@ -143,8 +152,9 @@ def _window(seeds, count, side, height, width):
     # Per image, a random `side` x `side` window: a (count, height, width, 1)
     # mask and the top-left corners.
     top = _uniform_int(seeds, count, height - side + 1)
-    left = _uniform_int(seeds + ops.convert_to_tensor([0, 1], "int32"), count,
-                        width - side + 1)  # fmt: skip
+    left = _uniform_int(
+        seeds + ops.convert_to_tensor([0, 1], "int32"), count, width - side + 1
+    )
     in_rows = _inside(ops.arange(height, dtype="int32")[None, :], top, side)
     in_cols = _inside(ops.arange(width, dtype="int32")[None, :], left, side)
     mask = in_rows[:, :, None, None] & in_cols[:, None, :, None]
@@ -198,9 +208,19 @@ def _search(model_fn, x, labels, done_margin, start, propose, iterations):
 
 
 def _linf_run(
-    model_fn, x, labels, done_margin, sides, iterations, geometry, seeds, *,
-    eps, clip_min, clip_max,
-):  # fmt: skip
+    model_fn,
+    x,
+    labels,
+    done_margin,
+    sides,
+    iterations,
+    geometry,
+    seeds,
+    *,
+    eps,
+    clip_min,
+    clip_max,
+):
     # AutoAttack adds +-2 eps and projects: the same points.
     height, width, channels = geometry
     eps_t = ops.cast(eps, x.dtype)
@@ -290,9 +310,19 @@ def _unit_l2(delta):
 
 
 def _l2_run(
-    model_fn, x, labels, done_margin, sides, iterations, geometry, seeds, *,
-    eps, clip_min, clip_max,
-):  # fmt: skip
+    model_fn,
+    x,
+    labels,
+    done_margin,
+    sides,
+    iterations,
+    geometry,
+    seeds,
+    *,
+    eps,
+    clip_min,
+    clip_max,
+):
     # Each query moves the second window's perturbation mass into the first
     # (a fresh `_eta` plus its old content) and renormalises to eps.
     height, width, channels = geometry

@@ -31,15 +31,35 @@ def _without_top(application: Callable) -> Callable:
 
 # name: (constructor, preprocess, min_size, default_size, weights file)
 _APPLICATIONS = {
-    "resnet50": (keras.applications.ResNet50, "caffe", 32, 224,
-                 "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5"),
-    "inception_v3": (keras.applications.InceptionV3, "tf", 75, 299,
-                     "inception_v3_weights_tf_dim_ordering_tf_kernels_notop.h5"),
-    "mobilenet_v2": (keras.applications.MobileNetV2, "tf", 32, 224,
-                     "mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_{size}_no_top.h5"),
-    "efficientnet_b0": (keras.applications.EfficientNetB0, "pixels255", 32, 224,
-                        "efficientnetb0_notop.h5"),
-}  # fmt: skip
+    "resnet50": (
+        keras.applications.ResNet50,
+        "caffe",
+        32,
+        224,
+        "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5",
+    ),
+    "inception_v3": (
+        keras.applications.InceptionV3,
+        "tf",
+        75,
+        299,
+        "inception_v3_weights_tf_dim_ordering_tf_kernels_notop.h5",
+    ),
+    "mobilenet_v2": (
+        keras.applications.MobileNetV2,
+        "tf",
+        32,
+        224,
+        "mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_{size}_no_top.h5",
+    ),
+    "efficientnet_b0": (
+        keras.applications.EfficientNetB0,
+        "pixels255",
+        32,
+        224,
+        "efficientnetb0_notop.h5",
+    ),
+}
 
 for _name, (_application, _mode, _min, _default, _file) in _APPLICATIONS.items():
     register_backbone(

@@ -94,8 +94,13 @@ class ExampleRecorder:
     `start`, `attacked`, `keep`; then `cascaded` per cascade batch. `limit`
     keeps a seeded random subset of that many examples."""
 
-    def __init__(self, limit: Optional[int] = None, seed: int = 0,
-                 eps: float = 0.0, norm: Any = "inf"):  # fmt: skip
+    def __init__(
+        self,
+        limit: Optional[int] = None,
+        seed: int = 0,
+        eps: float = 0.0,
+        norm: Any = "inf",
+    ):
         self.limit, self.eps, self.norm = limit, float(eps), str(norm)
         self.rng = np.random.default_rng(seed)
         self.parts: list[dict[str, np.ndarray]] = []
@@ -161,8 +166,9 @@ class ExampleRecorder:
         kept = self._merged()
         attack = kept["attack"].astype(str)
         arrays = {k: kept[k] for k in FIELDS if k not in ("attack", "robust")}
-        return AdversarialExamples(**arrays, attack=attack, robust=attack == "",
-                                   eps=self.eps, norm=self.norm)  # fmt: skip
+        return AdversarialExamples(
+            **arrays, attack=attack, robust=attack == "", eps=self.eps, norm=self.norm
+        )
 
 
 def concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

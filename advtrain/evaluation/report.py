@@ -16,8 +16,11 @@ ATTACK_LABELS = {
 
 # AutoAttack's members, in cascade order, and their labels.
 CASCADE_LABELS = {
-    "apgd_ce": "APGD-CE", "apgd_t": "APGD-T", "fab_t": "FAB-T", "square": "Square",
-}  # fmt: skip
+    "apgd_ce": "APGD-CE",
+    "apgd_t": "APGD-T",
+    "fab_t": "FAB-T",
+    "square": "Square",
+}
 
 
 def robustness_headline(metrics: Mapping[str, Any]) -> tuple[str, str]:

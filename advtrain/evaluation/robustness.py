@@ -53,8 +53,13 @@ def per_class_accuracy(
     """Accuracy per class (its recall); None where it has no examples."""
     from sklearn.metrics import recall_score
 
-    recall = recall_score(labels, predictions, labels=np.arange(num_classes),
-                          average=None, zero_division=np.nan)  # fmt: skip
+    recall = recall_score(
+        labels,
+        predictions,
+        labels=np.arange(num_classes),
+        average=None,
+        zero_division=np.nan,
+    )
     return [None if np.isnan(r) else float(r) for r in recall]
 
 
@@ -75,14 +80,29 @@ BUDGETS = {
 GRADIENT_FREE = ("square",)
 
 EVALUATION_ATTACKS = (
-    "fgsm", "pgd", "apgd_ce", "apgd_dlr", "fab_t", "square", "autoattack",
-)  # fmt: skip
+    "fgsm",
+    "pgd",
+    "apgd_ce",
+    "apgd_dlr",
+    "fab_t",
+    "square",
+    "autoattack",
+)
 
 # The keyword arguments that choose an evaluation's attacks.
 ATTACK_KEYS = (
-    "eps", "norm", "attacks", "fgsm", "pgd_steps", "pgd_step_size",
-    "pgd_restarts", "apgd_steps", "apgd_restarts", "square_queries", "eps_sweep",
-)  # fmt: skip
+    "eps",
+    "norm",
+    "attacks",
+    "fgsm",
+    "pgd_steps",
+    "pgd_step_size",
+    "pgd_restarts",
+    "apgd_steps",
+    "apgd_restarts",
+    "square_queries",
+    "eps_sweep",
+)
 
 
 def listed_attacks(attacks: Any, fgsm: bool, pgd_steps: int) -> list[str]:
@@ -159,7 +179,7 @@ def evaluation_attacks(
             step_size=pgd_step_size,
             random_start=True,
             restarts=pgd_restarts,
-        ),  # fmt: skip
+        ),
         "apgd_ce": apgd,
         "apgd_dlr": apgd,
         "fab_t": {},
@@ -172,9 +192,13 @@ def evaluation_attacks(
     }
     for value in eps_sweep:
         chosen[f"sweep_{value:g}"] = Attack(
-            "pgd", eps=value, norm=norm, steps=max(pgd_steps, 1),
-            random_start=True, restarts=1,
-        )  # fmt: skip
+            "pgd",
+            eps=value,
+            norm=norm,
+            steps=max(pgd_steps, 1),
+            random_start=True,
+            restarts=1,
+        )
     return chosen
 
 
@@ -247,21 +271,31 @@ class AttackRunner:
 
     def _pgd_on_host(self, attack: Attack, x, y, values: dict) -> tuple:
         eps, step_size = values["eps"], values["step_size"]
-        threat = dict(norm=attack.norm, clip_min=attack.clip_min,
-                      clip_max=attack.clip_max)  # fmt: skip
+        threat = dict(
+            norm=attack.norm, clip_min=attack.clip_min, clip_max=attack.clip_max
+        )
         kind, generator = tuple(threat.values()), self._compiled.generator
         random_start = attack.random_start
 
         def start(model, x, eps):
-            return pgd_start(x, eps=eps, random_start=random_start,
-                             seed=generator, **threat)  # fmt: skip
+            return pgd_start(
+                x, eps=eps, random_start=random_start, seed=generator, **threat
+            )
 
         def chunk(steps):
             def run(model, x, y, x_adv, eps, step_size):
                 return pgd_steps(
-                    _inference(model), x, y, x_adv, steps=steps, eps=eps,
-                    step_size=step_size, loss_fn=None, loss_scale=None, **threat,
-                )  # fmt: skip
+                    _inference(model),
+                    x,
+                    y,
+                    x_adv,
+                    steps=steps,
+                    eps=eps,
+                    step_size=step_size,
+                    loss_fn=None,
+                    loss_scale=None,
+                    **threat,
+                )
 
             return run
 
@@ -274,9 +308,14 @@ class AttackRunner:
             full, rest = divmod(attack.steps, HOST_CHUNK)
             for steps in [HOST_CHUNK] * full + [rest] * (rest > 0):
                 x_adv = self._call(
-                    ("pgd_steps", steps, *kind), chunk(steps),
-                    x, y, x_adv, eps, step_size,
-                )  # fmt: skip
+                    ("pgd_steps", steps, *kind),
+                    chunk(steps),
+                    x,
+                    y,
+                    x_adv,
+                    eps,
+                    step_size,
+                )
             found = (x_adv,)
             if attack.restarts > 1:
                 found += tuple(self._call(("pgd_result",), result, x_adv, y))
@@ -484,10 +523,13 @@ def evaluate_robustness(
         )
         if ensemble:
             steps = run_cascade(
-                AttackRunner(model, seed + 1), ensemble, *standing,
-                batch_size=batch_size, label=f"AutoAttack ({budget})",
+                AttackRunner(model, seed + 1),
+                ensemble,
+                *standing,
+                batch_size=batch_size,
+                label=f"AutoAttack ({budget})",
                 record=None if recorder is None else recorder.cascaded,
-            )["steps"]  # fmt: skip
+            )["steps"]
     result = _summary(labels, predicted, chosen, num_classes)
     n = len(labels)
     if ensemble:
@@ -592,11 +634,19 @@ def evaluate(
     if num_classes is None:
         num_classes = int(model.output_shape[-1])
     return evaluate_robustness(
-        model, data, default_eps=eps, num_classes=num_classes, norm=norm,
-        attacks=attacks, budget=budget, batch_size=batch_size,
-        max_examples=max_examples, seed=seed, return_examples=return_examples,
+        model,
+        data,
+        default_eps=eps,
+        num_classes=num_classes,
+        norm=norm,
+        attacks=attacks,
+        budget=budget,
+        batch_size=batch_size,
+        max_examples=max_examples,
+        seed=seed,
+        return_examples=return_examples,
         **keys,
-    )  # fmt: skip
+    )
 
 
 # `evaluate`'s own arguments among `ATTACK_KEYS`.

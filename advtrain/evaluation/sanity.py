@@ -122,9 +122,13 @@ def run_sanity_checks(
     # The L2 ball of radius 0.5 * sqrt(d) holds the L-inf ball of radius 0.5.
     large = LARGE_EPS if norm == "inf" else LARGE_EPS * math.sqrt(dims)
     attacks = evaluation_attacks(
-        default_eps=eps, norm=norm, attacks=["fgsm", "pgd"], pgd_steps=steps,
-        pgd_step_size=pgd_step_size, pgd_restarts=pgd_restarts,
-    )  # fmt: skip
+        default_eps=eps,
+        norm=norm,
+        attacks=["fgsm", "pgd"],
+        pgd_steps=steps,
+        pgd_step_size=pgd_step_size,
+        pgd_restarts=pgd_restarts,
+    )
     attacks["pgd_2x_steps"] = attacks["pgd"].replace(steps=2 * steps)
     attacks["pgd_more_restarts"] = attacks["pgd"]  # a second run: fresh starts
     attacks["large_eps"] = Attack(

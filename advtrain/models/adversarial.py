@@ -39,9 +39,15 @@ __all__ = ["AdversarialModel"]
 
 # `get_config`'s plain keys, besides the classifier and the attack.
 _CONFIG_KEYS = (
-    "adv_weight", "attack_mode", "seed", "reuse_gradient", "check_inputs",
-    "fused_batchnorm", "batchnorm_momentum", "eps_ramp_steps",
-)  # fmt: skip
+    "adv_weight",
+    "attack_mode",
+    "seed",
+    "reuse_gradient",
+    "check_inputs",
+    "fused_batchnorm",
+    "batchnorm_momentum",
+    "eps_ramp_steps",
+)
 
 
 @keras.saving.register_keras_serializable(package="advtrain")
@@ -113,9 +119,13 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
         )
         super().__init__(**kwargs)
         attack, (self.reuse_gradient_step, self._step_reason) = self._checked(
-            attack, adv_weight, attack_mode, reuse_gradient, batchnorm_momentum,
+            attack,
+            adv_weight,
+            attack_mode,
+            reuse_gradient,
+            batchnorm_momentum,
             eps_ramp_steps,
-        )  # fmt: skip
+        )
         self.classifier = classifier
         self.attack = attack
         self.adv_weight = float(adv_weight)
@@ -156,9 +166,13 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
             + ["batchnorm_momentum", "eps_ramp_steps"],
         )
         cls._checked(
-            attack, adv_weight, attack_mode, reuse_gradient, batchnorm_momentum,
+            attack,
+            adv_weight,
+            attack_mode,
+            reuse_gradient,
+            batchnorm_momentum,
             eps_ramp_steps,
-        )  # fmt: skip
+        )
 
     @classmethod
     def _checked(

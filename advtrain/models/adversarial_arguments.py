@@ -29,9 +29,17 @@ RENAMED = {"fused": "reuse_gradient"}
 # The fields of 0.2's one `Attack` dataclass: a saved 0.2 attack lists them
 # all; its config drops those its method does not take.
 ATTACK_FIELDS_0_2 = (
-    "alpha", "steps", "step_size", "random_start", "restarts", "clip_start",
-    "noise", "zero_quantile", "queries", "options",
-)  # fmt: skip
+    "alpha",
+    "steps",
+    "step_size",
+    "random_start",
+    "restarts",
+    "clip_start",
+    "noise",
+    "zero_quantile",
+    "queries",
+    "options",
+)
 
 
 def check_keywords_known(owner: str, given: dict, accepted: Iterable[str]) -> None:

@@ -216,9 +216,14 @@ def recipe_evaluation(
 
 
 _SANITY_KEYS = (
-    "eps", "norm", "pgd_steps", "pgd_step_size", "pgd_restarts", "seed",
+    "eps",
+    "norm",
+    "pgd_steps",
+    "pgd_step_size",
+    "pgd_restarts",
+    "seed",
     "batch_size",
-)  # fmt: skip
+)
 
 
 def recipe_sanity_checks(

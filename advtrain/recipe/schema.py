@@ -262,9 +262,14 @@ def _method_settings(method: str, backend: str) -> Optional[dict[str, Any]]:
 
 # The attack keys that are one method's own settings.
 METHOD_KEYS = (
-    "alpha", "steps", "step_size", "random_start", "clip_start", "noise",
+    "alpha",
+    "steps",
+    "step_size",
+    "random_start",
+    "clip_start",
+    "noise",
     "zero_quantile",
-)  # fmt: skip
+)
 
 
 class TrainConfig(PlanOptions):

@@ -362,9 +362,11 @@ class Preemption(keras.callbacks.Callback):
             tf.train.Checkpoint(), directory=scratch, max_to_keep=1
         )
         config = tf.distribute.experimental.TerminationConfig(
-            termination_watcher_fn=self._requested.is_set, exit_fn=lambda: None,
-            grace_period=0, save_fn=agreed,
-        )  # fmt: skip
+            termination_watcher_fn=self._requested.is_set,
+            exit_fn=lambda: None,
+            grace_period=0,
+            save_fn=agreed,
+        )
         handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             resolver, manager, termination_config=config
         )

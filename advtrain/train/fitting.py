@@ -72,29 +72,42 @@ class FitResult:
     train_seconds: float = 0.0
 
 
-# fmt: off
 def fit(
-    model: ModelOrBuilder, data: Any, *,
+    model: ModelOrBuilder,
+    data: Any,
+    *,
     runtime: Union[Runtime, RuntimeOptions, dict, None] = None,
-    attack: Any = None, adv_weight: float = 0.5,
+    attack: Any = None,
+    adv_weight: float = 0.5,
     reuse_gradient: Union[bool, str] = "auto",
-    loss: Any = None, metrics: Optional[list] = None,
-    optimizer: Any = "adam", learning_rate: float = 1e-3,
-    lr_schedule: str = "constant", momentum: float = 0.9,
+    loss: Any = None,
+    metrics: Optional[list] = None,
+    optimizer: Any = "adam",
+    learning_rate: float = 1e-3,
+    lr_schedule: str = "constant",
+    momentum: float = 0.9,
     weight_decay: float = 0.0,
-    batch_size: Optional[int] = None, epochs: int = 1,
-    steps_per_epoch: Optional[int] = None, scale_lr: bool = False,
-    reference_batch: int = 256, warmup_epochs: float = 0.0,
-    phases: Optional[list[Phase]] = None, shuffle: bool = True, seed: int = 0,
+    batch_size: Optional[int] = None,
+    epochs: int = 1,
+    steps_per_epoch: Optional[int] = None,
+    scale_lr: bool = False,
+    reference_batch: int = 256,
+    warmup_epochs: float = 0.0,
+    phases: Optional[list[Phase]] = None,
+    shuffle: bool = True,
+    seed: int = 0,
     batchnorm: Union[BatchNormOptions, dict, None] = None,
-    validation_data: Any = None, callbacks: Optional[list] = None,
-    verbose: Union[int, str] = 0, echo: Optional[Echo] = print,
-    test_data: Any = None, evaluation: Optional[dict[str, Any]] = None,
-    checkpoints: Optional[TrainingState] = None, batchnorm_data: Any = None,
+    validation_data: Any = None,
+    callbacks: Optional[list] = None,
+    verbose: Union[int, str] = 0,
+    echo: Optional[Echo] = print,
+    test_data: Any = None,
+    evaluation: Optional[dict[str, Any]] = None,
+    checkpoints: Optional[TrainingState] = None,
+    batchnorm_data: Any = None,
     setting_names: Optional[Mapping[str, str]] = None,
     **renamed: Any,
 ) -> FitResult:
-    # fmt: on
     """Trains any Keras model under advtrain's runtime; adversarial or not.
 
     The batch is global (split across replicas), epochs are never divided,
@@ -161,17 +174,31 @@ def fit(
         data, batch_size, shuffle, seed, steps_per_epoch
     )
     schedule = dict(
-        optimizer=optimizer, learning_rate=learning_rate, epochs=epochs,
-        steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
-        reference_batch=reference_batch, warmup_epochs=warmup_epochs, seed=seed,
-        lr_schedule=lr_schedule, momentum=momentum, weight_decay=weight_decay,
-    )  # fmt: skip
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        scale_lr=scale_lr,
+        reference_batch=reference_batch,
+        warmup_epochs=warmup_epochs,
+        seed=seed,
+        lr_schedule=lr_schedule,
+        momentum=momentum,
+        weight_decay=weight_decay,
+    )
     plan, train = _plan(rt, size, batch, schedule, say)
     freeze, phases = phases is not None, _checked_phases(phases, plan.epochs)
     net, classifier = _built_model(
-        model, rt, plan, bn, say, attack=_as_attack(attack), adv_weight=adv_weight,
-        seed=seed, reuse_gradient=reuse_gradient,
-    )  # fmt: skip
+        model,
+        rt,
+        plan,
+        bn,
+        say,
+        attack=_as_attack(attack),
+        adv_weight=adv_weight,
+        seed=seed,
+        reuse_gradient=reuse_gradient,
+    )
     loss = _default_loss(net, classifier, loss)
     stream, checks = _label_checked(stream, net, classifier, loss)
     from advtrain.train.guards import CatastrophicOverfittingGuard
@@ -184,14 +211,23 @@ def fit(
         callbacks = checkpoints.callbacks(net, _input_shape(classifier), callbacks)
     with checks.clean_errors():  # a bad batch's error in one line
         history, seconds = _fit_phases(
-            net, stream, runtime=rt, plan=plan, phases=phases, loss=loss,
+            net,
+            stream,
+            runtime=rt,
+            plan=plan,
+            phases=phases,
+            loss=loss,
             metrics=metrics,
             optimizer=optimizer if not isinstance(optimizer, str) else train.optimizer,
             optimizer_options=train.model_dump(include=set(OPTIMIZER_KEYS[1:])),
-            seed=seed, callbacks=callbacks, state=checkpoints,
+            seed=seed,
+            callbacks=callbacks,
+            state=checkpoints,
             freeze=classifier if freeze else None,
-            validation_data=validation_data, verbose=verbose, echo=say,
-        )  # fmt: skip
+            validation_data=validation_data,
+            verbose=verbose,
+            echo=say,
+        )
     for guard in guards:
         guard.set_model(net)
         guard.finish()
@@ -201,9 +237,13 @@ def fit(
         held_out = validation_data if validation_data is not None else data
         batchnorm_data = (None if callable(held_out) else held_out, stream(0))
     gap = _settle_trained_batchnorm(
-        classifier, *batchnorm_data, plan.per_replica_batch, bn, say,
+        classifier,
+        *batchnorm_data,
+        plan.per_replica_batch,
+        bn,
+        say,
         _settle_names(setting_names),
-    )  # fmt: skip
+    )
     evaluated = _evaluate(classifier, test_data, evaluation, attack, say)
     return FitResult(net, history, plan, rt, gap, evaluated, seconds)
 
@@ -295,9 +335,12 @@ def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
         if attack is not None:
             # BatchNorm momentum is set above for the whole run.
             net = AdversarialModel(
-                net, attack, **adversarial, fused_batchnorm=bn["fused_kernel"],
+                net,
+                attack,
+                **adversarial,
+                fused_batchnorm=bn["fused_kernel"],
                 batchnorm_momentum=None,
-            )  # fmt: skip
+            )
             say(f"step: {net.step_note}")
     return net, classifier
 
@@ -341,7 +384,6 @@ def _label_checked(stream, net, classifier, loss):
     return lambda skip: checks.checked(stream(skip)), checks
 
 
-
 def _phase_optimizer(optimizer, plan, phase, options: dict[str, Any]):
     # A name makes a fresh optimizer per phase; an object serves one phase.
     if isinstance(optimizer, str):
@@ -357,14 +399,25 @@ def _phase_optimizer(optimizer, plan, phase, options: dict[str, Any]):
     return optimizer
 
 
-# fmt: off
 def _fit_phases(
-    model: keras.Model, stream: Callable[[int], Any], *, runtime, plan,
-    phases: list[Phase], loss, metrics, optimizer, optimizer_options: dict,
-    seed: int, callbacks: list, state: Optional[TrainingState],
-    freeze: Optional[keras.Model], validation_data, verbose, echo: Echo,
+    model: keras.Model,
+    stream: Callable[[int], Any],
+    *,
+    runtime,
+    plan,
+    phases: list[Phase],
+    loss,
+    metrics,
+    optimizer,
+    optimizer_options: dict,
+    seed: int,
+    callbacks: list,
+    state: Optional[TrainingState],
+    freeze: Optional[keras.Model],
+    validation_data,
+    verbose,
+    echo: Echo,
 ) -> tuple[dict[str, list[float]], float]:
-    # fmt: on
     """Fits the phases (from where `state` resumes); returns this process's
     history and training seconds. Each `Model.fit` continues the stream
     (`stream(skip)`: without its first `skip` global batches)."""
@@ -393,9 +446,11 @@ def _fit_phases(
         with runtime.scope():
             model.compile(
                 optimizer=_phase_optimizer(optimizer, plan, phase, optimizer_options),
-                loss=loss, metrics=metrics, jit_compile=runtime.jit_compile,
+                loss=loss,
+                metrics=metrics,
+                jit_compile=runtime.jit_compile,
                 steps_per_execution=plan.steps_per_execution,
-            )  # fmt: skip
+            )
             runtime.prepare_model(model)
             if state:
                 state.restore_optimizer(model, phase)
@@ -406,18 +461,21 @@ def _fit_phases(
             # An interrupted epoch is fitted alone, for its remaining steps.
             end = epoch + 1 if step else phase.end_epoch
             result = model.fit(
-                stream(epoch * spe + step), initial_epoch=epoch, epochs=end,
-                steps_per_epoch=spe - step, validation_data=validation_data,
-                callbacks=[seeding, *callbacks], verbose=verbose,
+                stream(epoch * spe + step),
+                initial_epoch=epoch,
+                epochs=end,
+                steps_per_epoch=spe - step,
+                validation_data=validation_data,
+                callbacks=[seeding, *callbacks],
+                verbose=verbose,
                 shuffle=False,  # the input pipeline shuffles
-            )  # fmt: skip
+            )
             for key, values in result.history.items():
                 history.setdefault(key, []).extend(values)
             epoch, step = end, 0
     if state:
         state.preemption.disarm()
     return history, time.perf_counter() - start
-
 
 
 def _batchnorm_options(batchnorm: Any) -> dict[str, Any]:
@@ -444,9 +502,15 @@ def _settle_trained_batchnorm(model, held_out, train_batches, batch, bn, echo, n
         return None
     x, y = examples
     report = settle_batchnorm(
-        model, x, y, batch_size=min(batch, len(y)), train_batches=train_batches,
-        **{key: bn[key] for key in SETTLE_KEYS}, echo=echo, names=names,
-    )  # fmt: skip
+        model,
+        x,
+        y,
+        batch_size=min(batch, len(y)),
+        train_batches=train_batches,
+        **{key: bn[key] for key in SETTLE_KEYS},
+        echo=echo,
+        names=names,
+    )
     report.pop("warning")  # echoed; the result keeps the numbers
     return report
 
@@ -484,7 +548,6 @@ def _is_classification(model: keras.Model, x: np.ndarray, y: np.ndarray) -> bool
         return False
     out = model(x[:1], training=False)
     return not isinstance(out, (list, tuple, dict)) and out.shape[-1] > 1
-
 
 
 def _validated(cls, values: dict, source: str = "advtrain.fit"):
@@ -551,7 +614,6 @@ def _model_in_scope(model: ModelOrBuilder, rt: Runtime) -> keras.Model:
         ) from None
     clone.set_weights(model.get_weights())
     return clone
-
 
 
 def _training_data(

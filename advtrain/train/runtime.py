@@ -200,9 +200,18 @@ def make_runtime(
     if not isinstance(jit_compile, bool):
         jit_compile = running == "jax"
     return Runtime(
-        made, name, replicas, kind, precision, jit_compile, steps_per_execution,
-        workers=workers, task=task, notes=notes, backend=running,
-    )  # fmt: skip
+        made,
+        name,
+        replicas,
+        kind,
+        precision,
+        jit_compile,
+        steps_per_execution,
+        workers=workers,
+        task=task,
+        notes=notes,
+        backend=running,
+    )
 
 
 @dataclasses.dataclass
@@ -329,13 +338,18 @@ def plan_batches(
     )
     peak = learning_rate * batch_size / reference_batch if scale_lr else learning_rate
     return BatchPlan(
-        global_batch=batch_size, replicas=replicas,
-        per_replica_batch=batch_size // replicas, steps_per_epoch=steps,
-        epochs=epochs, steps_per_execution=spe, learning_rate=peak,
+        global_batch=batch_size,
+        replicas=replicas,
+        per_replica_batch=batch_size // replicas,
+        steps_per_epoch=steps,
+        epochs=epochs,
+        steps_per_execution=spe,
+        learning_rate=peak,
         base_learning_rate=learning_rate,
         reference_batch=reference_batch if scale_lr else None,
-        warmup_steps=int(math.ceil(warmup_epochs * steps)), notes=runtime.notes + notes,
-    )  # fmt: skip
+        warmup_steps=int(math.ceil(warmup_epochs * steps)),
+        notes=runtime.notes + notes,
+    )
 
 
 def weights_fingerprint(model: keras.Model) -> str:

@@ -153,10 +153,13 @@ class TrainingState:
             self.steps_per_epoch, nan_hint, store.latest, bool(checkpoint_every_steps)
         )
         self.checkpoint = AtomicCheckpoint(
-            store, steps_per_epoch=self.steps_per_epoch, epochs=epochs,
-            every_epochs=checkpoint_every_epochs, every_steps=checkpoint_every_steps,
+            store,
+            steps_per_epoch=self.steps_per_epoch,
+            epochs=epochs,
+            every_epochs=checkpoint_every_epochs,
+            every_steps=checkpoint_every_steps,
             global_step=self.start_global_step,
-        )  # fmt: skip
+        )
         return out
 
     def callbacks(

@@ -59,9 +59,14 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         kernel = dict(epsilon=self.epsilon, data_format="NHWC")
         if not (training and self.trainable):
             outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
-                inputs, scale, offset, mean=moving_mean, variance=moving_variance,
-                is_training=False, **kernel,
-            )  # fmt: skip
+                inputs,
+                scale,
+                offset,
+                mean=moving_mean,
+                variance=moving_variance,
+                is_training=False,
+                **kernel,
+            )
             return ops.cast(outputs, self.compute_dtype)
         outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
             inputs, scale, offset, is_training=True, **kernel
