@@ -22,22 +22,14 @@ one of its names: the library never loads it.
 """
 
 import importlib
-import importlib.util
-import os
 from typing import TYPE_CHECKING
 
-from advtrain._tfimport import import_tensorflow
-
-# Keras imports TensorFlow on its default backend: quietly, first.
-if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow" and (
-    importlib.util.find_spec("tensorflow") is not None
-):
-    import_tensorflow()
-
-import keras  # noqa: E402
+# First: the backend imports Keras (and TensorFlow, quietly, on Keras's
+# default backend).
+from advtrain import backend
 
 # The core, on every backend; each import registers its Keras objects.
-from advtrain.attacks import (  # noqa: E402
+from advtrain.attacks import (
     Attack,
     attack_settings,
     fgsm,
@@ -45,10 +37,10 @@ from advtrain.attacks import (  # noqa: E402
     pgd,
     register_attack,
 )
-from advtrain.backbones import register_backbone  # noqa: E402
-from advtrain.evaluation.robustness import evaluate  # noqa: E402
-from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
-from advtrain.models.objectives import register_objective  # noqa: E402
+from advtrain.backbones import register_backbone
+from advtrain.evaluation.robustness import evaluate
+from advtrain.models import TRADES, AdversarialModel, GradAlign
+from advtrain.models.objectives import register_objective
 
 # The parts that need TensorFlow: imported now on the TensorFlow backend, on
 # first use elsewhere (`__getattr__`).
@@ -61,7 +53,7 @@ _TENSORFLOW_PARTS = {
     "fit": "advtrain.train.fitting",
 }
 
-if keras.backend.backend() == "tensorflow":
+if backend.IMPORTS_TENSORFLOW:
     from advtrain import data  # noqa: E402, F401
     from advtrain.data import register_source  # noqa: E402
     from advtrain.train import runtime  # noqa: E402, F401
@@ -96,7 +88,7 @@ def __getattr__(name: str):
         raise ImportError(
             f"advtrain.{name} needs TensorFlow, which is not installed: "
             "pip install tensorflow. "
-            f"Received: KERAS_BACKEND={keras.backend.backend()}"
+            f"Received: KERAS_BACKEND={backend.NAME}"
         ) from None
     value = imported if name in ("data", "runtime") else getattr(imported, name)
     globals()[name] = value  # once: later lookups do not come here

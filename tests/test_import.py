@@ -172,7 +172,7 @@ REAL = [
 
 
 def test_filter_drops_startup_lines_and_keeps_the_rest():
-    from advtrain._tfimport import filter_startup_lines
+    from advtrain.backend._tfimport import filter_startup_lines
 
     assert filter_startup_lines(STARTUP, 2) == []
     mixed = [STARTUP[0], REAL[0], REAL[1], STARTUP[1], STARTUP[3], STARTUP[4]]

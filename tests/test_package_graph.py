@@ -17,12 +17,13 @@ PACKAGE = ROOT / "advtrain"
 # Bottom to top. A module may import its own package and the packages of
 # the layers below; a sibling on the same layer is no more allowed than a
 # layer above (what both need moves down). `utils` also holds the private
-# top-level modules (advtrain/_tfimport.py, ...). "advtrain" is the package
+# top-level modules (advtrain/_keras_workarounds.py, ...). "advtrain" is the package
 # itself (advtrain/__init__.py), which re-exports the library.
 LAYERS = [
-    # What differs per Keras backend (advtrain/backend/): below everything.
-    ("backend",),
     ("utils",),
+    # What differs per Keras backend (advtrain/backend/<name>/: ops, the
+    # trainer, placement): below everything but the foundations.
+    ("backend",),
     ("attacks", "backbones", "data"),
     ("models",),
     # `advtrain.fit` (train) evaluates the model it trained.

@@ -295,7 +295,6 @@ def _apgd_run(
     # when the loss rose in at most `rho` of the interval (the paper: "fewer
     # than"); after a halving the search resumes at the best point with its
     # gradient, and the momentum term keeps the previous point.
-    rank = ops.ndim(x)
     eps_t = ops.cast(eps, x.dtype)
 
     def to_ball(point):
@@ -305,13 +304,30 @@ def _apgd_run(
     def gradient_at(point):
         return _loss_gradient_wrong(model_fn, point, labels, objective, loss_scale)
 
-    def where(mask, a, b):
-        return ops.where(per_example(mask, rank), a, b)
-
     start = to_ball(x + _on_sphere(x, eps_t, norm, seed))
-    loss, grad, wrong = gradient_at(start)
-    batch = ops.shape(x)[0]
-    state = dict(
+    state = _first_state(start, *gradient_at(start), eta=2.0 * eps_t)
+    interval = _intervals(steps)
+
+    def body(i, s):
+        s = _step(i, s, to_ball, gradient_at, norm, momentum)
+        length = ops.take(interval, i)
+        return i + 1, ops.cond(length > 0, lambda: _review(s, length, rho), lambda: s)
+
+    state = (ops.convert_to_tensor(0, "int32"), state)
+    _, s = ops.while_loop(lambda i, _: i < steps, body, state, maximum_iterations=steps)
+    point = _where(s["fooled"], s["adversarial"], s["best"])
+    return point, s["fooled"], s["best_loss"]
+
+
+def _where(mask: Any, a: Any, b: Any) -> Any:
+    # `a` for the examples in `mask`, else `b`.
+    return ops.where(per_example(mask, ops.ndim(a)), a, b)
+
+
+def _first_state(start, loss, grad, wrong, *, eta) -> dict:
+    # A run's state at its start: every point the start, the step `eta`.
+    batch, rank = ops.shape(start)[0], ops.ndim(start)
+    return dict(
         current=start,
         previous=start,
         best=start,
@@ -322,43 +338,37 @@ def _apgd_run(
         best_loss=loss,
         best_at_check=loss,
         fooled=wrong,
-        eta=ops.full((batch,) + (1,) * (rank - 1), 2.0 * eps_t, x.dtype),
+        eta=ops.full((batch,) + (1,) * (rank - 1), eta, start.dtype),
         rises=ops.zeros((batch,), "float32"),
         halved_at_check=ops.zeros((batch,), "bool"),
     )
-    interval = _intervals(steps)
 
-    def body(i, s):
-        # The first step has no momentum (the paper's x^(1)).
-        a = ops.where(i > 0, ops.cast(momentum, x.dtype), ops.cast(1.0, x.dtype))
-        z = to_ball(s["current"] + steepest_step(s["grad"], 1.0, norm) * s["eta"])
-        moved = to_ball(
-            s["current"]
-            + a * (z - s["current"])
-            + (1 - a) * (s["current"] - s["previous"])
-        )
-        loss, grad, wrong = gradient_at(moved)
-        improved = loss > s["best_loss"]
-        s = dict(
-            s,
-            previous=s["current"],
-            current=moved,
-            grad=grad,
-            loss=loss,
-            best=where(improved, moved, s["best"]),
-            best_grad=where(improved, grad, s["best_grad"]),
-            best_loss=ops.where(improved, loss, s["best_loss"]),
-            adversarial=where(wrong, moved, s["adversarial"]),
-            fooled=s["fooled"] | wrong,
-            rises=s["rises"] + ops.cast(loss > s["loss"], "float32"),
-        )
-        length = ops.take(interval, i)
-        return i + 1, ops.cond(length > 0, lambda: _review(s, length, rho), lambda: s)
 
-    state = (ops.convert_to_tensor(0, "int32"), state)
-    _, s = ops.while_loop(lambda i, _: i < steps, body, state, maximum_iterations=steps)
-    point = where(s["fooled"], s["adversarial"], s["best"])
-    return point, s["fooled"], s["best_loss"]
+def _step(i, s: dict, to_ball, gradient_at, norm: str, momentum: float) -> dict:
+    # Iteration i: the momentum step from the current point, then the best
+    # and the misclassified points kept.
+    dtype = s["current"].dtype
+    # The first step has no momentum (the paper's x^(1)).
+    a = ops.where(i > 0, ops.cast(momentum, dtype), ops.cast(1.0, dtype))
+    z = to_ball(s["current"] + steepest_step(s["grad"], 1.0, norm) * s["eta"])
+    moved = to_ball(
+        s["current"] + a * (z - s["current"]) + (1 - a) * (s["current"] - s["previous"])
+    )
+    loss, grad, wrong = gradient_at(moved)
+    improved = loss > s["best_loss"]
+    return dict(
+        s,
+        previous=s["current"],
+        current=moved,
+        grad=grad,
+        loss=loss,
+        best=_where(improved, moved, s["best"]),
+        best_grad=_where(improved, grad, s["best_grad"]),
+        best_loss=ops.where(improved, loss, s["best_loss"]),
+        adversarial=_where(wrong, moved, s["adversarial"]),
+        fooled=s["fooled"] | wrong,
+        rises=s["rises"] + ops.cast(loss > s["loss"], "float32"),
+    )
 
 
 def _intervals(steps: int) -> Any:

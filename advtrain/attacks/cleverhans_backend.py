@@ -13,10 +13,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import keras
 import numpy as np
 from keras import ops
 
+from advtrain import backend
 from advtrain.attacks.common import (
     attack_inputs,
     checked_norm,
@@ -28,12 +28,9 @@ from advtrain.attacks.pgd import default_step_size, pgd
 
 def _cleverhans_attack(module: str) -> Callable:
     # `cleverhans.tf2.attacks.<module>.<module>`, imported on first use.
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            "The cleverhans backend runs on TensorFlow only; use "
-            "backend='advtrain' or KERAS_BACKEND=tensorflow. Received: "
-            f"KERAS_BACKEND={keras.backend.backend()!r}"
-        )
+    backend.require_tensorflow_tensors(
+        "The cleverhans backend", instead="backend='advtrain'"
+    )
     try:
         found = importlib.import_module(f"cleverhans.tf2.attacks.{module}")
     except ImportError as error:

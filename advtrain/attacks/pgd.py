@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Optional
 
 from keras import ops
@@ -81,16 +82,17 @@ def pgd(
     check_eps("step_size", step_size)
     x, y = attack_inputs(model_fn, x, y)
     loss_fn = loss_fn or per_example_cross_entropy
-
     box = dict(eps=eps, norm=norm, clip_min=clip_min, clip_max=clip_max)
 
-    def one_run(run_seed):
-        start = pgd_start(x, random_start=random_start, seed=run_seed, **box)
+    def start(run_seed):
+        return pgd_start(x, random_start=random_start, seed=run_seed, **box)
+
+    def advance(x_adv):
         return pgd_steps(
             model_fn,
             x,
             y,
-            start,
+            x_adv,
             steps=steps,
             step_size=step_size,
             loss_fn=loss_fn,
@@ -98,21 +100,44 @@ def pgd(
             **box,
         )
 
-    best = one_run(seed)
+    def judge(x_adv):
+        return outcome(model_fn, x_adv, y, loss_fn)
+
+    return worst_of_restarts(
+        start, advance, judge, restarts=restarts, seed=seed, random_start=random_start
+    )
+
+
+def worst_of_restarts(
+    start: Callable[[Any], Any],
+    advance: Callable[[Any], Any],
+    judge: Callable[[Any], tuple[Any, Any]],
+    *,
+    restarts: Any,
+    seed: Any,
+    random_start: bool,
+) -> Any:
+    """PGD's runs and their worst case per example (`worse_of`).
+
+    Run 0 starts at `start(seed)`; run i > 0 at `start(fold_seed(pair, i))`,
+    `pair` drawn from `seed` after run 0's start (a loop cannot advance a
+    `SeedGenerator`). `advance(x_adv)` takes a run's steps, `judge(x_adv)`
+    gives `(misclassified, loss)`. `pgd` passes ops traced into one graph;
+    an evaluation on a `HOST_LOOPS` backend passes compiled pieces and an
+    int `restarts`, and `backend.counted_loop` runs them from the host: one
+    PGD, one seeding, either way.
+    """
+    best = advance(start(seed))
     if isinstance(restarts, int) and restarts == 1:
         return best
-    # Later runs draw inside a loop (`restarts` may be a tensor): from seeds
-    # folded out of one pair.
     pair = seed_pair(seed) if random_start else None
 
     def restart(i, *best):
-        x_adv = one_run(None if pair is None else fold_seed(pair, i))
-        found = (x_adv, *outcome(model_fn, x_adv, y, loss_fn))
-        return (i + 1, *worse_of(best, found))
+        x_adv = advance(start(None if pair is None else fold_seed(pair, i)))
+        return (i + 1, *worse_of(best, (x_adv, *judge(x_adv))))
 
-    first = (ops.convert_to_tensor(1, "int32"), best)
-    state = (*first, *outcome(model_fn, best, y, loss_fn))
-    _, best, _, _ = ops.while_loop(lambda i, *_: i < restarts, restart, state)
+    state = (ops.convert_to_tensor(1, "int32"), best, *judge(best))
+    _, best, _, _ = backend.counted_loop(restart, state, restarts - 1)
     return best
 
 

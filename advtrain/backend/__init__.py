@@ -1,65 +1,106 @@
-"""What differs between Keras backends for advtrain's core, in one place.
+"""Everything that differs between Keras backends, in one place.
 
-Attacks and the training step are written once in `keras.ops`; what Keras
-does not offer backend-neutrally lives in one module per backend
-(`tensorflow.py`, `jax.py`), of which only the current one is imported.
-`HOST_LOOPS`: whether an evaluation runs long attack loops from the host
-over compiled, unrolled chunks (JAX, see `counted_loop`).
+One package per backend, as Keras's own `keras/src/backend/<name>/`:
+`tensorflow/` and `jax/`, each with `ops` (an input gradient, stateless
+random draws, loops, compiled functions), `trainer` (`AdversarialModel`'s
+step) and `distribution` (device placement); `other.py` stands in for a
+backend advtrain does not train on. Only the current backend's package is
+imported. The rest of advtrain asks this module what the backend can do
+and never compares backend names (tests/test_backend_home.py holds that):
+
+- `HOST_LOOPS`: long attack loops run from the host over compiled,
+  unrolled chunks (`counted_loop`).
+- `IMPORTS_TENSORFLOW`: the backend loads TensorFlow itself, so its
+  TensorFlow-only features (tf.function tensors, cleverhans, the fused
+  BatchNorm kernel) apply.
+- `HAS_TENSORFLOW`: TensorFlow is installed, as a library (tf.data,
+  TFDS, TensorBoard) on any backend; `is_dataset`, `tensorflow_or_none`.
+- `GLOBAL_BATCHES`: a step sees the global batch, which the distribution
+  shards (JAX), rather than each replica its own (`tf.distribute`).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any, Optional
 
-import keras
+from advtrain.backend._tfimport import import_tensorflow
+from advtrain.utils.errors import ArgumentError
+
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+
+# Keras imports TensorFlow on its default backend: quietly, first.
+if HAS_TENSORFLOW and os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+    import_tensorflow()
+
+import keras  # noqa: E402
 
 NAME = keras.backend.backend()
 SUPPORTED = ("tensorflow", "jax")
 
-if NAME == "tensorflow":
-    from advtrain.backend import tensorflow as _impl
-elif NAME == "jax":
-    from advtrain.backend import jax as _impl
-else:
-    _impl = None
-
-HOST_LOOPS = bool(getattr(_impl, "HOST_LOOPS", False))
+_impl = importlib.import_module(
+    f"advtrain.backend.{NAME}" if NAME in SUPPORTED else "advtrain.backend.other"
+)
 
 
-def _module():
-    if _impl is None:
-        raise NotImplementedError(
-            f"advtrain's core runs on the Keras backends {', '.join(SUPPORTED)}; "
-            f"set KERAS_BACKEND to one of them. Received: KERAS_BACKEND={NAME!r}"
-        )
-    return _impl
+def imports_tensorflow(name: str) -> bool:
+    """Whether the Keras backend `name` loads TensorFlow itself, so that
+    TensorFlow's own features (tf.function tensors, cleverhans, the fused
+    BatchNorm kernel, the SavedModel export) apply on it."""
+    return name == "tensorflow"
+
+
+IMPORTS_TENSORFLOW = imports_tensorflow(NAME)
+HOST_LOOPS: bool = _impl.HOST_LOOPS
+GLOBAL_BATCHES: bool = _impl.GLOBAL_BATCHES
+FUSED_BATCHNORM: bool = _impl.FUSED_BATCHNORM
+# `jit_compile: auto`: off on TensorFlow, where XLA made every adversarial
+# step slower on CPUs (scripts/bench_step); on on JAX, which without jit
+# runs op by op.
+JIT_BY_DEFAULT: bool = _impl.JIT_BY_DEFAULT
+# Strategies that run one step per host call (see the backend's module).
+SINGLE_STEP_STRATEGIES: tuple[str, ...] = _impl.SINGLE_STEP_STRATEGIES
+# How the runtime's banner names data parallelism over several replicas.
+DATA_PARALLEL: str = _impl.DATA_PARALLEL
+
+# `AdversarialModel`'s per-backend half, placed before `keras.Model`, and
+# the two questions its metrics ask (see the backend's `trainer` module).
+AdversarialTrainer = _impl.AdversarialTrainer
+replicas_in_sync: Callable[[], int] = _impl.replicas_in_sync
+metric_count: Callable[[Any], float] = _impl.metric_count
 
 
 def value_and_grad(fn: Callable[[Any], tuple[Any, Any]], x: Any):
     """`((value, aux), gradient)` of `fn(x) -> (scalar value, aux)` with
     respect to the tensor `x`."""
-    return _module().value_and_grad(fn, x)
+    return _impl.value_and_grad(fn, x)
 
 
 def stateless_uniform(shape: Any, seed: Any, dtype: str = "float32") -> Any:
     """Uniform draws in [0, 1) from a `(2,)` int32 seed tensor: the same
     seed gives the same draws, inside compiled loops too."""
-    return _module().stateless_uniform(shape, seed, dtype)
+    return _impl.stateless_uniform(shape, seed, dtype)
 
 
 def active_indices(mask: Any) -> Any:
     """Positions (int32) to compute on for the boolean vector `mask`: its
     True entries with dynamic shapes, every position without (the caller
     ignores the results of the False ones)."""
-    return _module().active_indices(mask)
+    return _impl.active_indices(mask)
 
 
 def counted_loop(body: Callable[..., Any], loop_vars: Sequence[Any], count: Any):
     """`loop_vars` after `count` calls of `body(*loop_vars) -> loop_vars`;
     `count` is an int (unrolled on JAX: in an XLA:CPU while loop the input
-    gradient's convolutions miss their fast path) or a scalar int tensor."""
-    return _module().counted_loop(body, tuple(loop_vars), count)
+    gradient's convolutions miss their fast path) or a scalar int tensor.
+    Called eagerly with an int count and `HOST_LOOPS`, it is the host's
+    loop over `body`, which may itself call compiled functions."""
+    return _impl.counted_loop(body, tuple(loop_vars), count)
 
 
 def compile_function(
@@ -75,7 +116,17 @@ def compile_function(
     concrete shape, passing the values of `variables` (those `fn` reads)
     and assigning the new values of `updated` (a subset) after each call.
     """
-    return _module().compile_function(fn, signature, variables, updated)
+    return _impl.compile_function(fn, signature, variables, updated)
+
+
+def fused_batch_norm(inputs, scale, offset, mean, variance, epsilon, training):
+    """`(outputs, batch mean, batch variance)` of TensorFlow's fused
+    BatchNorm kernel on NHWC `inputs` (`FUSED_BATCHNORM` backends only);
+    with `training` the batch's statistics (biased variance), else `mean`
+    and `variance` normalise and come back unchanged."""
+    return _impl.fused_batch_norm(
+        inputs, scale, offset, mean, variance, epsilon, training
+    )
 
 
 def finite_or_zero(grad: Any) -> Any:
@@ -106,3 +157,87 @@ def input_gradient(
 
     _, grad = value_and_grad(total, x)
     return finite_or_zero(grad)
+
+
+def place(strategy: str, cpu_replicas: Optional[int], deterministic: bool):
+    """Places the run on the devices: a `Placement` (the strategy or
+    distribution, its name with `auto` resolved, replicas, workers, this
+    task, the device kind). Call it before any other backend work
+    (`cpu_replicas` splits the CPU). Raises `ArgumentError` naming a
+    setting this backend cannot set up."""
+    return _impl.place(strategy, cpu_replicas, deterministic)
+
+
+def holds_variables(strategy: Any, variables: Sequence[Any], replicas: int) -> bool:
+    """Whether `variables` were created under `strategy` (not None)."""
+    return _impl.holds_variables(strategy, variables, replicas)
+
+
+def prepare_model(model: keras.Model, runtime: Any) -> keras.Model:
+    """`model` readied for `fit` under `runtime` after `compile`; raises
+    `ArgumentError` for an optimizer the runtime cannot train with."""
+    return _impl.prepare_model(model, runtime)
+
+
+def check_requested(requested: Optional[str], key: str = "backend") -> None:
+    """Raises `ArgumentError(key)` unless `requested` (None: any) is the
+    backend Keras runs on: it is chosen before Keras is imported."""
+    if requested is None or requested == NAME:
+        return
+    raise ArgumentError(
+        key,
+        f"Keras already runs on {NAME} in this process (KERAS_BACKEND="
+        f"{os.environ.get('KERAS_BACKEND', '<unset>')}); the backend is "
+        "chosen before Keras is imported: set KERAS_BACKEND="
+        f"{requested} in a fresh process. Received: {key}={requested}",
+    )
+
+
+def must_restart(requested: str, key: str, asker: str = "the run") -> bool:
+    """For a command that can start itself again on `requested`: False when
+    Keras runs it already, True when Keras took its default because
+    KERAS_BACKEND is unset (`select` it, then restart); `ArgumentError(key)`
+    when KERAS_BACKEND names another backend than `asker` asks for."""
+    chosen = os.environ.get("KERAS_BACKEND")
+    if chosen and chosen != requested:
+        raise ArgumentError(
+            key,
+            f"{asker} runs on {requested} but KERAS_BACKEND={chosen}; unset "
+            "KERAS_BACKEND or make the two agree. "
+            f"Received: {key}={requested}, KERAS_BACKEND={chosen}",
+        )
+    return requested != NAME
+
+
+def select(requested: str) -> None:
+    """Names `requested` for the processes this one starts (KERAS_BACKEND)."""
+    os.environ["KERAS_BACKEND"] = requested
+
+
+def tensorflow_or_none() -> Optional[ModuleType]:
+    """TensorFlow, imported quietly, where it is installed; else None."""
+    if not HAS_TENSORFLOW:
+        return None
+    import_tensorflow()
+    import tensorflow
+
+    return tensorflow
+
+
+def is_dataset(x: Any) -> bool:
+    """Whether `x` is a `tf.data.Dataset` (never importing TensorFlow: a
+    dataset needs it loaded already)."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(x, tf.data.Dataset)
+
+
+def require_tensorflow_tensors(what: str, instead: str) -> None:
+    """Raises the one-line `ValueError` for `what`, which takes TensorFlow
+    tensors, on a backend that does not import TensorFlow (`instead`: what
+    to use there)."""
+    if IMPORTS_TENSORFLOW:
+        return
+    raise ValueError(
+        f"{what} runs on TensorFlow only; use {instead} or "
+        f"KERAS_BACKEND=tensorflow. Received: KERAS_BACKEND={NAME!r}"
+    )

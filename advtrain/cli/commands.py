@@ -217,20 +217,11 @@ def _on_recipe_backend(path: Path, resolved) -> None:
     # Keras fixes its backend at import, before a recipe is read: when
     # `runtime.backend` differs and KERAS_BACKEND is unset, the command execs
     # itself with KERAS_BACKEND set (same exit code, signals and output).
-    import keras
+    from advtrain import backend
 
-    backend = resolved.runtime.backend
-    chosen = os.environ.get("KERAS_BACKEND")
+    requested = resolved.runtime.backend
     with _exits(path):
-        if chosen and chosen != backend:
-            raise ArgumentError(
-                "runtime.backend",
-                f"the recipe runs on {backend} but KERAS_BACKEND={chosen}; unset "
-                "KERAS_BACKEND or make the two agree. "
-                f"Received: runtime.backend={backend}, KERAS_BACKEND={chosen}",
-            )
-        running = keras.backend.backend()
-        if running == backend:
+        if not backend.must_restart(requested, "runtime.backend", "the recipe"):
             return
         # The command (console script or `python -m advtrain.cli`), not a
         # test runner or notebook calling the app.
@@ -241,11 +232,11 @@ def _on_recipe_backend(path: Path, resolved) -> None:
         ):
             raise ArgumentError(
                 "runtime.backend",
-                f"Keras already runs on {running} in this process; set "
-                f"KERAS_BACKEND={backend} before it starts. "
-                f"Received: runtime.backend={backend}",
+                f"Keras already runs on {backend.NAME} in this process; set "
+                f"KERAS_BACKEND={requested} before it starts. "
+                f"Received: runtime.backend={requested}",
             )
-    os.environ["KERAS_BACKEND"] = backend
+    backend.select(requested)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "advtrain.cli", *sys.argv[1:]])

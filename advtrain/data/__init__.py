@@ -11,7 +11,8 @@ the in-memory sources (`digits`, `mnist` IDX, `splits_from_arrays`) hold
 numpy arrays batched by numpy; the others say what to install.
 """
 
-from advtrain.data.errors import DataError, tensorflow_or_none
+from advtrain import backend
+from advtrain.data.errors import DataError
 from advtrain.data.pipeline import (
     AUGMENT_DEFAULTS,
     INPUT_OPTIONS,
@@ -30,7 +31,7 @@ from advtrain.data.sources import (
     splits_from_arrays,
 )
 
-if tensorflow_or_none() is not None:
+if backend.HAS_TENSORFLOW:
     from advtrain.data import gtsrb  # noqa: F401  (registers the TFDS builder)
 
 __all__ = [

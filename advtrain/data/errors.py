@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
-from types import ModuleType
-from typing import Optional
 
 import numpy as np
 
+from advtrain.backend import tensorflow_or_none  # noqa: F401 (the data's way)
 from advtrain.utils.errors import ArgumentError
 
 
@@ -21,18 +19,6 @@ class DataError(ValueError):
 
 class DataArgumentError(DataError, ArgumentError):
     """A `DataError` about a named argument: "argument: message"."""
-
-
-def tensorflow_or_none() -> Optional[ModuleType]:
-    """TensorFlow, imported quietly, where it is installed; else None."""
-    if importlib.util.find_spec("tensorflow") is None:
-        return None
-    from advtrain._tfimport import import_tensorflow
-
-    import_tensorflow()
-    import tensorflow
-
-    return tensorflow
 
 
 def needs_tensorflow(what: str, received: str) -> DataError:

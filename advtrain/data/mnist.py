@@ -11,11 +11,11 @@ from typing import Optional, Union
 
 import numpy as np
 
+from advtrain import backend
 from advtrain.data.errors import (
     DataError,
     check_label_count,
     needs_tensorflow,
-    tensorflow_or_none,
     valid_labels,
     warn_skipped,
 )
@@ -153,7 +153,7 @@ def mnist_splits(
         val_fraction=val_fraction, limit_train=limit_train, limit_test=limit_test
     )
     if path is None:
-        if tensorflow_or_none() is None:
+        if not backend.HAS_TENSORFLOW:
             raise needs_tensorflow("mnist from TFDS (no path given)", "path=None")
         from advtrain.data.tfds_source import tfds_splits
 

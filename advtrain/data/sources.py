@@ -12,6 +12,7 @@ from typing import Any, Optional, TypeVar
 
 import numpy as np
 
+from advtrain import backend
 from advtrain.data.batches import Examples
 from advtrain.data.errors import DataArgumentError, needs_tensorflow, tensorflow_or_none
 from advtrain.utils.registry import Registry
@@ -218,12 +219,11 @@ def splits_from_arrays(
         x_train, y_train = x_train[keep], y_train[keep]
     x_train, y_train = x_train[:limit_train], y_train[:limit_train]
     x_test, y_test = test[0][:limit_test], test[1][:limit_test]
-    tf = tensorflow_or_none()
 
     def to_ds(x, y):
-        return (
-            Examples(x, y) if tf is None else tf.data.Dataset.from_tensor_slices((x, y))
-        )
+        if not backend.HAS_TENSORFLOW:
+            return Examples(x, y)
+        return tensorflow_or_none().data.Dataset.from_tensor_slices((x, y))
 
     return DataSplits(
         train=to_ds(x_train, y_train),

@@ -23,8 +23,13 @@ import numpy as np
 
 from advtrain import backend
 from advtrain.attacks import Attack, canonical_norm
-from advtrain.attacks.common import worse_of
-from advtrain.attacks.pgd import default_step_size, outcome, pgd_start, pgd_steps
+from advtrain.attacks.pgd import (
+    default_step_size,
+    outcome,
+    pgd_start,
+    pgd_steps,
+    worst_of_restarts,
+)
 from advtrain.evaluation.examples import ExampleRecorder, concat, smallest_keys
 from advtrain.evaluation.report import CASCADE_LABELS
 from advtrain.utils.errors import ArgumentError, did_you_mean
@@ -270,6 +275,9 @@ class AttackRunner:
         return keras.ops.convert_to_numpy(outputs)
 
     def _pgd_on_host(self, attack: Attack, x, y, values: dict) -> tuple:
+        # `pgd` itself, its pieces compiled and driven from the host: the
+        # start, chunks of HOST_CHUNK unrolled steps and the verdict between
+        # restarts, joined by `worst_of_restarts` (one seeding of restarts).
         eps, step_size = values["eps"], values["step_size"]
         threat = dict(
             norm=attack.norm, clip_min=attack.clip_min, clip_max=attack.clip_max
@@ -277,10 +285,16 @@ class AttackRunner:
         kind, generator = tuple(threat.values()), self._compiled.generator
         random_start = attack.random_start
 
-        def start(model, x, eps):
-            return pgd_start(
-                x, eps=eps, random_start=random_start, seed=generator, **threat
-            )
+        def start_at(model, x, eps, *pair):
+            # Run 0 draws from the runner's stream, later runs from a pair.
+            seed = pair[0] if pair else generator
+            return pgd_start(x, eps=eps, random_start=random_start, seed=seed, **threat)
+
+        def start(seed):
+            from_stream = seed is None or seed is self.generator
+            pair = () if from_stream else (np.asarray(seed),)
+            key = ("pgd_start", random_start, *kind)
+            return self._call(key, start_at, x, eps, *pair)
 
         def chunk(steps):
             def run(model, x, y, x_adv, eps, step_size):
@@ -299,28 +313,28 @@ class AttackRunner:
 
             return run
 
+        def advance(x_adv):
+            full, rest = divmod(attack.steps, HOST_CHUNK)
+            for steps in [HOST_CHUNK] * full + [rest] * (rest > 0):
+                key = ("pgd_steps", steps, *kind)
+                x_adv = self._call(key, chunk(steps), x, y, x_adv, eps, step_size)
+            return x_adv
+
         def result(model, x_adv, y):
             return outcome(_inference(model), x_adv, y)
 
-        best = None
-        for _ in range(attack.restarts):
-            x_adv = self._call(("pgd_start", random_start, *kind), start, x, eps)
-            full, rest = divmod(attack.steps, HOST_CHUNK)
-            for steps in [HOST_CHUNK] * full + [rest] * (rest > 0):
-                x_adv = self._call(
-                    ("pgd_steps", steps, *kind),
-                    chunk(steps),
-                    x,
-                    y,
-                    x_adv,
-                    eps,
-                    step_size,
-                )
-            found = (x_adv,)
-            if attack.restarts > 1:
-                found += tuple(self._call(("pgd_result",), result, x_adv, y))
-            best = found if best is None else worse_of(best, found)
-        return best[0], self._call(("predict",), _labels, best[0])
+        def judge(x_adv):
+            return tuple(self._call(("pgd_result",), result, x_adv, y))
+
+        best = worst_of_restarts(
+            start,
+            advance,
+            judge,
+            restarts=int(attack.restarts),
+            seed=self.generator,
+            random_start=random_start,
+        )
+        return best, self._call(("predict",), _labels, best)
 
     def _call(self, key: tuple, fn: Callable, *arrays):
         """`fn(model, *arrays)` compiled once per `key` and signature for

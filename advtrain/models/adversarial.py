@@ -1,7 +1,8 @@
 """`AdversarialModel`: a keras.Model that trains on clean and adversarial loss.
 
 Its two steps (`reuse_gradient`, `attack_then_train`), argument rules,
-metrics, input checks and per-backend trainers live beside it.
+metrics and input checks live beside it; its per-backend half
+(`AdversarialTrainer`) in `advtrain/backend/<name>/trainer.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import keras
 from keras import ops
 
 from advtrain.attacks import Attack
+from advtrain.backend import AdversarialTrainer
 from advtrain.models import adversarial_metrics as am
 from advtrain.models.adversarial_arguments import (
     check_hooks,
@@ -27,13 +29,14 @@ from advtrain.models.attack_then_train import (
     scaled_attack,
     train_step_after_attack,
 )
+from advtrain.models.batchnorm.fused import fused_kernel
+from advtrain.models.batchnorm.walk import batchnorm_layers
 from advtrain.models.input_checks import model_input_checks, warn_if_probability_output
 from advtrain.models.reuse_gradient import (
     REUSE_GRADIENT_BYPASSES,
     choose_step,
     train_step_reusing_gradient,
 )
-from advtrain.models.trainers import AdversarialTrainer
 
 __all__ = ["AdversarialModel"]
 
@@ -392,6 +395,14 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
 
     def get_metrics_result(self):
         return am.logged(self.metrics, super().get_metrics_result(), self._in_step())
+
+    def fused_kernel_scope(self):
+        """A function returning the context in which the classifier's plain
+        BatchNorm layers compute with the fused kernel (none without
+        `fused_batchnorm`); a backend that has the kernel runs each step in
+        it."""
+        layers = batchnorm_layers(self.classifier) if self.fused_batchnorm else []
+        return lambda: fused_kernel(layers)
 
     # ------------------------------------------------------------ config
 

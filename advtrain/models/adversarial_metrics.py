@@ -12,7 +12,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from advtrain.models.trainers import metric_count, replicas_in_sync
+from advtrain.backend import metric_count, replicas_in_sync
 
 
 class OptionalMetric:

@@ -5,7 +5,6 @@ runtime, eval, output) of plain values; docs/recipes.md describes each key.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import math
 import os
 import re
@@ -21,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from advtrain import backend
 from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.train.options import PlanOptions, RuntimeOptions
 from advtrain.utils.errors import BAD_INPUT, did_you_mean, one_line
@@ -381,7 +381,8 @@ class Recipe(Options):
         # without it (the resolved recipe says so); an export asked for on
         # another backend is refused.
         output = self.output
-        if self.runtime.backend != "tensorflow" and output.export_saved_model:
+        exports = backend.imports_tensorflow(self.runtime.backend)
+        if not exports and output.export_saved_model:
             if "export_saved_model" in output.model_fields_set:
                 raise ValueError(
                     "output.export_saved_model: the SavedModel export runs on "
@@ -390,7 +391,7 @@ class Recipe(Options):
                     "output.export_saved_model=true, runtime.backend=jax"
                 )
             output.export_saved_model = False
-        if importlib.util.find_spec("tensorflow") is None:
+        if not backend.HAS_TENSORFLOW:
             output.tensorboard = False
         return self
 

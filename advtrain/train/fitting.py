@@ -516,6 +516,8 @@ def _settle_trained_batchnorm(model, held_out, train_batches, batch, bn, echo, n
 
 
 def _gap_examples(source: Any) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    from advtrain import backend
+
     if isinstance(source, (tuple, list)) and len(source) in (2, 3):
         x, y = source[0], source[1]
         if isinstance(x, (dict, list, tuple)):
@@ -523,7 +525,7 @@ def _gap_examples(source: Any) -> Optional[tuple[np.ndarray, np.ndarray]]:
         return np.asarray(x[:_GAP_EXAMPLES]), np.asarray(y[:_GAP_EXAMPLES])
     if isinstance(source, keras.utils.PyDataset):
         tensor = np.ndarray
-    elif tf is not None and isinstance(source, tf.data.Dataset):
+    elif backend.is_dataset(source):
         tensor = tf.Tensor
     else:
         return None
@@ -630,7 +632,9 @@ def _training_data(
     opens an extra iterator before training, and per-iterator reshuffling
     would give N replicas another order than one device.
     """
-    is_dataset = tf is not None and isinstance(data, tf.data.Dataset)
+    from advtrain import backend
+
+    is_dataset = backend.is_dataset(data)
     if callable(data) and not is_dataset and _takes_skip(data):
         if batch_size is None or steps_per_epoch is None:
             raise ValueError(
@@ -639,7 +643,7 @@ def _training_data(
                 f"batch_size={batch_size}, steps_per_epoch={steps_per_epoch}"
             )
         return data, None, batch_size
-    if tf is None and not _are_arrays(data):
+    if not backend.HAS_TENSORFLOW and not _are_arrays(data):
         raise ImportError(
             "advtrain.fit takes a tf.data.Dataset or a function building one "
             "only with TensorFlow, which is not installed: pip install "
@@ -662,21 +666,10 @@ def _training_data(
                 "x and y must hold the same number of examples. "
                 f"Received: len(x)={len(x)}, len(y)={len(y)}"
             )
-        if tf is None:  # batched by numpy (not tf.data's order)
-            from advtrain.data.batches import ArrayBatches, Examples
+        from advtrain.data.in_memory import array_stream
 
-            # Whole batches only, as array_batches and the plan's
-            # steps per epoch count them (shuffled batches drop the rest).
-            whole = len(x) if shuffle else len(x) // batch_size * batch_size
-            examples = Examples(np.asarray(x)[:whole], np.asarray(y)[:whole])
-            batches = ArrayBatches(
-                examples, batch_size=batch_size, training=shuffle, seed=seed
-            )
-            return batches.repeat().skip, len(x), batch_size
-        from advtrain.data.streaming import array_batches
-
-        ds = array_batches(x, y, batch_size, shuffle=shuffle, seed=seed, repeat=True)
-        return ds.skip, len(x), batch_size
+        stream = array_stream(x, y, batch_size, shuffle=shuffle, seed=seed)
+        return stream, len(x), batch_size
     raise TypeError(
         "data must be (x, y) arrays, a tf.data.Dataset or a function "
         f"building one. Received: {type(data).__name__}"

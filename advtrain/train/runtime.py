@@ -1,8 +1,8 @@
 """Strategy, precision, XLA and batch arithmetic, resolved and printed once
 at the start of a run.
 
-The device placement itself is in `advtrain.train.runtime_tensorflow`
-(tf.distribute) and `advtrain.train.runtime_jax` (keras.distribution).
+The device placement itself is the backend's (`advtrain.backend.place`:
+`tf.distribute` on TensorFlow, `keras.distribution` on JAX).
 """
 
 from __future__ import annotations
@@ -11,23 +11,17 @@ import contextlib
 import dataclasses
 import hashlib
 import math
-import os
 from typing import Optional, Union
 
 import keras
 import numpy as np
 
+from advtrain import backend as backends
 from advtrain.utils.errors import ArgumentError
 
 # Keras 3 traces steps_per_execution > 32 into a loop that tf.data rejects
 # (keras-team/keras#20344); more steps per call gains little anyway.
 MAX_STEPS_PER_EXECUTION = 32
-
-# Strategies whose replica function calls merge_call: Keras 3's multi-step
-# loop (a tf.cond inside a tf.while_loop) fails under them with "You must
-# feed a value for placeholder tensor" (keras-team/keras#19246, reproduced
-# with TF 2.21 / Keras 3.15), so they run one step per host call.
-_SINGLE_STEP_STRATEGIES = ("mirrored", "multi_worker")
 
 # The `train` settings that `plan_batches` and `make_optimizer` take,
 # e.g. `plan_batches(rt, n, **train.model_dump(include=set(PLAN_KEYS)))`.
@@ -94,53 +88,28 @@ class Runtime:
     def input_strategy(self):
         """The `tf.distribute` strategy whose replicas each read their own
         batches, or None for whole global batches (one replica, or JAX)."""
-        return None if self.backend == "jax" or self.replicas == 1 else self.strategy
+        if backends.GLOBAL_BATCHES or self.replicas == 1:
+            return None
+        return self.strategy
 
     def holds_variables_of(self, model: keras.Model) -> bool:
         """Whether `model`'s variables were created under this scope."""
         if self.strategy is None:
             return True
-        if self.backend == "jax":
-            return self._on_every_device(model.variables)
-        extended = self.strategy.extended
-        return all(
-            extended.variable_created_in_scope(getattr(v, "value", v))
-            for v in model.variables
-        )
+        return backends.holds_variables(self.strategy, model.variables, self.replicas)
 
     def prepare_model(self, model: keras.Model) -> keras.Model:
         """Readies a model for `fit` after every `compile`: the workaround
         for Keras 3's `fit` under MultiWorkerMirroredStrategy
         (keras-team/keras#20585); on JAX over several devices, an
         `ArgumentError` for an optimizer made outside the scope."""
-        if self.backend == "jax" and self.strategy is not None:
-            self._check_optimizer(model.optimizer)
-        if self.strategy_name != "multi_worker":
-            return model
-        from advtrain._keras_workarounds import fit_under_multi_worker
-
-        return fit_under_multi_worker(model, self.strategy)
-
-    def _on_every_device(self, variables) -> bool:
-        return all(len(v.value.sharding.device_set) == self.replicas for v in variables)
-
-    def _check_optimizer(self, optimizer) -> None:
-        if self._on_every_device(optimizer.variables):
-            return
-        raise ArgumentError(
-            "optimizer",
-            f"made outside the runtime's scope, so its variables live on one "
-            f"of the {self.replicas} devices; pass its name (e.g. 'sgd') or "
-            "make it inside `with runtime.scope():`. "
-            f"Received: optimizer={type(optimizer).__name__}",
-        )
+        return backends.prepare_model(model, self)
 
     def describe(self) -> str:
         """One line for the start banner."""
         where = f" ({self.workers} workers, this is {self.task})"
         where = where if self.workers > 1 else ""
-        jax_dp = self.replicas > 1 and self.backend == "jax"
-        how = " (keras.distribution.DataParallel)" if jax_dp else ""
+        how = backends.DATA_PARALLEL if self.replicas > 1 else ""
         return (
             f"runtime: {self.strategy_name} strategy{how} on {self.device_kind}, "
             f"{self.replicas} replica(s){where}, {self.precision}, "
@@ -168,49 +137,29 @@ def make_runtime(
     already (on GPUs, set `XLA_FLAGS=--xla_gpu_deterministic_ops=true`).
     Raises `ArgumentError` naming a setting that cannot be set up here.
     """
-    running = keras.backend.backend()
-    if backend is not None and backend != running:
-        raise ArgumentError(
-            "backend",
-            f"Keras already runs on {running} in this process (KERAS_BACKEND="
-            f"{os.environ.get('KERAS_BACKEND', '<unset>')}); the backend is "
-            "chosen before Keras is imported: set KERAS_BACKEND="
-            f"{backend} in a fresh process. Received: backend={backend}",
-        )
-    if running == "jax":
-        from advtrain.train.runtime_jax import jax_placement as place
-    elif running == "tensorflow":
-        from advtrain.train.runtime_tensorflow import tensorflow_placement as place
-    else:
-        raise ArgumentError(
-            "backend",
-            "advtrain's runtime runs on tensorflow or jax. "
-            f"Received: KERAS_BACKEND={running}",
-        )
-    made, name, replicas, workers, task, kind = place(
-        strategy, cpu_replicas, deterministic
-    )
+    backends.check_requested(backend, "backend")
+    placed = backends.place(strategy, cpu_replicas, deterministic)
     notes = []
-    if precision == "mixed_float16" and kind == "cpu":
+    if precision == "mixed_float16" and placed.device_kind == "cpu":
         notes.append(
             "mixed_float16 on a CPU is emulated and slow; mixed_bfloat16 "
             "runs natively on CPUs with AVX512-BF16 or AMX"
         )
     keras.mixed_precision.set_global_policy(precision)
     if not isinstance(jit_compile, bool):
-        jit_compile = running == "jax"
+        jit_compile = backends.JIT_BY_DEFAULT
     return Runtime(
-        made,
-        name,
-        replicas,
-        kind,
+        placed.strategy,
+        placed.name,
+        placed.replicas,
+        placed.device_kind,
         precision,
         jit_compile,
         steps_per_execution,
-        workers=workers,
-        task=task,
+        workers=placed.workers,
+        task=placed.task,
         notes=notes,
-        backend=running,
+        backend=backends.NAME,
     )
 
 
@@ -270,7 +219,7 @@ def resolve_steps_per_execution(
     per epoch at 4 per call would train 12 (Keras 3.15). `auto` is the
     largest divisor up to 32 (scripts/bench_spe).
     """
-    if runtime.backend != "jax" and runtime.strategy_name in _SINGLE_STEP_STRATEGIES:
+    if runtime.strategy_name in backends.SINGLE_STEP_STRATEGIES:
         note = (
             f"1 step per host call under {runtime.strategy_name} (Keras 3 "
             "cannot loop several steps per call under it: keras-team/keras#19246)"

@@ -148,6 +148,23 @@ def test_pgd_run_by_the_runner_matches_the_attack_function():
     assert alive() is None
 
 
+@pytest.mark.backend_neutral
+@pytest.mark.parametrize("norm,eps", [("inf", EPS), (2, 1.0)])
+def test_the_runners_pgd_restarts_start_where_pgds_do(norm, eps):
+    """One PGD: the runner's restarts (on JAX, compiled pieces driven from
+    the host) are seeded as `pgd`'s for the same seed, so its points are
+    `pgd`'s, restart for restart."""
+    model = bn_classifier()
+    x = np.random.default_rng(2).random((8, 8, 8, 1)).astype("float32")
+    y = np.arange(8) % 10
+    attack = Attack("pgd", eps=eps, norm=norm, steps=3, restarts=3)
+    x_adv, _ = AttackRunner(model, seed=5).adversarial(attack, x, y)
+    expected = attack(
+        lambda z: model(z, training=False), x, y, seed=keras.random.SeedGenerator(5)
+    )
+    np.testing.assert_allclose(x_adv, keras.ops.convert_to_numpy(expected), atol=1e-5)
+
+
 class _BlindQuantize(keras.layers.Layer):
     """Rounds pixels to 1/4 steps and passes no gradient back."""
 

@@ -128,7 +128,7 @@ def test_multi_worker_without_cluster_is_a_value_error(monkeypatch):
 
 
 def test_auto_picks_multi_worker_from_tf_config_or_slurm(monkeypatch):
-    from advtrain.train.runtime_tensorflow import _auto_strategy
+    from advtrain.backend.tensorflow.distribution import _auto_strategy
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("TF_CONFIG", tf_configs(["a:1", "b:2"])[1])

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 import keras
 from keras import ops
 
+from advtrain import backend
 from advtrain.models.batchnorm.walk import batchnorm_layers
 
 _FUSED_DTYPES = ("float16", "bfloat16", "float32")
@@ -36,7 +37,7 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 
     def _fusable(self, inputs, mask) -> bool:
         return (
-            keras.backend.backend() == "tensorflow"
+            backend.FUSED_BATCHNORM
             and mask is None
             and not self.renorm
             and not self.synchronized
@@ -49,40 +50,26 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
     def call(self, inputs, training=None, mask=None):
         if not self._fusable(inputs, mask):
             return super().call(inputs, training=training, mask=mask)
-        import tensorflow as tf
-
-        channels = [inputs.shape[-1]]
-        scale = ops.cast(self.gamma, "float32") if self.scale else tf.ones(channels)
-        offset = ops.cast(self.beta, "float32") if self.center else tf.zeros(channels)
+        training = bool(training and self.trainable)
         moving_mean = ops.cast(self.moving_mean, "float32")
         moving_variance = ops.cast(self.moving_variance, "float32")
-        kernel = dict(epsilon=self.epsilon, data_format="NHWC")
-        if not (training and self.trainable):
-            outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
-                inputs,
-                scale,
-                offset,
-                mean=moving_mean,
-                variance=moving_variance,
-                is_training=False,
-                **kernel,
-            )
-            return ops.cast(outputs, self.compute_dtype)
-        outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
-            inputs, scale, offset, is_training=True, **kernel
+        outputs, mean, variance = backend.fused_batch_norm(
+            inputs,
+            ops.cast(self.gamma, "float32") if self.scale else None,
+            ops.cast(self.beta, "float32") if self.center else None,
+            moving_mean,
+            moving_variance,
+            self.epsilon,
+            training,
         )
-        # The kernel reports the unbiased variance (n / (n - 1) times the one
-        # it normalised with); Keras tracks the biased one.
-        shape = tf.shape(inputs)
-        n = tf.cast(shape[0] * shape[1] * shape[2], tf.float32)
-        variance = variance * ((n - 1.0) / tf.maximum(n, 1.0))
-        momentum = self.momentum
-        for variable, moving, batch in (
-            (self.moving_mean, moving_mean, mean),
-            (self.moving_variance, moving_variance, variance),
-        ):
-            update = moving * momentum + batch * (1.0 - momentum)
-            variable.assign(ops.cast(update, variable.dtype))
+        if training:
+            momentum = self.momentum
+            for variable, moving, batch in (
+                (self.moving_mean, moving_mean, mean),
+                (self.moving_variance, moving_variance, variance),
+            ):
+                update = moving * momentum + batch * (1.0 - momentum)
+                variable.assign(ops.cast(update, variable.dtype))
         return ops.cast(outputs, self.compute_dtype)
 
 

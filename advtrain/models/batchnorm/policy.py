@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
 
 import keras
 import numpy as np
 
+from advtrain import backend
 from advtrain.models.batchnorm.fused import fuse_batchnorm
 from advtrain.models.batchnorm.walk import batchnorm_layers, walk_layers
 from advtrain.utils.errors import ArgumentError
@@ -135,9 +135,8 @@ def fit_total_steps(
 ) -> Optional[int]:
     """The training steps a `keras.Model.fit` call with these arguments
     runs, or None when its data has no known length."""
-    tf = sys.modules.get("tensorflow")  # a tf.data.Dataset needs it loaded
     steps = steps_per_epoch
-    if steps is None and tf is not None and isinstance(x, tf.data.Dataset):
+    if steps is None and backend.is_dataset(x):
         steps = max(int(x.cardinality()), 0)
     elif steps is None and hasattr(x, "__getitem__"):  # a PyDataset too
         first = x

@@ -1,5 +1,5 @@
-"""The runtime on TensorFlow: a `tf.distribute` strategy over the local
-devices, a cluster (TF_CONFIG or SLURM) or a TPU."""
+"""Device placement on TensorFlow: a `tf.distribute` strategy over the
+local devices, a cluster (TF_CONFIG or SLURM) or a TPU."""
 
 from __future__ import annotations
 
@@ -9,16 +9,20 @@ from typing import Optional
 
 import tensorflow as tf
 
-from advtrain.train.options import split_cpu
+from advtrain.backend.placement import Placement, split_cpu
 from advtrain.utils.errors import ArgumentError, one_line
 
+# Strategies whose replica function calls merge_call: Keras 3's multi-step
+# loop (a tf.cond inside a tf.while_loop) fails under them with "You must
+# feed a value for placeholder tensor" (keras-team/keras#19246, reproduced
+# with TF 2.21 / Keras 3.15), so they run one step per host call.
+SINGLE_STEP_STRATEGIES = ("mirrored", "multi_worker")
+DATA_PARALLEL = ""  # the strategy's name says it
 
-def tensorflow_placement(
-    strategy: str, cpu_replicas: Optional[int], deterministic: bool
-) -> tuple[tf.distribute.Strategy, str, int, int, str, str]:
-    """(strategy, its name with auto resolved, replicas, workers, this
-    task, device kind). Call it before any other TensorFlow work
-    (`cpu_replicas` splits the CPU)."""
+
+def place(strategy: str, cpu_replicas: Optional[int], deterministic: bool) -> Placement:
+    """The `tf.distribute` strategy `strategy` (`auto` resolved). Call it
+    before any other TensorFlow work (`cpu_replicas` splits the CPU)."""
     if cpu_replicas:
         cpus = tf.config.list_physical_devices("CPU")
         split_cpu(
@@ -33,7 +37,25 @@ def tensorflow_placement(
         tf.config.experimental.enable_op_determinism()
     name = _auto_strategy() if strategy == "auto" else strategy
     made, workers, task = _strategy(name)
-    return made, name, made.num_replicas_in_sync, workers, task, _device_kind()
+    replicas = made.num_replicas_in_sync
+    return Placement(made, name, replicas, workers, task, _device_kind())
+
+
+def holds_variables(strategy, variables, replicas: int) -> bool:
+    del replicas
+    extended = strategy.extended
+    return all(
+        extended.variable_created_in_scope(getattr(v, "value", v)) for v in variables
+    )
+
+
+def prepare_model(model, runtime):
+    # Keras 3's `fit` under MultiWorkerMirroredStrategy (keras-team/keras#20585).
+    if runtime.strategy_name != "multi_worker":
+        return model
+    from advtrain._keras_workarounds import fit_under_multi_worker
+
+    return fit_under_multi_worker(model, runtime.strategy)
 
 
 def _device_kind() -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from advtrain.models.batchnorm.fused import fused_kernel
-from advtrain.models.batchnorm.walk import batchnorm_layers
+# A step sees its replica's share of the batch (`tf.distribute`).
+GLOBAL_BATCHES = False
 
 
 def replicas_in_sync() -> int:
@@ -61,10 +61,10 @@ class AdversarialTrainer:
             return getattr(self, name)
         make(force=force)
         step = getattr(self, name)
-        layers = batchnorm_layers(self.classifier) if self.fused_batchnorm else []
+        kernel = self.fused_kernel_scope()  # the model's BatchNorm layers
 
         def function(iterator):
-            with fused_kernel(layers):
+            with kernel():
                 return step(iterator)
 
         setattr(self, name, function)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import jax
 import keras
 
+# A step sees the global batch, which `keras.distribution` shards.
+GLOBAL_BATCHES = True
+
 
 def replicas_in_sync() -> int:
-    return 1  # a JAX step sees the global batch (`keras.distribution` shards it)
+    return 1  # a JAX step sees the global batch (GLOBAL_BATCHES)
 
 
 def metric_count(metric) -> float:

@@ -1,4 +1,4 @@
-"""The JAX side of `advtrain.backend`: `jax.value_and_grad`, JAX's
+"""JAX's ops for `advtrain.backend`: `jax.value_and_grad`, JAX's
 counter-based random keys, static shapes and `jax.jit`."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import keras
 
 HOST_LOOPS = True
+FUSED_BATCHNORM = False
+JIT_BY_DEFAULT = True
 
 
 def value_and_grad(fn, x):
@@ -58,3 +60,7 @@ def compile_function(fn, signature, variables, updated):
         return outputs
 
     return call
+
+
+def fused_batch_norm(inputs, scale, offset, mean, variance, epsilon, training):
+    raise NotImplementedError("the fused BatchNorm kernel is TensorFlow's")

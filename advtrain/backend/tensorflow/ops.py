@@ -1,5 +1,6 @@
-"""The TensorFlow side of `advtrain.backend`: a gradient tape, TensorFlow's
-stateless random ops, dynamic shapes and `tf.function`."""
+"""TensorFlow's ops for `advtrain.backend`: a gradient tape, TensorFlow's
+stateless random ops, dynamic shapes, `tf.function` and the fused
+BatchNorm kernel."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import keras
 import tensorflow as tf
 
 HOST_LOOPS = False
+FUSED_BATCHNORM = True
+JIT_BY_DEFAULT = False
 
 
 def value_and_grad(fn, x):
@@ -55,3 +58,29 @@ def compile_function(fn, signature, variables, updated):
 
 def _not_retracing(record: logging.LogRecord) -> bool:
     return "triggered tf.function retracing" not in record.getMessage()
+
+
+def fused_batch_norm(inputs, scale, offset, mean, variance, epsilon, training):
+    channels = [inputs.shape[-1]]
+    scale = tf.ones(channels) if scale is None else scale
+    offset = tf.zeros(channels) if offset is None else offset
+    kernel = dict(epsilon=epsilon, data_format="NHWC")
+    if not training:
+        outputs, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            inputs,
+            scale,
+            offset,
+            mean=mean,
+            variance=variance,
+            is_training=False,
+            **kernel,
+        )
+        return outputs, mean, variance
+    outputs, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+        inputs, scale, offset, is_training=True, **kernel
+    )
+    # The kernel reports the unbiased variance (n / (n - 1) times the one
+    # it normalised with); Keras tracks the biased one.
+    shape = tf.shape(inputs)
+    n = tf.cast(shape[0] * shape[1] * shape[2], tf.float32)
+    return outputs, mean, variance * ((n - 1.0) / tf.maximum(n, 1.0))
