@@ -187,12 +187,17 @@ def _checks(
             f"PGD-{LARGE_EPS_STEPS} at eps={large:g} {norm}: "
             f"{_pct(acc['large_eps'])} (must be <= {_pct(large_eps_max_accuracy)})",
         ),
-        _check(
-            "more_steps_do_not_help_model",
-            steps_passed,
-            f"PGD-{2 * steps}x{pgd_restarts} {_pct(doubled)} vs {shape} {pgd}: "
-            f"{verdict}",
-        ),
+        {
+            **_check(
+                "more_steps_do_not_help_model",
+                steps_passed,
+                f"PGD-{2 * steps}x{pgd_restarts} {_pct(doubled)} vs {shape} {pgd}: "
+                f"{verdict}",
+            ),
+            # How far from converged, for the run's verdict.
+            "pgd_accuracy": acc["pgd"],
+            "more_steps_accuracy": doubled,
+        },
         _check(
             "more_restarts_do_not_help_model",
             restarts_passed,

@@ -125,3 +125,20 @@ def test_catastrophic_overfitting_outranks_and_keeps_the_other_reasons():
     assert verdict["kind"] == CATASTROPHIC_OVERFITTING
     assert verdict["reasons"][0] == "x"
     assert verdict["reasons"][1].startswith("gradient masking")
+
+
+def test_pgd_far_from_converged_is_unreliable_even_with_autoattack():
+    # FGSM-RS with a step of 0.6 (2026-12-07, seed 0, 300 images): PGD-100
+    # 18 points under PGD-50, worst case 29 points under PGD; the shipped
+    # mnist_fgsm_rs: 1.5-4 points, which the headline's APGD covers.
+    def steps(pgd, more):
+        check = _check("more_steps_do_not_help_model", False, "PGD-100 vs PGD-50")
+        return [{**check, "pgd_accuracy": pgd, "more_steps_accuracy": more}]
+
+    assert run_verdict(None, _evaluation(), steps(0.89, 0.85))["kind"] == SOUND
+    verdict = run_verdict(None, _evaluation(), steps(0.68, 0.50))
+    assert verdict["kind"] == EVALUATION_UNRELIABLE
+    assert verdict["reasons"] == [
+        "not converged: twice PGD's steps lower its accuracy by 18.0 points "
+        "(limit 10; healthy runs: at most 4): PGD-100 vs PGD-50"
+    ]
