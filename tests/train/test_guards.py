@@ -251,10 +251,10 @@ def test_an_epoch_far_above_the_healthy_gap_is_never_kept_as_sound():
         [(0.50, 0.40), (0.89, 0.43), (0.91, 0.52), (0.92, 0.53)], echo=lines.append
     )
     assert guard.play() == 1
-    assert guard.sound_gap() == SOUND_GAP == 0.25
+    assert guard.sound_gap() == SOUND_GAP == 0.2
     assert guard.triggers == [] and guard.best_epoch == 1
     assert guard.final["restored_epoch"] == guard.kept_epoch() == 1
-    assert "(gap +39.0 points: above the sound 25)" in lines[-1]
+    assert "(gap +39.0 points: above the sound 20)" in lines[-1]
     assert guard.unsound is None  # epoch 1 was sound: the guard kept it
     # The healthy runs' largest gap is kept as before.
     assert _ScriptedGuard([(0.80, 0.70), (0.95, 0.818)]).play() == 2
@@ -270,11 +270,11 @@ def test_a_run_with_no_epoch_within_the_sound_gap_is_unsound():
     assert guard.play() == 3  # nothing sound to go back to
     assert guard.triggers == [] and guard.best_epoch is None
     assert guard.unsound["collapsed_epochs"] == [1, 2, 3]
-    assert "(sound: at most 25)" in guard.unsound["message"]
+    assert "(sound: at most 20)" in guard.unsound["message"]
     assert lines[-1] == guard.unsound["message"]
     # A looser rollback limit does not loosen what counts as sound; a
     # stricter one tightens it.
-    assert _ScriptedGuard([(0.9, 0.5)], max_gap=0.8).sound_gap() == 0.25
+    assert _ScriptedGuard([(0.9, 0.5)], max_gap=0.8).sound_gap() == 0.2
     assert _ScriptedGuard([(0.9, 0.5)], max_gap=0.1).sound_gap() == 0.1
     assert _ScriptedGuard([(0.9, 0.5)], max_gap=None).sound_gap() is None
 
