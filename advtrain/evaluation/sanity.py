@@ -112,7 +112,9 @@ def run_sanity_checks(
             strategy's scope.
 
     Returns:
-        A list of `{name, passed, detail}` dicts, JSON-ready.
+        A list of `{name, passed, detail}` dicts, JSON-ready; the steps
+        check adds `pgd_accuracy` and `more_steps_accuracy` (the verdict's
+        convergence rule reads them).
     """
     x_all, y_all, _ = seeded_subset(batches, max_examples or DEFAULT_EXAMPLES, seed)
     if len(y_all) == 0:
