@@ -10,9 +10,10 @@ It says one of:
   the evaluation shows the collapse's signature (FGSM accuracy far above
   PGD's: the model beats the single-step attack only).
 - `evaluation_unreliable`: the headline may overstate robustness: the
-  gradient-free attack breaks clearly more than healthy runs show
-  (gradient masking), a check that the gradient attacks work failed, or,
-  without AutoAttack in the headline, PGD has not converged.
+  gradient-free attack breaks clearly more than healthy runs show, or PGD
+  does clearly worse than FGSM (gradient masking); the input gradients
+  vanish, or eps 0.5 does not break the model; or twice PGD's steps or
+  restarts find clearly more (far from converged).
 
 A run exits with `EXIT_CODES[kind]`: 0, 3 and 4. The thresholds are set
 from measured healthy and broken runs: docs/robustness.md, "The run's
@@ -32,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from advtrain.evaluation.sanity import overstatement, significant_count
+
 SOUND = "sound"
 CATASTROPHIC_OVERFITTING = "catastrophic_overfitting"
 EVALUATION_UNRELIABLE = "evaluation_unreliable"
@@ -42,7 +45,7 @@ KINDS = (SOUND, CATASTROPHIC_OVERFITTING, EVALUATION_UNRELIABLE)
 EXIT_CODES = {SOUND: 0, CATASTROPHIC_OVERFITTING: 3, EVALUATION_UNRELIABLE: 4}
 
 # FGSM accuracy above PGD's on the test images. The shipped recipes' runs
-# show at most 7.6 points (docs/results.md); a model that collapsed beats
+# show at most 8.2 points (docs/results.md); a model that collapsed beats
 # FGSM and loses to PGD by tens of points.
 MAX_FGSM_ABOVE_PGD = 0.3
 
@@ -54,41 +57,39 @@ MAX_FGSM_ABOVE_PGD = 0.3
 HEALTHY_GRADIENT_FREE_RATE = 0.03
 SIGNIFICANCE = 0.05
 
-# How much twice PGD's steps may lower its accuracy before the gradient
-# attacks count as far from converged, AutoAttack or not. The shipped
-# mnist_fgsm_rs: 1.5-4 points (PGD-100 against PGD-50, docs/results.md);
-# FGSM-RS with a step of 0.6, whose worst case is 29 points under PGD: 18.
-FAR_FROM_CONVERGED = 0.1
+# How far a sanity check comparing two attacks may say PGD overstates
+# robustness (`sanity.overstatement`: PGD above FGSM, or twice its steps or
+# restarts lower) before the evaluation counts as unreliable, AutoAttack in
+# the headline or not. The shipped mnist_fgsm_rs: PGD-100 1.5-4 points
+# under PGD-50 (docs/results.md), 20 restarts 2.5 points under 10 once;
+# FGSM-RS with a step of 0.6, whose worst case is 29-42 points under PGD:
+# 18 and 19 points. Smaller failures are the checks' business, not the
+# verdict's: on a small subset they are a few images.
+CLEAR_OVERSTATEMENT = 0.1
 
-# Sanity checks whose failure means the gradient attacks do not work...
-_BROKEN_ATTACK_CHECKS = (
-    "input_gradients_nonzero",
-    "large_eps_breaks_model",
-    "pgd_not_above_fgsm",
-)
-# ...and those that only matter when PGD is the strongest attack counted.
-_CONVERGENCE_CHECKS = (
-    "more_steps_do_not_help_model",
-    "more_restarts_do_not_help_model",
-)
+# Sanity checks whose failure alone means the gradient attacks do not work.
+_BROKEN_ATTACK_CHECKS = ("input_gradients_nonzero", "large_eps_breaks_model")
+
+# Per comparison: what its overstatement means, and the healthy runs'.
+_COMPARED = {
+    "pgd_not_above_fgsm": (
+        "gradient masking: PGD's accuracy is {} points above FGSM's",
+        "healthy runs: 3 to 8 points below",
+    ),
+    "more_steps_do_not_help_model": (
+        "not converged: twice PGD's steps lower its accuracy by {} points",
+        "healthy runs: at most 4",
+    ),
+    "more_restarts_do_not_help_model": (
+        "not converged: twice PGD's restarts lower its accuracy by {} points",
+        "healthy runs: at most 2.5",
+    ),
+}
 
 _LABELS = {
     CATASTROPHIC_OVERFITTING: "catastrophic overfitting",
     EVALUATION_UNRELIABLE: "evaluation unreliable",
 }
-
-
-def significant_count(
-    n: int, base_rate: float, significance: float = SIGNIFICANCE
-) -> int:
-    """The fewest events among `n` trials significantly above `base_rate`
-    (one-sided binomial test at `significance`)."""
-    from scipy.stats import binom
-
-    k = 1
-    while binom.sf(k - 1, n, base_rate) >= significance:
-        k += 1
-    return k
 
 
 def run_verdict(
@@ -165,29 +166,19 @@ def _unreliable_reasons(
                 f"(healthy runs: up to {_pct(HEALTHY_GRADIENT_FREE_RATE)}; "
                 f"limit {limit})"
             )
-    with_ensemble = bool(evaluation.get("robust_accuracy_ensemble"))
     for check in checks:
-        name = check["name"]
-        counts = name in _BROKEN_ATTACK_CHECKS or (
-            name in _CONVERGENCE_CHECKS and not with_ensemble
-        )
-        far = _far_from_converged(check)
-        if not check["passed"] and (counts or far):
-            reasons.append(far or f"sanity check {name} failed: {check['detail']}")
+        if check["passed"]:
+            continue
+        if check["name"] in _BROKEN_ATTACK_CHECKS:
+            reasons.append(f"sanity check {check['name']} failed: {check['detail']}")
+            continue
+        over = overstatement(check)
+        if over is not None and over > CLEAR_OVERSTATEMENT + 1e-9:
+            what, healthy = _COMPARED[check["name"]]
+            what = what.format(f"{100 * over:.1f}")
+            limit = f"limit {100 * CLEAR_OVERSTATEMENT:g}"
+            reasons.append(f"{what} ({limit}; {healthy}): {check['detail']}")
     return reasons
-
-
-def _far_from_converged(check: Mapping[str, Any]) -> Optional[str]:
-    # Twice the steps found far more: APGD, with its own step budget, is
-    # then no proof that the gradient attacks converged. The reason, or None.
-    pgd, more = check.get("pgd_accuracy"), check.get("more_steps_accuracy")
-    if pgd is None or more is None or pgd - more <= FAR_FROM_CONVERGED:
-        return None
-    return (
-        f"not converged: twice PGD's steps lower its accuracy by "
-        f"{100 * (pgd - more):.1f} points (limit {100 * FAR_FROM_CONVERGED:g}; "
-        f"healthy runs: at most 4): {check['detail']}"
-    )
 
 
 def verdict_metrics(

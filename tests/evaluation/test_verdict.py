@@ -48,10 +48,16 @@ def test_exit_codes_are_documented_ones():
 
 def test_a_healthy_run_is_sound_though_its_masking_check_fires():
     # The shipped recipes fail the strict masking check (1-3% Square-only)
-    # and, with AutoAttack in the headline, PGD's convergence check.
+    # and PGD's convergence checks by a few points.
     checks = [
-        _check("more_steps_do_not_help_model", False),
-        _check("more_restarts_do_not_help_model", False),
+        _check(
+            "more_steps_do_not_help_model", False, "PGD-100x10 85.0% vs PGD-50x10 89.0%"
+        ),
+        _check(
+            "more_restarts_do_not_help_model",
+            False,
+            "PGD-50x20 86.5% vs PGD-50x10 89.0%",
+        ),
         _check("gradient_free_not_stronger", False),
     ]
     verdict = run_verdict({"unsound": None}, _evaluation(), checks)
@@ -94,27 +100,49 @@ def test_square_breaking_clearly_more_than_healthy_runs_is_masking(n):
     assert verdict["reasons"][0].startswith("gradient masking: Square broke")
 
 
-def test_unconverged_pgd_counts_only_when_pgd_is_the_headline():
-    checks = [_check("more_steps_do_not_help_model", False, "not converged")]
-    assert run_verdict(None, _evaluation(), checks)["kind"] == SOUND
-    alone = _evaluation(ensemble=None)
-    del alone["gradient_free_only"]
-    verdict = run_verdict(None, alone, checks)
-    assert verdict == {
-        "kind": EVALUATION_UNRELIABLE,
-        "reasons": ["sanity check more_steps_do_not_help_model failed: not converged"],
-    }
+def _steps(pgd, doubled):
+    # The sanity check's own detail, which `overstatement` reads back.
+    detail = f"PGD-100x10 {100 * doubled:.1f}% vs PGD-50x10 {100 * pgd:.1f}%: x"
+    return _check("more_steps_do_not_help_model", doubled >= pgd - 0.02, detail)
 
 
-@pytest.mark.parametrize(
-    "name", ["input_gradients_nonzero", "large_eps_breaks_model", "pgd_not_above_fgsm"]
-)
+def test_pgd_far_from_converged_is_unreliable_with_autoattack_or_not():
+    # FGSM-RS with a step of 0.6 (2026-12-07, seed 0, 300 images): PGD-100
+    # 18 points under PGD-50, worst case 29 points under PGD. The shipped
+    # mnist_fgsm_rs: 1.5-4 points, the check fails, the verdict stays sound.
+    for evaluation in (_evaluation(), _evaluation(ensemble=None)):
+        assert run_verdict(None, evaluation, [_steps(0.89, 0.85)])["kind"] == SOUND
+        verdict = run_verdict(None, evaluation, [_steps(0.68, 0.50)])
+        assert verdict["kind"] == EVALUATION_UNRELIABLE
+        assert verdict["reasons"] == [
+            "not converged: twice PGD's steps lower its accuracy by 18.0 points "
+            "(limit 10; healthy runs: at most 4): PGD-100x10 50.0% vs "
+            "PGD-50x10 68.0%: x"
+        ]
+    # One image of 32 (a tiny test run) is noise, in either direction.
+    assert run_verdict(None, _evaluation(), [_steps(0.031, 0.062)])["kind"] == SOUND
+    assert run_verdict(None, _evaluation(), [_steps(0.062, 0.031)])["kind"] == SOUND
+
+
+def test_pgd_clearly_above_fgsm_is_masking():
+    def versus(pgd, fgsm):
+        detail = f"PGD-1x1 {100 * pgd:.1f}% vs FGSM {100 * fgsm:.1f}% (eps=0.3 inf)"
+        return [_check("pgd_not_above_fgsm", pgd <= fgsm + 0.02, detail)]
+
+    assert run_verdict(None, _evaluation(), versus(0.66, 0.60))["kind"] == SOUND
+    verdict = run_verdict(None, _evaluation(), versus(0.812, 0.016))
+    assert verdict["kind"] == EVALUATION_UNRELIABLE
+    assert verdict["reasons"][0].startswith(
+        "gradient masking: PGD's accuracy is 79.6 points above FGSM's (limit 10"
+    )
+
+
+@pytest.mark.parametrize("name", ["input_gradients_nonzero", "large_eps_breaks_model"])
 def test_a_check_that_the_attacks_work_failing_is_unreliable(name):
     verdict = run_verdict(None, _evaluation(), [_check(name, False)])
     assert verdict["kind"] == EVALUATION_UNRELIABLE
-    assert verdict_line(verdict).startswith(
-        f"evaluation unreliable: sanity check {name}"
-    )
+    line = verdict_line(verdict)
+    assert line.startswith(f"evaluation unreliable: sanity check {name} failed")
 
 
 def test_catastrophic_overfitting_outranks_and_keeps_the_other_reasons():
@@ -125,20 +153,3 @@ def test_catastrophic_overfitting_outranks_and_keeps_the_other_reasons():
     assert verdict["kind"] == CATASTROPHIC_OVERFITTING
     assert verdict["reasons"][0] == "x"
     assert verdict["reasons"][1].startswith("gradient masking")
-
-
-def test_pgd_far_from_converged_is_unreliable_even_with_autoattack():
-    # FGSM-RS with a step of 0.6 (2026-12-07, seed 0, 300 images): PGD-100
-    # 18 points under PGD-50, worst case 29 points under PGD; the shipped
-    # mnist_fgsm_rs: 1.5-4 points, which the headline's APGD covers.
-    def steps(pgd, more):
-        check = _check("more_steps_do_not_help_model", False, "PGD-100 vs PGD-50")
-        return [{**check, "pgd_accuracy": pgd, "more_steps_accuracy": more}]
-
-    assert run_verdict(None, _evaluation(), steps(0.89, 0.85))["kind"] == SOUND
-    verdict = run_verdict(None, _evaluation(), steps(0.68, 0.50))
-    assert verdict["kind"] == EVALUATION_UNRELIABLE
-    assert verdict["reasons"] == [
-        "not converged: twice PGD's steps lower its accuracy by 18.0 points "
-        "(limit 10; healthy runs: at most 4): PGD-100 vs PGD-50"
-    ]
