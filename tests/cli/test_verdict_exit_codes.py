@@ -51,8 +51,8 @@ NEVER_ROBUST = {
 }
 
 # A sound model, measured by a PGD that cannot reach the eps ball: one step
-# of 0.02 at eps 0.3, no AutoAttack. FGSM (one step of 0.3) beats it, and
-# twice the steps finds more: the headline is not converged.
+# of 0.02 at eps 0.3, no AutoAttack. FGSM (one step of 0.3) beats it by far
+# more than the verdict's 10 points: the headline overstates robustness.
 UNCONVERGED = {
     **SMALL,
     "name": "unconverged",
@@ -102,12 +102,10 @@ def test_a_run_that_was_never_robust_exits_3(tmp_path):
 
 
 @pytest.mark.backend_neutral
-def test_a_run_whose_pgd_has_not_converged_exits_4(tmp_path):
+def test_a_run_whose_pgd_cannot_reach_the_eps_ball_exits_4(tmp_path):
     result, metrics, report = _run(tmp_path, UNCONVERGED)
     verdict = _says_it(result, metrics, report, "evaluation_unreliable")
     assert metrics["catastrophic_overfitting"] is None
-    failed = {
-        r.split(" failed")[0].removeprefix("sanity check ") for r in verdict["reasons"]
-    }
-    assert "more_steps_do_not_help_model" in failed, verdict
+    # FGSM, one full step, beats the headline's PGD by tens of points.
+    assert verdict["reasons"][0].startswith("gradient masking: PGD's accuracy is")
     assert EXIT_CODES["evaluation_unreliable"] == 4
