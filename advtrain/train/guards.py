@@ -53,7 +53,7 @@ def first_nonfinite_variable(
 # accuracy) an epoch trained at full eps may show and still be kept as
 # sound. Healthy runs of the shipped recipes never exceeded +13.2 points
 # after the eps ramp; the collapses measured (plain FGSM on mnist_fgsm_rs)
-# show +26.3 to +92, epochs under the 50-point rollback limit included.
+# show +24.7 to +95, epochs under the 50-point rollback limit included.
 # 20 is about midway. See docs/robustness.md, "Why the limits are where
 # they are".
 SOUND_GAP = 0.2
