@@ -158,7 +158,7 @@ def _unreliable_reasons(
     masked = evaluation.get("gradient_free_only")
     n = int(evaluation.get("examples") or 0)
     if masked is not None and n:
-        limit = significant_count(n, HEALTHY_GRADIENT_FREE_RATE)
+        limit = significant_count(n, HEALTHY_GRADIENT_FREE_RATE, SIGNIFICANCE)
         if masked >= limit:
             reasons.append(
                 f"gradient masking: Square broke {masked} of {n} images "
