@@ -20,7 +20,6 @@ print(format_sanity_checks(checks))
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -37,6 +36,7 @@ from advtrain.evaluation.robustness import (
     signature,
     strategy_scope,
 )
+from advtrain.evaluation.verdict import significant_count
 from advtrain.utils.progress import Progress
 
 DEFAULT_EXAMPLES = 500
@@ -113,8 +113,9 @@ def run_sanity_checks(
 
     Returns:
         A list of `{name, passed, detail}` dicts, JSON-ready (for the
-        checks that compare two attacks, `overstatement` reads the
-        accuracies back from `detail`).
+        checks that compare two attacks,
+        `advtrain.evaluation.verdict.overstatement` reads the accuracies
+        back from `detail`).
     """
     x_all, y_all, _ = seeded_subset(batches, max_examples or DEFAULT_EXAMPLES, seed)
     if len(y_all) == 0:
@@ -252,19 +253,6 @@ MASKING_BASE_RATE = 0.005
 MASKING_SIGNIFICANCE = 0.05
 
 
-def significant_count(
-    n: int, base_rate: float, significance: float = MASKING_SIGNIFICANCE
-) -> int:
-    """The fewest events among `n` trials significantly above `base_rate`
-    (one-sided binomial test at `significance`)."""
-    from scipy.stats import binom
-
-    k = 1
-    while binom.sf(k - 1, n, base_rate) >= significance:
-        k += 1
-    return k
-
-
 def masking_threshold(n: int) -> int:
     """The fewest gradient-free-only breaks among `n` examples that are
     significantly above `MASKING_BASE_RATE` (one-sided binomial test)."""
@@ -295,29 +283,6 @@ def masking_check(evaluation: dict[str, Any]) -> Optional[dict[str, Any]]:
             "GradAlign"
         )
     return _check("gradient_free_not_stronger", passed, detail)
-
-
-# The checks that compare two attacks: their details (`_checks`) give the
-# two accuracies first, and whether the first is the headline's PGD (+1)
-# or its stronger variant (-1).
-_COMPARED = {
-    "pgd_not_above_fgsm": 1,
-    "more_steps_do_not_help_model": -1,
-    "more_restarts_do_not_help_model": -1,
-}
-
-
-def overstatement(check: dict[str, Any]) -> Optional[float]:
-    """By how much a check comparing two attacks says PGD's accuracy
-    overstates robustness (PGD's minus FGSM's, or minus PGD's with twice the
-    steps or restarts; negative when PGD was the stronger); None for the
-    other checks."""
-    sign = _COMPARED.get(check["name"])
-    found = re.findall(r"(\d+(?:\.\d+)?)%", check["detail"])
-    if sign is None or len(found) < 2:
-        return None
-    first, second = (float(value) / 100 for value in found[:2])
-    return round(sign * (first - second), 6)
 
 
 def format_sanity_checks(checks: list[dict[str, Any]]) -> str:

@@ -30,10 +30,9 @@ if verdict["kind"] != SOUND:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
-
-from advtrain.evaluation.sanity import overstatement, significant_count
 
 SOUND = "sound"
 CATASTROPHIC_OVERFITTING = "catastrophic_overfitting"
@@ -90,6 +89,40 @@ _LABELS = {
     CATASTROPHIC_OVERFITTING: "catastrophic overfitting",
     EVALUATION_UNRELIABLE: "evaluation unreliable",
 }
+
+
+def significant_count(n: int, base_rate: float, significance: float = 0.05) -> int:
+    """The fewest events among `n` trials significantly above `base_rate`
+    (one-sided binomial test at `significance`)."""
+    from scipy.stats import binom
+
+    k = 1
+    while binom.sf(k - 1, n, base_rate) >= significance:
+        k += 1
+    return k
+
+
+# The checks that compare two attacks: their details (`sanity._checks`) give the
+# two accuracies first, and whether the first is the headline's PGD (+1)
+# or its stronger variant (-1).
+_SIGNS = {
+    "pgd_not_above_fgsm": 1,
+    "more_steps_do_not_help_model": -1,
+    "more_restarts_do_not_help_model": -1,
+}
+
+
+def overstatement(check: dict[str, Any]) -> Optional[float]:
+    """By how much a check comparing two attacks says PGD's accuracy
+    overstates robustness (PGD's minus FGSM's, or minus PGD's with twice the
+    steps or restarts; negative when PGD was the stronger); None for the
+    other checks."""
+    sign = _SIGNS.get(check["name"])
+    found = re.findall(r"(\d+(?:\.\d+)?)%", check["detail"])
+    if sign is None or len(found) < 2:
+        return None
+    first, second = (float(value) / 100 for value in found[:2])
+    return round(sign * (first - second), 6)
 
 
 def run_verdict(

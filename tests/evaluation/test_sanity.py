@@ -83,7 +83,8 @@ def test_a_difference_of_exactly_the_tolerance_passes():
 
 
 def test_overstatement_reads_back_the_accuracies_the_checks_compare():
-    from advtrain.evaluation.sanity import _checks, overstatement
+    from advtrain.evaluation.sanity import _checks
+    from advtrain.evaluation.verdict import overstatement
 
     n = 200
     hit = {
