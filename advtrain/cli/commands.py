@@ -1,8 +1,9 @@
 """The `advtrain` command line: a thin Typer layer over `advtrain.recipe`.
 
 Exit codes: 0 done, 1 failed, 2 bad input (one line, nothing written),
-3 catastrophically overfitted (weights saved), 75 preempted, 130
-interrupted; `_exits` turns an exception into them.
+3 catastrophically overfitted, 4 evaluation unreliable (both: weights
+saved; the run's verdict), 75 preempted, 130 interrupted; `_exits` turns
+an exception into them.
 """
 
 from __future__ import annotations
@@ -256,13 +257,14 @@ def _train(path: Path, resolved, output: Optional[Path]) -> None:
         result = run_recipe(resolved, output, echo=typer.echo)
     typer.echo(f"run folder: {result.output_dir}")
     typer.echo(summary_table(result.metrics))
-    collapse = result.metrics.get("catastrophic_overfitting")
-    if collapse:
-        # Finished and saved, but not robust: a script must not take it.
-        from advtrain.train.guards import COLLAPSED_EXIT_CODE
+    verdict = result.metrics.get("verdict")
+    if verdict and verdict["kind"] != "sound":
+        # Finished and saved, but its figure is not to be trusted: a script
+        # must not take it (`advtrain.evaluation.verdict.EXIT_CODES`).
+        from advtrain.evaluation.verdict import verdict_exit_code, verdict_line
 
-        typer.echo(f"warning: {collapse}", err=True)
-        raise typer.Exit(code=COLLAPSED_EXIT_CODE)
+        typer.echo(f"warning: {verdict_line(verdict)}", err=True)
+        raise typer.Exit(code=verdict_exit_code(verdict))
 
 
 @app.command()

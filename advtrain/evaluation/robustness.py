@@ -602,8 +602,9 @@ def evaluate(
 
     `robust_accuracy` is the worst case per example over clean, FGSM, PGD
     and AutoAttack (APGD-CE, APGD-T, FAB-T, Square as a cascade; the cheap
-    budget leaves out FAB-T) at `eps`, with its 95% interval; the other
-    keys are `evaluate_robustness`'s.
+    budget leaves out FAB-T) at `eps`, with its 95% interval; `verdict`
+    says whether to trust it (`advtrain.evaluation.verdict.run_verdict`
+    from this result alone); the other keys are `evaluate_robustness`'s.
 
     Args:
         model: maps [0, 1] pixels to logits (an `AdversarialModel` is
@@ -647,7 +648,7 @@ def evaluate(
     data = _batches_of(data, batch_size)
     if num_classes is None:
         num_classes = int(model.output_shape[-1])
-    return evaluate_robustness(
+    result = evaluate_robustness(
         model,
         data,
         default_eps=eps,
@@ -661,6 +662,11 @@ def evaluate(
         return_examples=return_examples,
         **keys,
     )
+    from advtrain.evaluation.verdict import run_verdict
+
+    # From the evaluation alone; a run adds its guard and sanity checks.
+    result["verdict"] = run_verdict(evaluation=result)
+    return result
 
 
 # `evaluate`'s own arguments among `ATTACK_KEYS`.

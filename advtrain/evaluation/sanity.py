@@ -36,6 +36,7 @@ from advtrain.evaluation.robustness import (
     signature,
     strategy_scope,
 )
+from advtrain.evaluation.verdict import significant_count
 from advtrain.utils.progress import Progress
 
 DEFAULT_EXAMPLES = 500
@@ -111,7 +112,10 @@ def run_sanity_checks(
             strategy's scope.
 
     Returns:
-        A list of `{name, passed, detail}` dicts, JSON-ready.
+        A list of `{name, passed, detail}` dicts, JSON-ready (for the
+        checks that compare two attacks,
+        `advtrain.evaluation.verdict.overstatement` reads the accuracies
+        back from `detail`).
     """
     x_all, y_all, _ = seeded_subset(batches, max_examples or DEFAULT_EXAMPLES, seed)
     if len(y_all) == 0:
@@ -121,6 +125,21 @@ def run_sanity_checks(
     dims = int(np.prod(x_all.shape[1:]))
     # The L2 ball of radius 0.5 * sqrt(d) holds the L-inf ball of radius 0.5.
     large = LARGE_EPS if norm == "inf" else LARGE_EPS * math.sqrt(dims)
+    attacks = _sanity_attacks(eps, norm, steps, pgd_step_size, pgd_restarts, large)
+    with strategy_scope(strategy):
+        hit, zero = _measure(model, x_all, y_all, attacks, seed, batch_size)
+    limits = {
+        "tolerance": tolerance,
+        "large_eps_max_accuracy": large_eps_max_accuracy,
+        "max_zero_gradient_fraction": max_zero_gradient_fraction,
+    }
+    where = f"eps={eps:g} {norm}, {len(y_all)} examples"
+    return _checks(hit, zero, steps, pgd_restarts, large, norm, where, **limits)
+
+
+def _sanity_attacks(eps, norm, steps, pgd_step_size, pgd_restarts, large) -> dict:
+    """The evaluation's FGSM and PGD, PGD with twice the steps, PGD again
+    (fresh starts), and PGD-10 at the large eps."""
     attacks = evaluation_attacks(
         default_eps=eps,
         norm=norm,
@@ -134,8 +153,24 @@ def run_sanity_checks(
     attacks["large_eps"] = Attack(
         "pgd", eps=large, norm=norm, steps=LARGE_EPS_STEPS, restarts=1
     )
-    with strategy_scope(strategy):
-        hit, zero = _measure(model, x_all, y_all, attacks, seed, batch_size)
+    return attacks
+
+
+def _checks(
+    hit: dict[str, np.ndarray],
+    zero: float,
+    steps: int,
+    pgd_restarts: int,
+    large: float,
+    norm: str,
+    where: str,
+    *,
+    tolerance: float,
+    large_eps_max_accuracy: float,
+    max_zero_gradient_fraction: float,
+) -> list[dict[str, Any]]:
+    """The five checks from which examples each attack left right (`hit`)
+    and the share of all-zero input gradients (`zero`)."""
     acc = {name: float(np.mean(v)) for name, v in hit.items()}
     tol = tolerance + _ROUNDING
     both_runs = float(np.mean(hit["pgd"] & hit["pgd_more_restarts"]))
@@ -143,7 +178,6 @@ def run_sanity_checks(
     doubled = acc["pgd_2x_steps"]
     steps_passed, verdict = steps_verdict(doubled, acc["pgd"], tolerance, shape)
     restarts_passed = both_runs >= acc["pgd"] - tol
-    where = f"eps={eps:g} {norm}, {len(y_all)} examples"
     return [
         _check(
             "pgd_not_above_fgsm",
@@ -222,12 +256,7 @@ MASKING_SIGNIFICANCE = 0.05
 def masking_threshold(n: int) -> int:
     """The fewest gradient-free-only breaks among `n` examples that are
     significantly above `MASKING_BASE_RATE` (one-sided binomial test)."""
-    from scipy.stats import binom
-
-    k = 1
-    while binom.sf(k - 1, n, MASKING_BASE_RATE) >= MASKING_SIGNIFICANCE:
-        k += 1
-    return k
+    return significant_count(n, MASKING_BASE_RATE, MASKING_SIGNIFICANCE)
 
 
 def masking_check(evaluation: dict[str, Any]) -> Optional[dict[str, Any]]:

@@ -121,6 +121,19 @@ def _timing(metrics: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _verdict(metrics: Mapping[str, Any]) -> list[str]:
+    """The run's verdict under the headline: a warning unless sound."""
+    from advtrain.evaluation.verdict import verdict_line
+
+    verdict = metrics.get("verdict")
+    if not verdict:  # a run folder written before the verdict
+        collapse = metrics.get("catastrophic_overfitting")
+        return [f"**Warning: {collapse}.**", ""] if collapse else []
+    if verdict["kind"] == "sound":
+        return ["Verdict: sound (no collapse; the evaluation's checks hold).", ""]
+    return [f"**Warning: {verdict_line(verdict)}.**", ""]
+
+
 def _guard(guard: Mapping[str, Any]) -> list[str]:
     if not guard.get("triggers"):
         return ["- no collapse detected"]
@@ -230,8 +243,7 @@ def write_report(
     if has_headline(metrics):
         label, value = robustness_headline(metrics)
         out += [f"**{label[0].upper()}{label[1:]}: {value}**", ""]
-    if metrics.get("catastrophic_overfitting"):
-        out += [f"**Warning: {metrics['catastrophic_overfitting']}.**", ""]
+    out += _verdict(metrics)
     if recipe.get("description"):
         out += [recipe["description"], ""]
     out += ["## Results", ""] + _headline(metrics) + [""]

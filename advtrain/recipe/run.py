@@ -315,6 +315,7 @@ def finish(
     from advtrain.evaluation.examples import GRID_CANDIDATES, GRID_SIZE, log_examples
     from advtrain.evaluation.export import export_saved_model
     from advtrain.evaluation.robustness import plot_eps_sweep
+    from advtrain.evaluation.verdict import verdict_metrics
     from advtrain.recipe.report import write_report
 
     classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
@@ -338,10 +339,8 @@ def finish(
         )
     samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
     history, seconds, co_guard = trained.history, trained.seconds, trained.co_guard
-    metrics: dict[str, Any] = {"recipe": recipe.name}
-    if co_guard is not None:  # beside the headline: None unless unsound
-        unsound = co_guard.get("unsound")
-        metrics["catastrophic_overfitting"] = unsound["message"] if unsound else None
+    # The verdict goes beside the headline; it is set once the checks ran.
+    metrics: dict[str, Any] = {"recipe": recipe.name, "verdict": None}
     metrics.update(evaluation)
     metrics.update(
         bn_gap=trained.bn_gap,
@@ -355,6 +354,8 @@ def finish(
     )
     if co_guard is not None:
         metrics["co_guard"] = co_guard
+    # One verdict from the guard and the checks (`evaluate` gave its own).
+    metrics.update(verdict_metrics(co_guard, evaluation, metrics["sanity_checks"]))
     if output.plots and evaluation.get("eps_sweep"):
         plot_eps_sweep(
             evaluation["eps_sweep"], out / "eps_sweep.png", title=recipe.name

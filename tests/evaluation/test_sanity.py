@@ -1,6 +1,8 @@
 """Gradient-masking checks: an honest model passes, a masked one fails."""
 
 import keras
+import numpy as np
+import pytest
 import tensorflow as tf
 
 from advtrain.evaluation.sanity import format_sanity_checks, run_sanity_checks
@@ -78,3 +80,30 @@ def test_a_difference_of_exactly_the_tolerance_passes():
     assert not passed and verdict.startswith("PGD-50x10 has not converged")
     passed, verdict = steps_verdict(0.875, 0.85, 0.02)
     assert not passed and "more steps helped" in verdict
+
+
+def test_overstatement_reads_back_the_accuracies_the_checks_compare():
+    from advtrain.evaluation.sanity import _checks
+    from advtrain.evaluation.verdict import overstatement
+
+    n = 200
+    hit = {
+        "fgsm": np.arange(n) < 120,  # 60%
+        "pgd": np.arange(n) < 136,  # 68%
+        "pgd_2x_steps": np.arange(n) < 100,  # 50%
+        "pgd_more_restarts": np.arange(n) < 130,  # with pgd: 65%
+        "large_eps": np.zeros(n, bool),
+    }
+    limits = dict(tolerance=0.02, large_eps_max_accuracy=0.05)
+    checks = _checks(
+        hit, 0.0, 50, 10, 0.5, "inf", "w", **limits, max_zero_gradient_fraction=0.01
+    )
+    found = {c["name"]: overstatement(c) for c in checks}
+    assert found == {
+        "pgd_not_above_fgsm": pytest.approx(0.08),
+        "large_eps_breaks_model": None,
+        "more_steps_do_not_help_model": pytest.approx(0.18),
+        "more_restarts_do_not_help_model": pytest.approx(0.03),
+        "input_gradients_nonzero": None,
+    }
+    assert all(set(c) == {"name", "passed", "detail"} for c in checks)

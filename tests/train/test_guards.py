@@ -21,7 +21,11 @@ from helpers import dense_classifier, run_fresh
 
 from advtrain.attacks import Attack
 from advtrain.models.adversarial import AdversarialModel
-from advtrain.train.guards import COLLAPSED_EXIT_CODE, CatastrophicOverfittingGuard
+from advtrain.train.guards import (
+    COLLAPSED_EXIT_CODE,
+    SOUND_GAP,
+    CatastrophicOverfittingGuard,
+)
 
 EPS = 0.1
 
@@ -163,9 +167,13 @@ def test_keep_best_restores_the_best_epoch_when_training_ends_lower(digits):
         x[:128], y[:128], eps=EPS, steps=3, drop=0.9, echo=lines.append
     )
     model.fit(
-        x[:768], y[:768], batch_size=64, epochs=3, verbose=0,
+        x[:768],
+        y[:768],
+        batch_size=64,
+        epochs=3,
+        verbose=0,
         callbacks=[_LearningRateSpike(epoch=2), guard],
-    )  # fmt: skip
+    )
     (_, last), best = guard.accuracies[-1], guard.best_accuracy
     assert guard.triggers == [] and last < best
     assert guard.final["restored_epoch"] == guard.best_epoch == 2
@@ -178,9 +186,13 @@ def test_keep_best_restores_the_best_epoch_when_training_ends_lower(digits):
     )
     model = _fgsm_model()
     model.fit(
-        x[:768], y[:768], batch_size=64, epochs=3, verbose=0,
+        x[:768],
+        y[:768],
+        batch_size=64,
+        epochs=3,
+        verbose=0,
         callbacks=[_LearningRateSpike(epoch=2), last_guard],
-    )  # fmt: skip
+    )
     assert last_guard.final is None
     assert last_guard.robust_accuracy() == pytest.approx(last_guard.accuracies[-1][1])
 
@@ -203,6 +215,68 @@ def test_keep_best_keeps_the_last_epoch_within_the_checks_noise(digits):
     guard.accuracies = [(14, 0.961), (15, 0.92)]
     assert guard.finish()["restored_epoch"] == 14
     assert np.allclose(model.get_weights()[0], 0.5)
+
+
+class _ScriptedGuard(CatastrophicOverfittingGuard):
+    """The guard's decisions on scripted (training attack, PGD) accuracies
+    per epoch; each epoch's weights are filled with its number."""
+
+    def __init__(self, epochs, **kwargs):
+        x = np.zeros((256, 2), "float32")
+        super().__init__(x, np.zeros(256, int), eps=0.3, **kwargs)
+        self.epochs = epochs
+        self._pgd = iter(pgd for _, pgd in epochs)
+
+    def robust_accuracy(self):
+        return next(self._pgd)
+
+    def play(self):
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        self.set_model(model)
+        for epoch, (adv, _) in enumerate(self.epochs):
+            model.set_weights([np.full_like(w, epoch + 1) for w in model.get_weights()])
+            self.on_epoch_begin(epoch)
+            self.on_epoch_end(epoch, {"adv_accuracy": adv})
+        self.finish()
+        return int(model.get_weights()[0].flat[0])  # the epoch it holds
+
+
+def test_an_epoch_far_above_the_healthy_gap_is_never_kept_as_sound():
+    """Plain FGSM on mnist_fgsm_rs, run 1 of issue 49, in small: epochs under
+    the 50-point rollback limit with gaps of +39 to +49 (healthy runs: at
+    most +13.2) were kept as the best. Above `SOUND_GAP` they are not, and
+    training that ends on one ends on the last sound epoch instead."""
+    lines = []
+    guard = _ScriptedGuard(
+        [(0.50, 0.40), (0.89, 0.43), (0.91, 0.52), (0.92, 0.53)], echo=lines.append
+    )
+    assert guard.play() == 1
+    assert guard.sound_gap() == SOUND_GAP == 0.2
+    assert guard.triggers == [] and guard.best_epoch == 1
+    assert guard.final["restored_epoch"] == guard.kept_epoch() == 1
+    assert "(gap +39.0 points: above the sound 20)" in lines[-1]
+    assert guard.unsound is None  # epoch 1 was sound: the guard kept it
+    # The healthy runs' largest gap is kept as before.
+    assert _ScriptedGuard([(0.80, 0.70), (0.95, 0.818)]).play() == 2
+
+
+def test_a_run_with_no_epoch_within_the_sound_gap_is_unsound():
+    # Gaps of +39 to +46: not one triggers a rollback (limit 50), yet no
+    # epoch is sound, so the run is called unsound.
+    lines = []
+    guard = _ScriptedGuard(
+        [(0.89, 0.43), (0.92, 0.53), (0.92, 0.46)], echo=lines.append
+    )
+    assert guard.play() == 3  # nothing sound to go back to
+    assert guard.triggers == [] and guard.best_epoch is None
+    assert guard.unsound["collapsed_epochs"] == [1, 2, 3]
+    assert "(sound: at most 20)" in guard.unsound["message"]
+    assert lines[-1] == guard.unsound["message"]
+    # A looser rollback limit does not loosen what counts as sound; a
+    # stricter one tightens it.
+    assert _ScriptedGuard([(0.9, 0.5)], max_gap=0.8).sound_gap() == 0.2
+    assert _ScriptedGuard([(0.9, 0.5)], max_gap=0.1).sound_gap() == 0.1
+    assert _ScriptedGuard([(0.9, 0.5)], max_gap=None).sound_gap() is None
 
 
 def test_one_finite_check_serves_the_nan_guard_and_the_checkpoint():
@@ -316,21 +390,34 @@ def test_advtrain_run_says_unsound_in_one_line_report_metrics_and_exit_code(
         "data": {"source": "digits", "limit_train": 512, "limit_test": 64},
         "model": {"backbone": "small_cnn", "width": 8},
         "attack": {
-            "method": "pgd", "eps": 0.3, "steps": 1, "step_size": 0.001,
-            "random_start": False, "adv_weight": 1.0,
+            "method": "pgd",
+            "eps": 0.3,
+            "steps": 1,
+            "step_size": 0.001,
+            "random_start": False,
+            "adv_weight": 1.0,
         },
         "train": {
-            "epochs": 2, "batch_size": 64, "learning_rate": 0.01,
-            "co_guard": True, "co_guard_examples": 64, "co_guard_pgd_steps": 3,
+            "epochs": 2,
+            "batch_size": 64,
+            "learning_rate": 0.01,
+            "co_guard": True,
+            "co_guard_examples": 64,
+            "co_guard_pgd_steps": 3,
         },
         "eval": {
-            "attacks": ["pgd"], "pgd_steps": 2, "max_examples": 32,
-            "sanity_examples": 32, "budget": "cheap",
+            "attacks": ["pgd"],
+            "pgd_steps": 2,
+            "max_examples": 32,
+            "sanity_examples": 32,
+            "budget": "cheap",
         },
         "output": {
-            "tensorboard": False, "plots": False, "export_saved_model": False,
+            "tensorboard": False,
+            "plots": False,
+            "export_saved_model": False,
         },
-    }  # fmt: skip
+    }
     path = tmp_path / "never_robust.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "run"
