@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
+from advtrain.evaluation.verdict import EXIT_CODES
 from advtrain.recipe.loader import load_recipe
 from advtrain.recipe.run_folder import (
     RESUME_COMMAND_ENV,
@@ -32,7 +33,6 @@ from advtrain.recipe.run_folder import (
     holds_run,
     output_dir,
 )
-from advtrain.train.guards import COLLAPSED_EXIT_CODE
 from advtrain.train.preemption import LAUNCHER_PID_ENV, PREEMPTED_EXIT_CODE
 from advtrain.utils.progress import Echo
 
@@ -43,9 +43,10 @@ _LOST_WORKER_GRACE = 5.0
 # checkpoint and exit. Below the 30 s that SLURM (KillWait) and Kubernetes
 # (terminationGracePeriodSeconds) give by default before their SIGKILL.
 _SHUTDOWN_GRACE = 25.0
-# How a worker may end without having failed: finished, finished on a
-# collapsed run (a restart would not change it), or checkpointed on a signal.
-_ENDED = (0, COLLAPSED_EXIT_CODE, PREEMPTED_EXIT_CODE)
+# How a worker may end without having failed: finished (soundly or with an
+# unsound verdict: a restart would not change it), or checkpointed on a signal.
+_ENDED = (*EXIT_CODES.values(), PREEMPTED_EXIT_CODE)
+_VERDICTS = {code: kind for kind, code in EXIT_CODES.items() if code}
 
 
 @dataclasses.dataclass
@@ -69,11 +70,9 @@ class WorkerResult:
                 return f"killed by signal {-self.exit_code}"
         if self.exit_code == PREEMPTED_EXIT_CODE:
             return f"exit code {self.exit_code} (checkpointed on a signal)"
-        if self.exit_code == COLLAPSED_EXIT_CODE:
-            return (
-                f"exit code {self.exit_code} (finished, but no epoch was sound: "
-                "catastrophic overfitting)"
-            )
+        if self.exit_code in _VERDICTS:
+            kind = _VERDICTS[self.exit_code].replace("_", " ")
+            return f"exit code {self.exit_code} (finished, but unsound: {kind})"
         return f"exit code {self.exit_code}"
 
     @property
@@ -113,15 +112,18 @@ def tf_configs(addresses: list[str]) -> list[str]:
 
 
 def exit_code(results: list[WorkerResult]) -> int:
-    """0 when all finished, else the first failure's code (1 for a signal),
-    else 75 when they checkpointed on a signal, else 3 (a collapsed run)."""
+    """0 when all finished soundly, else the first failure's code (1 for a
+    signal), else 75 when they checkpointed on a signal, else the first
+    unsound verdict's code (3, 4)."""
     codes = [r.exit_code for r in results]
     if all(c == 0 for c in codes):
         return 0
     failed = [c for c in codes if c not in _ENDED]
     if failed:
         return failed[0] if failed[0] > 0 else 1
-    return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in codes else COLLAPSED_EXIT_CODE
+    if PREEMPTED_EXIT_CODE in codes:
+        return PREEMPTED_EXIT_CODE
+    return next(c for c in codes if c)
 
 
 def launch(

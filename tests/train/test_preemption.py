@@ -184,6 +184,11 @@ def test_exit_code_of_a_launch():
     assert exit_code(results(3, 1)) == 1
     assert exit_code(results(3, 75)) == 75
     assert "catastrophic overfitting" in WorkerResult(0, 3).ending
+    # So does one whose evaluation is unreliable: a restart would not mend it.
+    assert exit_code(results(4, 4)) == 4
+    assert exit_code(results(0, 4)) == 4
+    assert exit_code(results(4, 1)) == 1
+    assert "evaluation unreliable" in WorkerResult(0, 4).ending
     assert WorkerResult(1, -9).ending == "killed by SIGKILL"
 
 
