@@ -7,6 +7,9 @@ Public API:
     load_recipe, Recipe, RecipeError
     run                            train + evaluate a recipe
     fit                            any Keras model through the same runtime
+    prepare, Setup, Stream         a run set up once (fit, profile, show)
+    RuntimeOptions, PlanOptions, CheckpointOptions, BatchNormOptions
+                                   fit's option groups (the recipe's keys)
     evaluate                       AutoAttack-grade robust accuracy of a model
     register_attack, register_source, register_backbone,
     register_objective             extension points a recipe can name
@@ -48,7 +51,13 @@ from advtrain.attacks import (  # noqa: E402
 from advtrain.backbones import register_backbone  # noqa: E402
 from advtrain.evaluation.robustness import evaluate  # noqa: E402
 from advtrain.models import TRADES, AdversarialModel, GradAlign  # noqa: E402
+from advtrain.models.batchnorm.options import BatchNormOptions  # noqa: E402
 from advtrain.models.objectives import register_objective  # noqa: E402
+from advtrain.train.options import (  # noqa: E402
+    CheckpointOptions,
+    PlanOptions,
+    RuntimeOptions,
+)
 
 # The parts that need TensorFlow: imported now on the TensorFlow backend, on
 # first use elsewhere (`__getattr__`).
@@ -59,13 +68,16 @@ _TENSORFLOW_PARTS = {
     # `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule
     # named `fit` would replace this function on the package with the module.
     "fit": "advtrain.train.fitting",
+    "prepare": "advtrain.train.fitting",
+    "Setup": "advtrain.train.fitting",
+    "Stream": "advtrain.train.fitting",
 }
 
 if keras.backend.backend() == "tensorflow":
     from advtrain import data  # noqa: E402, F401
     from advtrain.data import register_source  # noqa: E402
     from advtrain.train import runtime  # noqa: E402, F401
-    from advtrain.train.fitting import fit  # noqa: E402
+    from advtrain.train.fitting import Setup, Stream, fit, prepare  # noqa: E402
 
 __version__ = "0.3.0"
 
@@ -110,6 +122,12 @@ def __dir__() -> list[str]:
 __all__ = [
     "AdversarialModel",
     "Attack",
+    "BatchNormOptions",
+    "CheckpointOptions",
+    "PlanOptions",
+    "RuntimeOptions",
+    "Setup",
+    "Stream",
     "attack_settings",
     "GradAlign",
     "Recipe",
@@ -121,6 +139,7 @@ __all__ = [
     "fgsm_random_start",
     "load_recipe",
     "pgd",
+    "prepare",
     "register_attack",
     "register_backbone",
     "register_objective",

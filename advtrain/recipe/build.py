@@ -167,19 +167,8 @@ def build_run_model(
     around it, in the strategy's scope. `total_steps` sets `momentum: auto`,
     `steps_per_epoch` the length of `attack.eps_ramp_epochs`."""
     from advtrain.models.batchnorm.policy import apply_batchnorm_policy
-    from advtrain.models.classifier import build_classifier
 
-    if recipe.model.builder:
-        classifier = build_from_builder(
-            recipe.model.builder, splits.image_shape, splits.num_classes, recipe.model
-        )
-    else:
-        with recipe_keys("model"):
-            classifier = build_classifier(
-                splits.image_shape,
-                splits.num_classes,
-                **_keys(recipe.model, *_CLASSIFIER_KEYS),
-            )
+    classifier = recipe_classifier(recipe, splits)
     with recipe_keys("model.batchnorm"):
         apply_batchnorm_policy(
             classifier,
@@ -188,6 +177,23 @@ def build_run_model(
             fused_kernel=False,  # the training step's (build_training_model)
         )
     return classifier, build_training_model(recipe, classifier, steps_per_epoch)
+
+
+def recipe_classifier(recipe: Recipe, splits) -> keras.Model:
+    """The model section's classifier ([0, 1] pixels in, logits out), as
+    built: `model.builder`'s, or backbone, adapters and head."""
+    from advtrain.models.classifier import build_classifier
+
+    if recipe.model.builder:
+        return build_from_builder(
+            recipe.model.builder, splits.image_shape, splits.num_classes, recipe.model
+        )
+    with recipe_keys("model"):
+        return build_classifier(
+            splits.image_shape,
+            splits.num_classes,
+            **_keys(recipe.model, *_CLASSIFIER_KEYS),
+        )
 
 
 def recipe_evaluation(

@@ -1,5 +1,6 @@
-"""The runtime's and the batch plan's typed options (`advtrain.fit`'s and
-the application's runtime and training settings)."""
+"""`advtrain.fit`'s typed option groups: `runtime`, `train` and
+`checkpoints`. Their fields are the recipe's `runtime`, `train` and
+`output` keys (advtrain.recipe.schema derives its sections from them)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ class PlanOptions(Options):
     batch_size is the global batch, split evenly across replicas; epochs
     are never divided by the number of workers. scale_lr: learning_rate x
     batch_size / reference_batch; warmup_epochs: linear warm-up from 0
-    over that many epochs (may be fractional).
+    over that many epochs (may be fractional). shuffle: shuffle arrays and
+    examples anew each epoch (a recipe's stream shuffles with
+    data.shuffle_buffer).
     """
 
     epochs: int = Field(10, ge=0)
@@ -73,6 +76,26 @@ class PlanOptions(Options):
     reference_batch: int = Field(256, ge=1)
     warmup_epochs: float = Field(0.0, ge=0.0)
     seed: Seed = 0
+    shuffle: bool = True
+
+
+class CheckpointOptions(Options):
+    """Where and how often `fit` checkpoints (advtrain.train.training_state).
+
+    dir: the folder (checkpoints/, history.csv); a second `fit` with the
+        same dir resumes where the first stopped. None: no checkpoints.
+    monitor: the metric the kept checkpoints are ranked by; auto: the
+        robust accuracy (val_adv_accuracy with validation data whose step
+        attacks, else adv_accuracy), or without an attack val_accuracy /
+        accuracy.
+    """
+
+    dir: Optional[str] = None
+    checkpoint_every_epochs: int = Field(1, ge=1)
+    checkpoint_every_steps: Optional[int] = Field(None, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    monitor: str = Field("auto", pattern=r"^(auto|(val_)?[a-z][a-z0-9_]*)$")
+    monitor_mode: Literal["auto", "max", "min"] = "auto"
 
 
 def split_cpu(

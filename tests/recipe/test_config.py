@@ -112,13 +112,13 @@ BAD = [
     (
         "output: {monitor: val_adv_accuracy}",
         [],
-        "bad.yaml: output.monitor: a validation metric needs a validation "
-        "split; set val_fraction > 0",
+        "bad.yaml: output.monitor: a validation metric needs validation "
+        "data (a recipe: val_fraction > 0)",
     ),
     (
         "output: {monitor: adv_acc}",
         [],
-        "bad.yaml: output.monitor=adv_acc: not a metric of this run",
+        "bad.yaml: output.monitor: not a metric of this run",
     ),
     ("train: {learning_rate: 0}", [], "'train.learning_rate'"),
     ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy: no TPU found"),
