@@ -60,9 +60,7 @@ def test_a_second_fit_on_the_same_folder_continues_the_first(data, tmp_path):
     first = deterministic_fit(data, 1, checkpoints=tmp_path / "run")
     assert not same(first.model.get_weights(), whole.model.get_weights())
     lines = []
-    second = deterministic_fit(
-        data, 2, checkpoints=tmp_path / "run", echo=lines.append
-    )
+    second = deterministic_fit(data, 2, checkpoints=tmp_path / "run", echo=lines.append)
     assert any("from epoch-0001: epoch 2, after step 0" in line for line in lines)
     # One more epoch trained, not two: the first was restored.
     assert int(second.model.optimizer.iterations.numpy()) == 20
