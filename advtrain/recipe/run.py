@@ -100,8 +100,7 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     from advtrain.train.fitting import resolve_monitor
 
     keras.utils.set_random_seed(recipe.train.seed)
-    with recipe_keys("runtime"):
-        runtime = build.recipe_runtime(recipe)
+    runtime = build.recipe_runtime(recipe)
     splits = build.recipe_splits(recipe)
     describe(recipe, splits, echo)
     setup = recipe_setup(recipe, splits, runtime, echo)

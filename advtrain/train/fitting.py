@@ -641,7 +641,7 @@ def _fit_phases(setup: Setup, metrics, callbacks, state, validation_data, verbos
         if phase.end_epoch <= start_epoch:
             continue  # done before the interruption
         _announce(phase, trainable, setup.echo)
-        _compile(setup, phase, metrics, state)
+        compile_setup(setup, metrics, phase, state)
         epoch = max(phase.start_epoch, start_epoch)
         step = state.start_step if state and epoch == start_epoch else 0
         while epoch < phase.end_epoch:
@@ -675,8 +675,11 @@ def _announce(phase: Phase, trainable: list, echo: Echo) -> None:
         )
 
 
-def _compile(setup: Setup, phase: Phase, metrics, state) -> None:
+def compile_setup(setup: Setup, metrics=None, phase=None, state=None) -> None:
+    """Compiles the setup's model as `fit` does for `phase` (default: the
+    first): its optimizer, loss, XLA and steps per host call."""
     model, runtime, plan = setup.model, setup.runtime, setup.plan
+    phase = phase or setup.phases[0]
     with runtime.scope():
         model.compile(
             optimizer=_phase_optimizer(model, plan, phase, setup.train),

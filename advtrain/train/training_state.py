@@ -16,6 +16,7 @@ from advtrain.train.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointStore,
+    extra_group,
     find_resume_point,
     read_history,
     restore_variables,
@@ -25,6 +26,9 @@ from advtrain.train.checkpoint import (
 from advtrain.utils.errors import one_line
 from advtrain.utils.io import atomic_write_text
 from advtrain.utils.progress import Echo
+
+# The checkpoints' group holding a catastrophic-overfitting guard's state.
+GUARD_GROUP = "co_guard"
 
 
 class TrainingState:
@@ -169,7 +173,8 @@ class TrainingState:
         """The callbacks in their order: the resumed epoch's metrics,
         `before`, NaN guard, history CSV, checkpoint, preemption. A
         catastrophic-overfitting guard among `before` keeps its state in
-        this folder's checkpoints, and takes it back when resuming."""
+        this folder's checkpoints (group `co_guard`), and takes it back
+        when resuming."""
         for guard in before:
             if hasattr(guard, "load_state"):
                 self._resume_guard(guard)
@@ -180,8 +185,12 @@ class TrainingState:
         return [start, *before, self.guard, csv, self.checkpoint, self.preemption]
 
     def _resume_guard(self, guard) -> None:
-        guard.state_path = self.out / "checkpoints" / "co_guard.npz"
-        if self.resuming and guard.load_state(guard.state_path, self.start_epoch):
+        # One more group of each checkpoint, hashed with the variables.
+        self.checkpoint.store.extras[GUARD_GROUP] = guard.state_arrays
+        if self.point is None:
+            return
+        saved = extra_group(self.point, GUARD_GROUP)
+        if guard.load_arrays(saved, self.start_epoch):
             self.echo(
                 f"catastrophic-overfitting guard: resumed with its record of "
                 f"{len(guard.accuracies)} epoch(s), best PGD accuracy "
