@@ -206,58 +206,40 @@ def fit(
 ) -> FitResult:
     """Trains any Keras model under advtrain's runtime; adversarial or not.
 
-    The batch is global (split across replicas), epochs are never divided,
-    and the arithmetic is printed first. With `attack`, the model (logits
-    out) is wrapped in an `AdversarialModel`. Nothing global changes: the
-    random streams are seeded by `train.seed`, and the signal handlers
-    (SIGTERM: checkpoint and exit 75) are installed only while it runs.
+    The batch is global (split across replicas), epochs are never divided;
+    no global state changes (random streams are seeded by `train.seed`,
+    the SIGTERM handler is installed only while it runs).
 
     Args:
         model: a Keras model, a function of no arguments building one, an
-            `AdversarialModel` built in the runtime's scope (used as is),
-            or a `Setup` from `prepare` (then leave the setup's arguments,
-            `data` to `echo`, out: it holds them).
+            `AdversarialModel` (used as is), or a `Setup` from `prepare`
+            (which holds `data` to `batchnorm` and `echo`: leave them out).
         data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, a
-            function of no arguments building a dataset of global batches,
-            a function of `skip` returning the endless stream of global
-            batches without its first `skip` (with `batch_size` and
-            `train.steps_per_epoch`), or a `Stream`.
-        batch_size: the global batch (`train.batch_size`); arrays need it.
-        epochs: `train.epochs`, or the phases
-            (`advtrain.models.freezing.phases(epochs, ...)`, each a fresh
-            optimizer) ending at it.
+            function building one, a `Stream`, or a function of `skip`
+            returning the endless global batches without the first `skip`.
+        batch_size: the global batch (`train.batch_size`).
+        epochs: `train.epochs`, or the phases ending at it
+            (`advtrain.models.freezing.phases`, each a fresh optimizer).
         loss: a Keras loss (with an attack: cross-entropy from logits).
         metrics: Keras metrics.
         attack: an `Attack`, a method name, or the recipe's `attack`
-            section as a dict (`method`, `eps`, ..., `adv_weight`,
-            `reuse_gradient`, `mode`, `objective`, ...); None: clean.
-        train: `PlanOptions` or its dict (the recipe's `train` keys:
-            optimizer, learning_rate, seed, steps_per_epoch, shuffle, ...).
+            section as a dict (`method`, `eps`, `adv_weight`, ...).
+        train: `PlanOptions` or its dict (the recipe's `train` keys).
         runtime: `RuntimeOptions`, its dict or a `Runtime`; default auto.
-        batchnorm: `BatchNormOptions` or its dict (the BatchNorm policy).
-        checkpoints: a folder (or `CheckpointOptions`): training resumes
-            from its newest usable checkpoint, checkpoints each epoch,
-            stops on NaN and checkpoints on SIGTERM; a second call with the
-            same folder continues where the first stopped.
+        batchnorm: `BatchNormOptions` or its dict (`model.batchnorm`).
+        checkpoints: a folder or `CheckpointOptions` (`output`'s keys):
+            resumes from its newest usable checkpoint, checkpoints, stops
+            on NaN; a second call with the same folder continues.
         validation_data: passed to `Model.fit`.
-        callbacks: passed to `Model.fit`; a `CatastrophicOverfittingGuard`
-            among them finishes once, after the last phase.
+        callbacks: passed to `Model.fit`.
         verbose: passed to `Model.fit`.
         echo: receives the runtime, batch and BatchNorm lines (None: silent).
 
     Example:
 
     ```python
-    result = advtrain.fit(
-        build,
-        (x, y),
-        batch_size=64,
-        epochs=3,
-        attack={"method": "fgsm_rs", "eps": 8 / 255, "adv_weight": 0.5},
-        train={"learning_rate": 1e-3, "seed": 0},
-        runtime={"deterministic": True},
-        checkpoints="runs/demo",
-    )
+    train = {"learning_rate": 1e-3, "seed": 0}
+    result = advtrain.fit(build, (x, y), batch_size=64, attack="pgd", train=train)
     ```
     """
     setup = model
