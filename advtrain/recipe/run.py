@@ -22,6 +22,7 @@ from advtrain.recipe.run_folder import (
 )
 from advtrain.recipe.schema import Recipe
 from advtrain.recipe.summary import describe, describe_momentum
+from advtrain.train.callbacks import Preemption
 from advtrain.train.options import CheckpointOptions, PlanOptions
 from advtrain.train.preemption import restores_signal_handlers, watch_launcher
 from advtrain.utils.io import atomic_path, atomic_write_json, atomic_write_text
@@ -101,10 +102,14 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
 
     keras.utils.set_random_seed(recipe.train.seed)
     runtime = build.recipe_runtime(recipe)
+    hint = resume_hint(run_dir, runtime.workers)
+    # Outside `advtrain.fit` (data, evaluation) a signal stops the run at
+    # once with exit 75; `run` restores the caller's handlers.
+    Preemption(run_dir, workers=runtime.workers, resume_hint=hint)
     splits = build.recipe_splits(recipe)
     describe(recipe, splits, echo)
     setup = recipe_setup(recipe, splits, runtime, echo)
-    setup.resume_hint = resume_hint(run_dir, runtime.workers)
+    setup.resume_hint = hint
     describe_momentum(recipe, setup.classifier, echo)
     with recipe_keys("output"):  # refused before anything is written
         resolve_monitor(recipe.output, setup.model, splits.val is not None)
