@@ -110,6 +110,7 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     describe(recipe, splits, echo)
     setup = recipe_setup(recipe, splits, runtime, echo)
     setup.resume_hint = hint
+    setup.names = recipe_keys("model.batchnorm", batch_size="train.batch_size")
     describe_momentum(recipe, setup.classifier, echo)
     with recipe_keys("output"):  # refused before anything is written
         resolve_monitor(recipe.output, setup.model, splits.val is not None)

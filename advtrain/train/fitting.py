@@ -130,6 +130,8 @@ class Setup:
     settle: tuple = (None, None)
     echo: Echo = print
     resume_hint: str = ""  # how to resume, in the preemption message
+    # How warnings name the BatchNorm settle's settings (a recipe: its keys).
+    names: dict[str, str] = dataclasses.field(default_factory=lambda: SETTLE_NAMES)
 
 
 def prepare(
@@ -327,7 +329,7 @@ def _settle(setup: Setup, validation_data: Any):
         setup.plan.per_replica_batch,
         setup.batchnorm,
         setup.echo,
-        SETTLE_NAMES,
+        setup.names,
     )
 
 
