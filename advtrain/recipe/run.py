@@ -20,7 +20,7 @@ from advtrain.recipe.run_folder import (
     resolve_output_dir,
     resume_hint,
 )
-from advtrain.recipe.schema import Recipe
+from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.recipe.summary import describe, describe_momentum
 from advtrain.train.callbacks import Preemption
 from advtrain.train.options import CheckpointOptions, PlanOptions
@@ -112,6 +112,12 @@ def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
     setup.resume_hint = hint
     setup.names = recipe_keys("model.batchnorm", batch_size="train.batch_size")
     describe_momentum(recipe, setup.classifier, echo)
+    if recipe.output.monitor.startswith("val_") and splits.val is None:
+        raise RecipeError(
+            "output.monitor: a validation metric needs a validation split; set "
+            "val_fraction > 0 or monitor a training metric. "
+            f"Received: monitor={recipe.output.monitor}"
+        )
     with recipe_keys("output"):  # refused before anything is written
         resolve_monitor(recipe.output, setup.model, splits.val is not None)
     if runtime.is_chief:

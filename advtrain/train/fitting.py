@@ -100,8 +100,8 @@ class Stream:
 
 @dataclasses.dataclass
 class Setup:
-    """A run set up once (`prepare`): what `fit` trains, what `advtrain
-    profile` times and what `advtrain show` prints.
+    """A run set up once (`prepare`): what `fit` trains, and what a caller
+    times or describes without training.
 
     Attributes:
         runtime: the strategy and settings.
@@ -130,7 +130,7 @@ class Setup:
     settle: tuple = (None, None)
     echo: Echo = print
     resume_hint: str = ""  # how to resume, in the preemption message
-    # How warnings name the BatchNorm settle's settings (a recipe: its keys).
+    # How warnings name the BatchNorm settle's settings (a caller's keys).
     names: dict[str, str] = dataclasses.field(default_factory=lambda: SETTLE_NAMES)
 
 
@@ -224,9 +224,9 @@ def fit(
             (`advtrain.models.freezing.phases`, each a fresh optimizer).
         loss: a Keras loss (with an attack: cross-entropy from logits).
         metrics: Keras metrics.
-        attack: an `Attack`, a method name, or the recipe's `attack`
-            section as a dict (`method`, `eps`, `adv_weight`, ...).
-        train: `PlanOptions` or its dict (the recipe's `train` keys).
+        attack: an `Attack`, a method name, or a dict of its config and
+            the training model's keys (`adv_weight`, `reuse_gradient`, ...).
+        train: `PlanOptions` or its dict.
         runtime: `RuntimeOptions`, its dict or a `Runtime`; default auto.
         batchnorm: `BatchNormOptions` or its dict (`model.batchnorm`).
         checkpoints: a folder or `CheckpointOptions` (`output`'s keys):
@@ -578,8 +578,8 @@ def resolve_monitor(
     elif monitor.startswith("val_") and not has_val:
         raise ArgumentError(
             "monitor",
-            "a validation metric needs validation data (a recipe: "
-            "val_fraction > 0), or monitor a training metric. "
+            "a validation metric needs validation data; pass some, or "
+            "monitor a training metric. "
             f"Received: monitor={monitor}",
         )
     if mode == "auto":

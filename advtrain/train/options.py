@@ -1,6 +1,6 @@
 """`advtrain.fit`'s typed option groups: `runtime`, `train` and
-`checkpoints`. Their fields are the recipe's `runtime`, `train` and
-`output` keys (advtrain.recipe.schema derives its sections from them)."""
+`checkpoints`; a configuration file's sections derive from them, so their
+fields are its keys (one definition for both)."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ class PlanOptions(Options):
     are never divided by the number of workers. scale_lr: learning_rate x
     batch_size / reference_batch; warmup_epochs: linear warm-up from 0
     over that many epochs (may be fractional). shuffle: shuffle arrays and
-    examples anew each epoch (a recipe's stream shuffles with
-    data.shuffle_buffer).
+    examples anew each epoch (a stream function shuffles as it builds its
+    batches).
     """
 
     epochs: int = Field(10, ge=0)

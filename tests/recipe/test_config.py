@@ -112,8 +112,8 @@ BAD = [
     (
         "output: {monitor: val_adv_accuracy}",
         [],
-        "bad.yaml: output.monitor: a validation metric needs validation "
-        "data (a recipe: val_fraction > 0)",
+        "bad.yaml: output.monitor: a validation metric needs a validation "
+        "split; set val_fraction > 0",
     ),
     (
         "output: {monitor: adv_acc}",
