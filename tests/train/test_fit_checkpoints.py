@@ -11,6 +11,8 @@ import pytest
 
 import advtrain
 
+pytestmark = pytest.mark.backend_neutral
+
 
 def seeded_regressor():
     """Its initial weights depend on the seeds here alone."""
