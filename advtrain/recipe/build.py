@@ -133,23 +133,17 @@ def build_training_model(
     """The objective `attack.objective` around `classifier`, with
     `attack.objective_options`; `steps_per_epoch` turns
     `attack.eps_ramp_epochs` into steps (without it, no ramp)."""
-    from advtrain.models.objectives import objectives
+    from advtrain.train.fitting import training_model
 
     cfg = recipe.attack
-    attack = attack_from_config(cfg)
-    ramp = 0
-    if cfg.eps_ramp_epochs and steps_per_epoch:
-        ramp = max(1, round(cfg.eps_ramp_epochs * steps_per_epoch))
+    attack_from_config(cfg)  # a refusal names the key
     try:
-        return objectives.get(cfg.objective)(
+        return training_model(
             classifier,
-            attack,
+            cfg,
             seed=recipe.train.seed,
-            **_model_arguments(cfg, attack, ramp),
+            steps_per_epoch=steps_per_epoch,
             fused_batchnorm=recipe.model.batchnorm.fused_kernel,
-            # `build_run_model` sets the momentum for the whole run.
-            batchnorm_momentum=None,
-            **cfg.objective_options,
         )
     except (TypeError, ValueError) as exc:
         raise RecipeError(

@@ -424,7 +424,13 @@ def _built_model(model, rt, plan, bn, say, attack, seed):
         )
         if note:
             say(note)
-        net = _training_model(classifier, attack, plan, bn, seed)
+        net = training_model(
+            classifier,
+            attack,
+            seed=seed,
+            steps_per_epoch=plan.steps_per_epoch,
+            fused_batchnorm=bn["fused_kernel"],
+        )
         if net is not classifier:
             say(f"step: {net.step_note}")
     return net, classifier
@@ -441,9 +447,20 @@ _MODEL_KEYS = (
 )
 
 
-def _training_model(classifier, attack: Any, plan, bn, seed: int):
-    """The objective (default: `AdversarialModel`) around `classifier`;
-    the classifier itself without an attack."""
+def training_model(
+    classifier: keras.Model,
+    attack: Any,
+    *,
+    seed: int = 0,
+    steps_per_epoch: Optional[int] = None,
+    fused_batchnorm: Any = "auto",
+) -> keras.Model:
+    """The objective (default: `AdversarialModel`) around `classifier`, or
+    the classifier itself without an attack (unless `attack` names its
+    objective: then that model, stepping clean). `attack`: as `fit`'s (a dict
+    may hold `adv_weight`, `reuse_gradient`, `mode`, `objective`,
+    `objective_options`, `eps_ramp_epochs`); `steps_per_epoch` turns
+    `eps_ramp_epochs` into steps (without it, no ramp)."""
     from advtrain.models.objectives import objectives
 
     settings = {}
@@ -454,21 +471,23 @@ def _training_model(classifier, attack: Any, plan, bn, seed: int):
         attack = {k: v for k, v in attack.items() if k not in _MODEL_KEYS}
         attack = {k: v for k, v in attack.items() if v is not None}
     attack = _as_attack(attack)
-    if attack is None:
-        return classifier
+    if attack is None and "objective" not in settings:
+        return classifier  # a section naming its objective keeps its model
     ramp = settings.get("eps_ramp_epochs") or 0
-    if ramp:
-        ramp = max(1, round(ramp * plan.steps_per_epoch))
+    if ramp and steps_per_epoch:
+        ramp = max(1, round(ramp * steps_per_epoch))
+    else:
+        ramp = 0
     return objectives.get(settings.get("objective", "adversarial"))(
         classifier,
         attack,
         seed=seed,
-        adv_weight=settings.get("adv_weight", 0.5),
+        adv_weight=settings.get("adv_weight", 0.5) if attack is not None else 0.0,
         attack_mode=settings.get("mode", "inference"),
         reuse_gradient=settings.get("reuse_gradient", "auto"),
         eps_ramp_steps=ramp,
-        fused_batchnorm=bn["fused_kernel"],
-        batchnorm_momentum=None,  # set above for the whole run
+        fused_batchnorm=fused_batchnorm,
+        batchnorm_momentum=None,  # the caller sets it for the whole run
         **settings.get("objective_options", {}),
     )
 
