@@ -151,28 +151,6 @@ def build_training_model(
         ) from None
 
 
-def build_run_model(
-    recipe: Recipe,
-    splits,
-    total_steps: Optional[int] = None,
-    steps_per_epoch: Optional[int] = None,
-) -> tuple[keras.Model, keras.Model]:
-    """The classifier (BatchNorm policy applied) and the training model
-    around it, in the strategy's scope. `total_steps` sets `momentum: auto`,
-    `steps_per_epoch` the length of `attack.eps_ramp_epochs`."""
-    from advtrain.models.batchnorm.policy import apply_batchnorm_policy
-
-    classifier = recipe_classifier(recipe, splits)
-    with recipe_keys("model.batchnorm"):
-        apply_batchnorm_policy(
-            classifier,
-            total_steps=total_steps,
-            momentum=recipe.model.batchnorm.momentum,
-            fused_kernel=False,  # the training step's (build_training_model)
-        )
-    return classifier, build_training_model(recipe, classifier, steps_per_epoch)
-
-
 def recipe_classifier(recipe: Recipe, splits) -> keras.Model:
     """The model section's classifier ([0, 1] pixels in, logits out), as
     built: `model.builder`'s, or backbone, adapters and head."""
