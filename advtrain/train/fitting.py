@@ -616,11 +616,12 @@ def resolve_monitor(
     return monitor, mode
 
 
-def _phase_optimizer(model, plan, phase, train: PlanOptions):
-    # A name makes a fresh optimizer per phase.
-    rate = plan.learning_rate * phase.lr_factor
-    phase_plan = dataclasses.replace(plan, learning_rate=rate)
-    options = train.model_dump(include=set(OPTIMIZER_KEYS))
+def phase_optimizer(setup: Setup, phase: Phase) -> keras.optimizers.Optimizer:
+    """The fresh optimizer `fit` compiles for `phase`: the plan's learning
+    rate x the phase's factor, on the plan's schedule."""
+    rate = setup.plan.learning_rate * phase.lr_factor
+    phase_plan = dataclasses.replace(setup.plan, learning_rate=rate)
+    options = setup.train.model_dump(include=set(OPTIMIZER_KEYS))
     return make_optimizer(phase_plan, **options)
 
 
@@ -685,7 +686,7 @@ def compile_setup(setup: Setup, metrics=None, phase=None, state=None) -> None:
     phase = phase or setup.phases[0]
     with runtime.scope():
         model.compile(
-            optimizer=_phase_optimizer(model, plan, phase, setup.train),
+            optimizer=phase_optimizer(setup, phase),
             loss=setup.loss,
             metrics=metrics,
             jit_compile=runtime.jit_compile,
