@@ -127,8 +127,9 @@ class Setup:
     batchnorm: dict[str, Any]
     freeze: bool = False
     checks: Any = None
-    settle: tuple = (None, None)
+    settle: tuple = (None, None)  # held-out data and plain training batches
     echo: Echo = print
+    train_data: Any = None  # for the BatchNorm gap without held-out data
     resume_hint: str = ""  # how to resume, in the preemption message
     # How warnings name the BatchNorm settle's settings (a caller's keys).
     names: dict[str, str] = dataclasses.field(default_factory=lambda: SETTLE_NAMES)
@@ -169,8 +170,6 @@ def prepare(
     net, classifier = _built_model(model, rt, plan, bn, say, attack, options.seed)
     loss = _default_loss(net, classifier, loss)
     stream, checks = _label_checked(stream, net, classifier, loss)
-    if settle is None:
-        settle = (None if callable(data) else data, None)
     return Setup(
         rt,
         plan,
@@ -183,8 +182,9 @@ def prepare(
         bn,
         freeze=phases is not None,
         checks=checks,
-        settle=settle,
+        settle=settle or (None, None),
         echo=say,
+        train_data=None if callable(data) or settle else data,
     )
 
 
@@ -319,7 +319,7 @@ def _silent(line: str) -> None:
 def _settle(setup: Setup, validation_data: Any):
     held_out, plain = setup.settle
     if held_out is None:
-        held_out = validation_data
+        held_out = validation_data if validation_data is not None else setup.train_data
     if plain is None:
         plain = setup.stream(0)
     return _settle_trained_batchnorm(
