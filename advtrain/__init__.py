@@ -7,6 +7,9 @@ Public API:
     load_recipe, Recipe, RecipeError
     run                            train + evaluate a recipe
     fit                            any Keras model through the same runtime
+    prepare, Setup, Stream         a run set up once (fit, profile, show)
+    RuntimeOptions, PlanOptions, CheckpointOptions, BatchNormOptions
+                                   fit's option groups (the recipe's keys)
     evaluate                       AutoAttack-grade robust accuracy of a model
     register_attack, register_source, register_backbone,
     register_objective             extension points a recipe can name
@@ -40,7 +43,9 @@ from advtrain.attacks import (
 from advtrain.backbones import register_backbone
 from advtrain.evaluation.robustness import evaluate
 from advtrain.models import TRADES, AdversarialModel, GradAlign
+from advtrain.models.batchnorm.options import BatchNormOptions
 from advtrain.models.objectives import register_objective
+from advtrain.train.options import CheckpointOptions, PlanOptions, RuntimeOptions
 
 # The parts that need TensorFlow: imported now on the TensorFlow backend, on
 # first use elsewhere (`__getattr__`).
@@ -51,13 +56,16 @@ _TENSORFLOW_PARTS = {
     # `fit` lives in `advtrain.train.fitting`, not `advtrain.fit`: a submodule
     # named `fit` would replace this function on the package with the module.
     "fit": "advtrain.train.fitting",
+    "prepare": "advtrain.train.fitting",
+    "Setup": "advtrain.train.fitting",
+    "Stream": "advtrain.train.fitting",
 }
 
 if backend.IMPORTS_TENSORFLOW:
     from advtrain import data  # noqa: E402, F401
     from advtrain.data import register_source  # noqa: E402
     from advtrain.train import runtime  # noqa: E402, F401
-    from advtrain.train.fitting import fit  # noqa: E402
+    from advtrain.train.fitting import Setup, Stream, fit, prepare  # noqa: E402
 
 __version__ = "0.3.0"
 
@@ -102,6 +110,12 @@ def __dir__() -> list[str]:
 __all__ = [
     "AdversarialModel",
     "Attack",
+    "BatchNormOptions",
+    "CheckpointOptions",
+    "PlanOptions",
+    "RuntimeOptions",
+    "Setup",
+    "Stream",
     "attack_settings",
     "GradAlign",
     "Recipe",
@@ -113,6 +127,7 @@ __all__ = [
     "fgsm_random_start",
     "load_recipe",
     "pgd",
+    "prepare",
     "register_attack",
     "register_backbone",
     "register_objective",

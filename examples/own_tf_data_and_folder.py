@@ -20,7 +20,6 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 import advtrain
-from advtrain import Attack
 from advtrain.data import load_splits
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,17 +61,16 @@ examples = examples.map(to_unit_pixels, num_parallel_calls=tf.data.AUTOTUNE)
 result = advtrain.fit(
     build,
     examples,
-    attack=Attack("pgd", eps=0.1, steps=3),
-    adv_weight=1.0,
+    attack={"method": "pgd", "eps": 0.1, "steps": 3, "adv_weight": 1.0},
     batch_size=64,
     epochs=epochs,
-    learning_rate=3e-3,
-    # Evaluated after training, the worst case over FGSM, PGD, AutoAttack.
-    test_data=(images[test][..., None] / 255.0, labels[test]),
-    evaluation=evaluation,
+    train={"learning_rate": 3e-3},
     echo=None,  # quiet: the runtime and batch lines are advtrain run's
 )
-print(f"tf.data: robust accuracy {result.evaluation['robust_accuracy']:.1%}")
+# Evaluated after training, the worst case over FGSM, PGD, AutoAttack.
+test_data = (images[test][..., None] / 255.0, labels[test])
+measured = advtrain.evaluate(result.model, test_data, eps=0.1, **evaluation)
+print(f"tf.data: robust accuracy {measured['robust_accuracy']:.1%}")
 
 # 2. A folder of images, one subfolder per class (the names are the labels,
 # sorted). A few per class for the quick run.
@@ -99,11 +97,10 @@ print(
 result = advtrain.fit(
     build,
     splits.train.map(to_unit_pixels),
-    attack=Attack("pgd", eps=0.1, steps=3),
-    adv_weight=1.0,
+    attack={"method": "pgd", "eps": 0.1, "steps": 3, "adv_weight": 1.0},
     batch_size=32,
     epochs=epochs * 3,  # fewer images: more epochs for the same steps
-    learning_rate=3e-3,
+    train={"learning_rate": 3e-3},
     echo=None,
 )
 test_batches = splits.test.map(to_unit_pixels).batch(128)

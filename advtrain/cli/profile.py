@@ -219,43 +219,25 @@ def profile(
     import keras
     import tensorflow as tf
 
-    from advtrain.data import cache_mode, has_augmentation, make_input
-    from advtrain.recipe.build import (
-        build_run_model,
-        input_options,
-        recipe_optimizer,
-        recipe_plan,
-        recipe_runtime,
-        recipe_splits,
-    )
+    from advtrain.data import cache_mode, has_augmentation
+    from advtrain.recipe.build import recipe_runtime, recipe_splits
+    from advtrain.recipe.run import recipe_setup
+    from advtrain.train.fitting import compile_setup
 
     keras.utils.set_random_seed(recipe.train.seed)
     runtime = recipe_runtime(recipe)
     splits = recipe_splits(recipe)
-    plan = recipe_plan(recipe, runtime, splits.train_size)
+    # The run's setup and compile (runtime and plan printed), as `advtrain
+    # run` makes them.
+    setup = recipe_setup(recipe, splits, runtime, echo)
+    plan, model = setup.plan, setup.model
     spe = plan.steps_per_execution
     steps = spe * max(1, -(-(steps or 20) // spe))  # a multiple of spe
-    echo(runtime.describe())
-    echo(plan.describe())
-
-    stream = make_input(
-        splits.train,
-        batch_size=plan.global_batch,
-        training=True,
-        **input_options(recipe, training=True),
-    ).repeat()
+    stream = setup.stream(0)
     input_seconds = _time_input(stream, steps, rounds)
-    optimizer = recipe_optimizer(recipe, plan)
-    with runtime.scope():  # the run's model, compiled as `advtrain run` does
-        _, model = build_run_model(recipe, splits)
-        model.compile(
-            optimizer=optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            steps_per_execution=spe,
-            jit_compile=runtime.jit_compile,
-        )
-        runtime.prepare_model(model)
+    compile_setup(
+        setup, metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+    )
     cached = tf.data.Dataset.from_tensors(next(iter(stream))).repeat()
     attack = recipe.attack
     report = ProfileReport(

@@ -1,6 +1,7 @@
-"""`advtrain show`: what a recipe would run, computed by the functions
-`advtrain run` uses, writing and downloading nothing (pretrained weights
-are left out at the size they set; unprepared TFDS data is named).
+"""`advtrain show`: what a recipe would run, computed by the setup
+`advtrain run` uses (`advtrain.recipe.run.recipe_setup`), writing and
+downloading nothing (pretrained weights are left out at the size they set;
+unprepared TFDS data is named).
 """
 
 from __future__ import annotations
@@ -22,12 +23,8 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
     """Prints what `advtrain run` would do with `recipe`; refuses what
     `run` would refuse."""
     from advtrain.models.weights import is_pretrained_name
-    from advtrain.recipe.build import (
-        build_run_model,
-        recipe_plan,
-        recipe_runtime,
-        recipe_splits,
-    )
+    from advtrain.recipe.build import recipe_runtime, recipe_splits
+    from advtrain.recipe.run import recipe_setup
 
     echo("resolved recipe:")
     echo("\n".join(f"  {line}" for line in recipe.to_yaml().rstrip().splitlines()))
@@ -42,15 +39,10 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
         f"{splits.val_size} val / {splits.test_size} test, image {shape}, "
         f"{splits.num_classes} classes"
     )
+    # The run's own setup (runtime and plan printed), without downloads.
     runtime = recipe_runtime(recipe)
-    echo(runtime.describe())
-    plan = recipe_plan(recipe, runtime, splits.train_size)
-    with runtime.scope():
-        classifier, _ = build_run_model(
-            _without_downloads(recipe, splits),
-            splits,
-            plan.epochs * plan.steps_per_epoch,
-        )
+    setup = recipe_setup(_without_downloads(recipe, splits), splits, runtime, echo)
+    classifier, plan = setup.classifier, setup.plan
     echo(f"model: {adapter_chain(classifier)}")
     weights = recipe.model.weights
     if weights is None:
@@ -63,7 +55,6 @@ def show(recipe: Recipe, *, echo: Echo = print) -> None:
     trainable = sum(int(keras.ops.size(w)) for w in classifier.trainable_weights)
     total = sum(int(keras.ops.size(w)) for w in classifier.weights)
     echo(f"  parameters: {total:,} ({trainable:,} trainable before freezing)")
-    echo(plan.describe())
     for line in schedule_lines(recipe, plan):
         echo(line)
 

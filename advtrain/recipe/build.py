@@ -121,6 +121,8 @@ def input_options(recipe: Recipe, training: bool = False) -> dict[str, Any]:
     from advtrain.data import INPUT_OPTIONS
 
     options = _keys(recipe.data, *INPUT_OPTIONS)
+    if not recipe.train.shuffle:  # the recipe's stream shuffles in tf.data
+        options["shuffle_buffer"] = 0
     if training and recipe.runtime.deterministic:
         # A resumed run replays its batches only if tf.data's order is fixed.
         options["deterministic"] = True
@@ -133,23 +135,17 @@ def build_training_model(
     """The objective `attack.objective` around `classifier`, with
     `attack.objective_options`; `steps_per_epoch` turns
     `attack.eps_ramp_epochs` into steps (without it, no ramp)."""
-    from advtrain.models.objectives import objectives
+    from advtrain.train.fitting import training_model
 
     cfg = recipe.attack
-    attack = attack_from_config(cfg)
-    ramp = 0
-    if cfg.eps_ramp_epochs and steps_per_epoch:
-        ramp = max(1, round(cfg.eps_ramp_epochs * steps_per_epoch))
+    attack_from_config(cfg)  # a refusal names the key
     try:
-        return objectives.get(cfg.objective)(
+        return training_model(
             classifier,
-            attack,
+            cfg,
             seed=recipe.train.seed,
-            **_model_arguments(cfg, attack, ramp),
+            steps_per_epoch=steps_per_epoch,
             fused_batchnorm=recipe.model.batchnorm.fused_kernel,
-            # `build_run_model` sets the momentum for the whole run.
-            batchnorm_momentum=None,
-            **cfg.objective_options,
         )
     except (TypeError, ValueError) as exc:
         raise RecipeError(
@@ -157,37 +153,21 @@ def build_training_model(
         ) from None
 
 
-def build_run_model(
-    recipe: Recipe,
-    splits,
-    total_steps: Optional[int] = None,
-    steps_per_epoch: Optional[int] = None,
-) -> tuple[keras.Model, keras.Model]:
-    """The classifier (BatchNorm policy applied) and the training model
-    around it, in the strategy's scope. `total_steps` sets `momentum: auto`,
-    `steps_per_epoch` the length of `attack.eps_ramp_epochs`."""
-    from advtrain.models.batchnorm.policy import apply_batchnorm_policy
+def recipe_classifier(recipe: Recipe, splits) -> keras.Model:
+    """The model section's classifier ([0, 1] pixels in, logits out), as
+    built: `model.builder`'s, or backbone, adapters and head."""
     from advtrain.models.classifier import build_classifier
 
     if recipe.model.builder:
-        classifier = build_from_builder(
+        return build_from_builder(
             recipe.model.builder, splits.image_shape, splits.num_classes, recipe.model
         )
-    else:
-        with recipe_keys("model"):
-            classifier = build_classifier(
-                splits.image_shape,
-                splits.num_classes,
-                **_keys(recipe.model, *_CLASSIFIER_KEYS),
-            )
-    with recipe_keys("model.batchnorm"):
-        apply_batchnorm_policy(
-            classifier,
-            total_steps=total_steps,
-            momentum=recipe.model.batchnorm.momentum,
-            fused_kernel=False,  # the training step's (build_training_model)
+    with recipe_keys("model"):
+        return build_classifier(
+            splits.image_shape,
+            splits.num_classes,
+            **_keys(recipe.model, *_CLASSIFIER_KEYS),
         )
-    return classifier, build_training_model(recipe, classifier, steps_per_epoch)
 
 
 def recipe_evaluation(

@@ -17,30 +17,43 @@ from advtrain.recipe.keys import recipe_keys
 from advtrain.recipe.run_folder import (
     FINISHED_FILE,
     RECIPE_FILE,
-    holds_run,
     resolve_output_dir,
     resume_hint,
 )
 from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.recipe.summary import describe, describe_momentum
+from advtrain.train.callbacks import Preemption
+from advtrain.train.options import CheckpointOptions, PlanOptions
 from advtrain.train.preemption import restores_signal_handlers, watch_launcher
-from advtrain.train.runtime import OPTIMIZER_KEYS, PLAN_KEYS
-from advtrain.train.training_state import TrainingState
-from advtrain.utils.io import atomic_path, atomic_write_json
+from advtrain.utils.io import atomic_path, atomic_write_json, atomic_write_text
 from advtrain.utils.progress import Echo
 
 
 @dataclasses.dataclass
 class RunSetup:
-    """What the prepare stage built: the parts a run trains and evaluates."""
+    """What the prepare stage built: the run's `Setup` (runtime, plan,
+    classifier, training model, stream) and the data it came from."""
 
-    runtime: Any  # advtrain.train.runtime.Runtime
+    setup: Any  # advtrain.train.fitting.Setup
     splits: Any  # advtrain.data.DataSplits
-    plan: Any  # advtrain.train.runtime.BatchPlan
-    classifier: keras.Model  # what is saved: [0, 1] pixels in, logits out
-    model: keras.Model  # the training model around it
     data: dict[str, Any]  # make_input's data keys, for the training stream
-    state: TrainingState
+    run_dir: Path
+
+    @property
+    def runtime(self):
+        return self.setup.runtime
+
+    @property
+    def plan(self):
+        return self.setup.plan
+
+    @property
+    def classifier(self) -> keras.Model:  # what is saved: pixels in, logits out
+        return self.setup.classifier
+
+    @property
+    def model(self) -> keras.Model:  # the training model around it
+        return self.setup.model
 
 
 @dataclasses.dataclass
@@ -82,81 +95,88 @@ def run(
 
 
 def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
-    """Stage 1: the runtime, the data and the model, restored from the run
-    folder's last checkpoint when it holds one; the checkpoint store and
-    callbacks (`advtrain.train.training_state.TrainingState`)."""
+    """Stage 1: the data and `advtrain.prepare` with the recipe's sections
+    (the runtime, the batch plan, the model); the resolved recipe written
+    into the run folder. `advtrain.fit` restores the last checkpoint."""
+    from advtrain.train.fitting import resolve_monitor
+
     keras.utils.set_random_seed(recipe.train.seed)
     runtime = build.recipe_runtime(recipe)
-    state = TrainingState(
-        run_dir,
-        resuming=holds_run(run_dir),
-        workers=runtime.workers,
-        resume_hint=resume_hint(run_dir, runtime.workers),
-        echo=echo,
-    )
+    hint = resume_hint(run_dir, runtime.workers)
+    # Outside `advtrain.fit` (data, evaluation) a signal stops the run at
+    # once with exit 75; `run` restores the caller's handlers.
+    Preemption(run_dir, workers=runtime.workers, resume_hint=hint)
     splits = build.recipe_splits(recipe)
-    plan = build.recipe_plan(recipe, runtime, splits.train_size)
     describe(recipe, splits, echo)
-    with runtime.scope():
-        classifier, model = build.build_run_model(
-            recipe,
-            splits,
-            plan.epochs * plan.steps_per_epoch,
-            steps_per_epoch=plan.steps_per_epoch,
-        )
-    describe_momentum(recipe, classifier, echo)
-    if recipe.attack.method != "none":
-        reuse = str(recipe.attack.reuse_gradient).lower()
-        echo(f"step: {model.step_note}; attack.reuse_gradient: {reuse}")
-    monitor, monitor_mode = _monitor(recipe, model, splits.val is not None)
-    state.restore(model, steps_per_epoch=plan.steps_per_epoch)
-    state.open(
-        is_chief=runtime.is_chief,
-        epochs=plan.epochs,
-        files={RECIPE_FILE: recipe.to_yaml()},
-        keep_checkpoints=recipe.output.keep_checkpoints,
-        monitor=monitor,
-        monitor_mode=monitor_mode,
-        checkpoint_every_epochs=recipe.output.checkpoint_every_epochs,
-        checkpoint_every_steps=recipe.output.checkpoint_every_steps,
-        nan_hint=f"train.learning_rate={recipe.train.learning_rate:g}, "
-        f"attack.eps={recipe.attack.eps:g}, "
-        f"runtime.precision={recipe.runtime.precision}",
-    )
-    data = build.input_options(recipe, training=True)
-    return RunSetup(runtime, splits, plan, classifier, model, data, state)
-
-
-def _monitor(recipe: Recipe, model: keras.Model, has_val: bool) -> tuple[str, str]:
-    # "auto": robust accuracy, on the validation split only if the model's
-    # test_step attacks (else val_adv_accuracy would stay 0).
-    monitor, mode = recipe.output.monitor, recipe.output.monitor_mode
-    attacks = recipe.attack.method != "none"
-    if monitor == "auto":
-        if not attacks:
-            monitor = "val_accuracy" if has_val else "accuracy"
-        elif has_val and type(model).test_step is not keras.Model.test_step:
-            monitor = "val_adv_accuracy"
-        else:
-            monitor = "adv_accuracy"
-    elif monitor.startswith("val_") and not has_val:
+    setup = recipe_setup(recipe, splits, runtime, echo)
+    setup.resume_hint = hint
+    setup.names = recipe_keys("model.batchnorm", batch_size="train.batch_size")
+    describe_momentum(recipe, setup.classifier, echo)
+    if recipe.output.monitor.startswith("val_") and splits.val is None:
         raise RecipeError(
             "output.monitor: a validation metric needs a validation split; set "
             "val_fraction > 0 or monitor a training metric. "
-            f"Received: monitor={monitor}"
+            f"Received: monitor={recipe.output.monitor}"
         )
-    if mode == "auto":
-        mode = "min" if monitor.endswith("loss") else "max"
-    names = ["loss", "accuracy"] + [
-        m.name for m in model.metrics if m.name not in ("loss", "compile_metrics")
-    ]
-    known = names + [f"val_{n}" for n in names] if has_val else names
-    if monitor not in known:
-        raise RecipeError(
-            f"output.monitor={monitor}: not a metric of this run. "
-            f"Known: {', '.join(known)}."
+    with recipe_keys("output"):  # refused before anything is written
+        resolve_monitor(recipe.output, setup.model, splits.val is not None)
+    if runtime.is_chief:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / RECIPE_FILE, recipe.to_yaml())
+    return RunSetup(setup, splits, build.input_options(recipe, training=True), run_dir)
+
+
+def recipe_setup(recipe: Recipe, splits, runtime, echo: Echo):
+    """`advtrain.prepare` with the recipe's sections: the one setup of a
+    run, `advtrain profile` and `advtrain show`."""
+    from advtrain.data import make_input
+    from advtrain.train.fitting import Stream, prepare
+
+    data = build.input_options(recipe, training=True)
+    options = build.input_options(recipe)
+    batch, seed = recipe.train.batch_size, recipe.train.seed
+    strategy = runtime.input_strategy()
+    plan = _Later()
+
+    def batches(split, batch_size: int):
+        return make_input(split, batch_size=batch_size, training=False, **options)
+
+    held_out = splits.val if splits.val is not None else splits.test
+    stream = Stream(
+        lambda skip: train_stream(splits, data, plan.value, seed, skip, strategy),
+        splits.train_size,
+        batch,
+        held_out=batches(held_out, 512),
+        plain=batches(splits.train, batch),
+    )
+    # A model.builder model has no backbone to freeze; it trains whole
+    # (build_from_builder refuses freezing settings).
+    epochs = recipe.train.epochs
+    with recipe_keys("train"):
+        setup = prepare(
+            lambda: build.recipe_classifier(recipe, splits),
+            stream,
+            epochs=epochs if recipe.model.builder else _phases(recipe),
+            attack=recipe.attack,
+            train=recipe.train.model_dump(include=set(PlanOptions.model_fields)),
+            runtime=runtime,
+            batchnorm=recipe.model.batchnorm,
+            echo=echo,
         )
-    return monitor, mode
+    plan.value = setup.plan
+    return setup
+
+
+class _Later:
+    """A value set after the function that reads it was made."""
+
+    value: Any = None
+
+
+def _phases(recipe: Recipe) -> list:
+    """The phases of the model section's freezing keys, over train.epochs
+    (the plan keeps the epochs as given)."""
+    return build.recipe_phases(recipe, recipe.train.epochs)
 
 
 @dataclasses.dataclass
@@ -168,24 +188,25 @@ class Trained:
     epoch_seconds: list[float]
     co_guard: Optional[dict[str, Any]] = None
     bn_gap: Optional[dict[str, Any]] = None
+    samples: int = 0
+    out: Optional[Path] = None  # the folder this worker wrote
 
 
 def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Trained:
-    """Stage 2: `advtrain.fit` once, with the run's checkpoints, NaN guard
-    and preemption (`setup.state`), progress lines, TensorBoard, the
+    """Stage 2: `advtrain.fit` once, with the run folder as its checkpoints
+    (resume, NaN guard, preemption), progress lines, TensorBoard, the
     catastrophic-overfitting guard and the BatchNorm settle."""
     from advtrain.data import make_input
     from advtrain.train.callbacks import ProgressLine
     from advtrain.train.fitting import fit
     from advtrain.utils.progress import EpochProgress
 
-    state, plan, splits = setup.state, setup.plan, setup.splits
-    data = build.input_options(recipe)
-
-    def batches(split, batch_size: int):
-        return make_input(split, batch_size=batch_size, training=False, **data)
-
-    val_ds = None if splits.val is None else batches(splits.val, recipe.eval.batch_size)
+    plan, splits = setup.plan, setup.splits
+    val_ds = None
+    if splits.val is not None:
+        options = build.input_options(recipe)
+        batch = recipe.eval.batch_size
+        val_ds = make_input(splits.val, batch_size=batch, training=False, **options)
     progress = ProgressLine(echo, plan.epochs, plan.steps_per_epoch * plan.global_batch)
     co_guard = _co_guard(recipe, setup, echo) if recipe.train.co_guard else None
     callbacks = [
@@ -195,38 +216,17 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
         progress,
     ]
     if recipe.output.tensorboard:
-        logs = str(state.out / "logs")
+        logs = str(setup.run_dir / "logs")
         callbacks.append(keras.callbacks.TensorBoard(logs, write_graph=False))
-    seed, strategy = recipe.train.seed, setup.runtime.input_strategy()
-    held_out = splits.val if splits.val is not None else splits.test
-    settings = build._keys(recipe.train, *PLAN_KEYS, *OPTIMIZER_KEYS, "seed")
-    settings["steps_per_epoch"] = plan.steps_per_epoch
-    # A model.builder model has no backbone to freeze; it trains whole
-    # (build_from_builder refuses freezing settings).
-    phases = None if recipe.model.builder else build.recipe_phases(recipe, plan.epochs)
-    names = recipe_keys("train")  # of fit's settings, for its warnings
-    names.update(
-        {f"batchnorm.{k}": v for k, v in recipe_keys("model.batchnorm").items()}
-    )
-    with recipe_keys("train"):
+    checkpoints = recipe.output.model_dump(include=set(CheckpointOptions.model_fields))
+    with recipe_keys("output"):
         result = fit(
-            setup.model,
-            lambda skip: train_stream(splits, setup.data, plan, seed, skip, strategy),
-            runtime=setup.runtime,
-            **settings,
-            phases=phases,
+            setup.setup,
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            batchnorm=recipe.model.batchnorm.model_dump(),
-            batchnorm_data=(
-                batches(held_out, 512),
-                batches(splits.train, plan.global_batch),
-            ),
-            setting_names=names,
+            checkpoints={**checkpoints, "dir": str(setup.run_dir)},
             validation_data=val_ds,
             callbacks=callbacks,
-            checkpoints=state,
             verbose=verbose,
-            echo=echo,
         )
     summary = co_guard.summary() if co_guard is not None else None
     return Trained(
@@ -235,6 +235,8 @@ def train(recipe: Recipe, setup: RunSetup, *, echo: Echo, verbose: int) -> Train
         progress.epoch_seconds,
         summary,
         result.bn_gap,
+        result.samples_trained,
+        result.output_dir,
     )
 
 
@@ -266,7 +268,7 @@ def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
     from advtrain.data import make_input
     from advtrain.train.guards import CatastrophicOverfittingGuard
 
-    cfg, state = recipe.train, setup.state
+    cfg = recipe.train
     batches = make_input(
         setup.splits.train,
         batch_size=cfg.co_guard_examples,
@@ -293,15 +295,8 @@ def _co_guard(recipe: Recipe, setup: RunSetup, echo: Echo):
         action=cfg.co_guard_action,
         echo=echo,
         seed=cfg.seed,
-        state_path=state.out / "checkpoints" / "co_guard.npz",
         keep=cfg.co_guard_keep,
     )
-    if state.resuming and guard.load_state(guard.state_path, state.start_epoch):
-        echo(
-            f"catastrophic-overfitting guard: resumed with its record of "
-            f"{len(guard.accuracies)} epoch(s), best PGD accuracy "
-            f"{100 * guard.best_accuracy:.1f}% (epoch {guard.best_epoch})"
-        )
     return guard
 
 
@@ -318,7 +313,7 @@ def finish(
     from advtrain.evaluation.verdict import verdict_metrics
     from advtrain.recipe.report import write_report
 
-    classifier, runtime, out = setup.classifier, setup.runtime, setup.state.out
+    classifier, runtime, out = setup.classifier, setup.runtime, trained.out
     splits, output = setup.splits, recipe.output
     _assert_finite(classifier, "model.keras")
     if runtime.workers > 1:
@@ -337,7 +332,7 @@ def finish(
         test_ds, evaluation, examples = build.recipe_evaluation(
             recipe, classifier, splits, return_examples=grid
         )
-    samples = setup.state.samples_trained(setup.plan.epochs, setup.plan.global_batch)
+    samples = trained.samples
     history, seconds, co_guard = trained.history, trained.seconds, trained.co_guard
     # The verdict goes beside the headline; it is set once the checks ran.
     metrics: dict[str, Any] = {"recipe": recipe.name, "verdict": None}

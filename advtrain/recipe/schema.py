@@ -22,7 +22,7 @@ from pydantic import (
 
 from advtrain import backend
 from advtrain.models.batchnorm.options import BatchNormOptions
-from advtrain.train.options import PlanOptions, RuntimeOptions
+from advtrain.train.options import CheckpointOptions, PlanOptions, RuntimeOptions
 from advtrain.utils.errors import BAD_INPUT, did_you_mean, one_line
 from advtrain.utils.options import Options, Seed
 
@@ -338,16 +338,9 @@ class RuntimeConfig(RuntimeOptions):
     backend: Literal["tensorflow", "jax"] = "tensorflow"
 
 
-class OutputConfig(Options):
-    """The run folder, checkpoints and logs."""
+class OutputConfig(CheckpointOptions):
+    """The run folder (`advtrain.fit`'s `checkpoints`), plots and logs."""
 
-    dir: Optional[str] = None
-    checkpoint_every_epochs: int = Field(1, ge=1)
-    checkpoint_every_steps: Optional[int] = Field(None, ge=1)
-    keep_checkpoints: int = Field(3, ge=1)
-    # auto: val_adv_accuracy with a validation split, else adv_accuracy.
-    monitor: str = Field("auto", pattern=r"^(auto|(val_)?[a-z][a-z0-9_]*)$")
-    monitor_mode: Literal["auto", "max", "min"] = "auto"
     tensorboard: bool = True
     plots: bool = True
     export_saved_model: bool = True

@@ -9,7 +9,8 @@ skipped with a warning, the best kept, in NumPy files (no pickle).
 checkpoints/
   step-00000013/     inside an epoch (checkpoint_every_steps)
     variables.npz    model (SeedGenerator state included), optimizer and
-                     metric variables
+                     metric variables; more groups (`CheckpointStore.extras`:
+                     a catastrophic-overfitting guard's record, `co_guard/`)
     state.json       epoch, step, phase, monitored value, sha256 of the npz
   epoch-0002/        at the end of epoch 2 (same contents)
   best.json          which checkpoint holds the best monitored value
@@ -34,6 +35,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -250,6 +252,9 @@ class CheckpointStore:
         self.keep = keep
         self.monitor = monitor
         self.mode = mode
+        # More groups of each checkpoint, hashed with the variables: name ->
+        # a function returning that group's arrays (`extra_group` reads it).
+        self.extras: dict[str, Callable[[], dict[str, np.ndarray]]] = {}
 
     def paths(self) -> list[Path]:
         """Checkpoint folders with a final name, oldest first."""
@@ -325,6 +330,8 @@ class CheckpointStore:
             raise ValueError(f"kind must be epoch or step. Received: {kind}")
         name = f"epoch-{epoch:04d}" if kind == "epoch" else f"step-{global_step:08d}"
         arrays, spec = capture_variables(model)
+        for group, values in self.extras.items():
+            arrays.update({f"{group}/{k}": v for k, v in values().items()})
         numbers = (int, float, np.floating, np.integer)
         logs = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, numbers)}
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -402,6 +409,14 @@ def find_resume_point(directory: Path, echo: Echo = print) -> Optional[Checkpoin
         except CheckpointError as exc:
             echo(f"warning: skipping checkpoint: {exc}; trying the one before")
     return None
+
+
+def extra_group(checkpoint: Checkpoint, group: str) -> dict[str, np.ndarray]:
+    """The arrays of one of `CheckpointStore.extras`' groups in a
+    checkpoint (hash checked), by their own names; empty when absent."""
+    prefix = f"{group}/"
+    arrays = checkpoint.arrays()
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 def restore_variables(model, checkpoint: Checkpoint, group: str) -> int:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional, Union
 
 import keras
@@ -24,7 +25,8 @@ from advtrain.models.batchnorm.policy import (
     settle_batchnorm,
 )
 from advtrain.models.freezing import Phase
-from advtrain.train.options import PlanOptions, RuntimeOptions
+from advtrain.train.options import CheckpointOptions, PlanOptions, RuntimeOptions
+from advtrain.train.preemption import restores_signal_handlers
 from advtrain.train.runtime import (
     OPTIMIZER_KEYS,
     PLAN_KEYS,
@@ -35,7 +37,6 @@ from advtrain.train.runtime import (
     plan_batches,
 )
 from advtrain.train.training_state import TrainingState
-from advtrain.utils.keywords import check_keywords
 from advtrain.utils.options import format_validation_error
 from advtrain.utils.progress import Echo
 
@@ -59,8 +60,15 @@ class FitResult:
         runtime: the strategy and settings that ran.
         bn_gap: for a classifier with BatchNorm, `settle_batchnorm`'s
             train-mode vs inference-mode accuracy after training.
-        evaluation: with `test_data`, `advtrain.evaluate`'s result.
         train_seconds: the seconds this process spent in the phases.
+        samples_trained: the examples this process trained on (a resumed
+            run skips those trained before).
+        output_dir: with `checkpoints`, the folder this process wrote
+            (another worker's: a private temporary one).
+        verdict: with a `CatastrophicOverfittingGuard` among the callbacks,
+            `advtrain.evaluation.verdict.run_verdict` of its record
+            (`{"kind", "reasons"}`); `advtrain.evaluate` gives the
+            evaluation's own. None without a guard.
     """
 
     model: keras.Model
@@ -68,184 +76,286 @@ class FitResult:
     plan: BatchPlan
     runtime: Runtime
     bn_gap: Optional[dict[str, Any]] = None
-    evaluation: Optional[dict[str, Any]] = None
     train_seconds: float = 0.0
+    samples_trained: int = 0
+    output_dir: Optional[Path] = None
+    verdict: Optional[dict[str, Any]] = None
 
 
-def fit(
-    model: ModelOrBuilder,
-    data: Any,
-    *,
-    runtime: Union[Runtime, RuntimeOptions, dict, None] = None,
-    attack: Any = None,
-    adv_weight: float = 0.5,
-    reuse_gradient: Union[bool, str] = "auto",
-    loss: Any = None,
-    metrics: Optional[list] = None,
-    optimizer: Any = "adam",
-    learning_rate: float = 1e-3,
-    lr_schedule: str = "constant",
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-    batch_size: Optional[int] = None,
-    epochs: int = 1,
-    steps_per_epoch: Optional[int] = None,
-    scale_lr: bool = False,
-    reference_batch: int = 256,
-    warmup_epochs: float = 0.0,
-    phases: Optional[list[Phase]] = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    batchnorm: Union[BatchNormOptions, dict, None] = None,
-    validation_data: Any = None,
-    callbacks: Optional[list] = None,
-    verbose: Union[int, str] = 0,
-    echo: Optional[Echo] = print,
-    test_data: Any = None,
-    evaluation: Optional[dict[str, Any]] = None,
-    checkpoints: Optional[TrainingState] = None,
-    batchnorm_data: Any = None,
-    setting_names: Optional[Mapping[str, str]] = None,
-    **renamed: Any,
-) -> FitResult:
-    """Trains any Keras model under advtrain's runtime; adversarial or not.
-
-    The batch is global (split across replicas), epochs are never divided,
-    and the arithmetic is printed first. With `attack`, the model (logits
-    out) is wrapped in an `AdversarialModel`.
-
-    Args:
-        model: a Keras model, a function of no arguments building one, or
-            an `AdversarialModel` built in the runtime's scope (used as is).
-        data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, a
-            function of no arguments building a dataset of global batches
-            (called anew, after the global seed is reset to `seed`), or a
-            function of `skip` returning the endless stream of global
-            batches without its first `skip` (with `batch_size` and
-            `steps_per_epoch`).
-        runtime: a `RuntimeOptions`, its dict or a `Runtime`; default auto.
-        attack: an `Attack`, its config dict, a method name, or None.
-        adv_weight: the adversarial loss weight.
-        reuse_gradient: `AdversarialModel`'s step ("auto", True, False).
-        loss: a Keras loss (with an attack: cross-entropy from logits).
-        metrics: Keras metrics.
-        optimizer: "adam", "sgd", "adamw" or a Keras optimizer.
-        learning_rate: as `PlanOptions` (advtrain.train.options).
-        lr_schedule: as `PlanOptions`.
-        momentum: as `PlanOptions`.
-        weight_decay: as `PlanOptions`.
-        epochs: as `PlanOptions`.
-        steps_per_epoch: as `PlanOptions`.
-        scale_lr: as `PlanOptions`.
-        reference_batch: as `PlanOptions`.
-        warmup_epochs: as `PlanOptions`.
-        seed: as `PlanOptions`.
-        batch_size: the global batch; required for arrays.
-        phases: `advtrain.models.freezing.phases(epochs, ...)` (each phase
-            a fresh optimizer, so `optimizer` by name); None: one phase.
-        shuffle: shuffle arrays and examples anew each epoch.
-        batchnorm: `BatchNormOptions` or its dict (the BatchNorm policy).
-        validation_data: passed to `Model.fit`.
-        callbacks: passed to `Model.fit`; a `CatastrophicOverfittingGuard`
-            among them finishes once, after the last phase.
-        verbose: passed to `Model.fit`.
-        echo: receives the runtime, batch and BatchNorm lines (None: silent).
-        test_data: evaluated after training into `FitResult.evaluation`.
-        evaluation: `advtrain.evaluate`'s keywords (eps: the attack's).
-        checkpoints: a `TrainingState`, restored and opened: training
-            resumes where it stopped, checkpoints, stops on NaN and
-            checkpoints on SIGTERM.
-        batchnorm_data: `(held_out, train_batches)` for the BatchNorm gap
-            and recalibration (default: `validation_data` or `data`, and
-            the training stream).
-        setting_names: how warnings name `fit`'s settings for the user.
-        **renamed: refused; a renamed keyword names its new name.
+@dataclasses.dataclass
+class Stream:
+    """Training data as a function of `skip` (the endless stream of global
+    batches without its first `skip`), with the examples one epoch covers
+    and, for the BatchNorm gap, held-out data and plain training batches.
 
     Example:
 
     ```python
-    result = advtrain.fit(build, (x, y), loss="mse", batch_size=20, epochs=3)
+    data = Stream(lambda skip: batches(x, y).repeat().skip(skip), len(x), 64)
+    advtrain.fit(build, data, loss="mse")
     ```
     """
-    _refuse_unknown(renamed, evaluation)
-    say = echo or (lambda line: None)
+
+    batches: Callable[[int], Any]
+    examples: int
+    batch_size: int
+    held_out: Any = None
+    plain: Any = None
+
+
+@dataclasses.dataclass
+class Setup:
+    """A run set up once (`prepare`): what `fit` trains, and what a caller
+    times or describes without training.
+
+    Attributes:
+        runtime: the strategy and settings.
+        plan: the batch arithmetic.
+        classifier: the user's model (logits out), in the runtime's scope.
+        model: the training model around it (the classifier, or its
+            `AdversarialModel`).
+        stream: `stream(skip)`, the global batches without the first `skip`.
+        train: the validated `PlanOptions`.
+        loss: the loss `fit` compiles.
+        phases: the phases `fit` trains (one without freezing).
+        batchnorm: the BatchNorm policy (`BatchNormOptions`' dict).
+    """
+
+    runtime: Runtime
+    plan: BatchPlan
+    classifier: keras.Model
+    model: keras.Model
+    stream: Callable[[int], Any]
+    train: PlanOptions
+    loss: Any
+    phases: list[Phase]
+    batchnorm: dict[str, Any]
+    freeze: bool = False
+    checks: Any = None
+    settle: tuple = (None, None)  # held-out data and plain training batches
+    echo: Echo = print
+    train_data: Any = None  # for the BatchNorm gap without held-out data
+    resume_hint: str = ""  # how to resume, in the preemption message
+    # How warnings name the BatchNorm settle's settings (a caller's keys).
+    names: dict[str, str] = dataclasses.field(default_factory=lambda: SETTLE_NAMES)
+
+
+def prepare(
+    model: ModelOrBuilder,
+    data: Any,
+    *,
+    batch_size: Optional[int] = None,
+    epochs: Union[int, list[Phase], None] = None,
+    loss: Any = None,
+    attack: Any = None,
+    train: Union[PlanOptions, dict, None] = None,
+    runtime: Union[Runtime, RuntimeOptions, dict, None] = None,
+    batchnorm: Union[BatchNormOptions, dict, None] = None,
+    echo: Optional[Echo] = print,
+) -> Setup:
+    """Sets a run up once: the runtime, the batch plan (printed), the model
+    in the strategy's scope with its BatchNorm policy and attack, and the
+    training stream. `fit` takes the arguments of the same names.
+
+    Example:
+
+    ```python
+    setup = advtrain.prepare(build, (x, y), batch_size=64, loss="mse")
+    result = advtrain.fit(setup)
+    ```
+    """
+    say = echo or _silent
     rt, bn = _as_runtime(runtime), _batchnorm_options(batchnorm)
-    stream, size, batch = _training_data(
-        data, batch_size, shuffle, seed, steps_per_epoch
-    )
-    schedule = dict(
-        optimizer=optimizer,
-        learning_rate=learning_rate,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        scale_lr=scale_lr,
-        reference_batch=reference_batch,
-        warmup_epochs=warmup_epochs,
-        seed=seed,
-        lr_schedule=lr_schedule,
-        momentum=momentum,
-        weight_decay=weight_decay,
-    )
-    plan, train = _plan(rt, size, batch, schedule, say)
-    freeze, phases = phases is not None, _checked_phases(phases, plan.epochs)
-    net, classifier = _built_model(
-        model,
-        rt,
-        plan,
-        bn,
-        say,
-        attack=_as_attack(attack),
-        adv_weight=adv_weight,
-        seed=seed,
-        reuse_gradient=reuse_gradient,
-    )
+    phases = epochs if isinstance(epochs, list) else None
+    if phases is not None:
+        epochs = phases[-1].end_epoch if phases else 0
+    options = _train_options(train, batch_size=batch_size, epochs=epochs)
+    stream, size, batch, settle = _stream(data, options)
+    plan, options = _plan(rt, size, batch, options, say)
+    net, classifier = _built_model(model, rt, plan, bn, say, attack, options.seed)
     loss = _default_loss(net, classifier, loss)
     stream, checks = _label_checked(stream, net, classifier, loss)
+    return Setup(
+        rt,
+        plan,
+        classifier,
+        net,
+        stream,
+        options,
+        loss,
+        _checked_phases(phases, plan.epochs),
+        bn,
+        freeze=phases is not None,
+        checks=checks,
+        settle=settle or (None, None),
+        echo=say,
+        train_data=None if callable(data) or settle else data,
+    )
+
+
+def fit(
+    model: Union[ModelOrBuilder, Setup],
+    data: Any = None,
+    *,
+    batch_size: Optional[int] = None,
+    epochs: Union[int, list[Phase], None] = None,
+    loss: Any = None,
+    metrics: Optional[list] = None,
+    attack: Any = None,
+    train: Union[PlanOptions, dict, None] = None,
+    runtime: Union[Runtime, RuntimeOptions, dict, None] = None,
+    batchnorm: Union[BatchNormOptions, dict, None] = None,
+    checkpoints: Union[str, Path, CheckpointOptions, dict, None] = None,
+    validation_data: Any = None,
+    callbacks: Optional[list] = None,
+    verbose: Union[int, str] = 0,
+    echo: Optional[Echo] = print,
+) -> FitResult:
+    """Trains any Keras model under advtrain's runtime; adversarial or not.
+
+    The batch is global (split across replicas), epochs are never divided;
+    no global state changes (random streams are seeded by `train.seed`,
+    the SIGTERM handler is installed only while it runs).
+
+    Args:
+        model: a Keras model, a function of no arguments building one, an
+            `AdversarialModel` (used as is), or a `Setup` from `prepare`
+            (which holds `data` to `batchnorm` and `echo`: leave them out).
+        data: `(x, y)` arrays or memory maps, a `tf.data.Dataset`, a
+            function building one, a `Stream`, or a function of `skip`
+            returning the endless global batches without the first `skip`.
+        batch_size: the global batch (`train.batch_size`).
+        epochs: `train.epochs`, or the phases ending at it
+            (`advtrain.models.freezing.phases`, each a fresh optimizer).
+        loss: a Keras loss (with an attack: cross-entropy from logits).
+        metrics: Keras metrics.
+        attack: an `Attack`, a method name, or a dict of its config and
+            the training model's keys (`adv_weight`, `reuse_gradient`, ...).
+        train: `PlanOptions` or its dict.
+        runtime: `RuntimeOptions`, its dict or a `Runtime`; default auto.
+        batchnorm: `BatchNormOptions` or its dict (`model.batchnorm`).
+        checkpoints: a folder or `CheckpointOptions` (`output`'s keys):
+            resumes from its newest usable checkpoint, checkpoints, stops
+            on NaN; a second call with the same folder continues.
+        validation_data: passed to `Model.fit`.
+        callbacks: passed to `Model.fit`.
+        verbose: passed to `Model.fit`.
+        echo: receives the runtime, batch and BatchNorm lines (None: silent).
+
+    Example:
+
+    ```python
+    train = {"learning_rate": 1e-3, "seed": 0}
+    result = advtrain.fit(build, (x, y), batch_size=64, attack="pgd", train=train)
+    ```
+    """
+    setup = model
+    if not isinstance(setup, Setup):
+        setup = prepare(
+            model,
+            data,
+            batch_size=batch_size,
+            epochs=epochs,
+            loss=loss,
+            attack=attack,
+            train=train,
+            runtime=runtime,
+            batchnorm=batchnorm,
+            echo=echo,
+        )
+    else:
+        _refuse_setup_arguments(locals())
+    return _fit_setup(
+        setup,
+        metrics=metrics,
+        checkpoints=_checkpoint_options(checkpoints),
+        validation_data=validation_data,
+        callbacks=list(callbacks or []),
+        verbose=verbose,
+    )
+
+
+@restores_signal_handlers
+def _fit_setup(
+    setup: Setup, *, metrics, checkpoints, validation_data, callbacks, verbose
+):
     from advtrain.train.guards import CatastrophicOverfittingGuard
 
-    callbacks = list(callbacks or [])
+    net, plan = setup.model, setup.plan
     guards = [c for c in callbacks if isinstance(c, CatastrophicOverfittingGuard)]
     for guard in guards:
         guard.finish_on_train_end = False  # one Model.fit per phase
-    if checkpoints is not None:
-        callbacks = checkpoints.callbacks(net, _input_shape(classifier), callbacks)
-    with checks.clean_errors():  # a bad batch's error in one line
+    state = None
+    if checkpoints.dir is not None:
+        state = _opened_state(setup, checkpoints, validation_data is not None)
+        callbacks = state.callbacks(net, _input_shape(setup.classifier), callbacks)
+    with setup.checks.clean_errors():  # a bad batch's error in one line
         history, seconds = _fit_phases(
-            net,
-            stream,
-            runtime=rt,
-            plan=plan,
-            phases=phases,
-            loss=loss,
-            metrics=metrics,
-            optimizer=optimizer if not isinstance(optimizer, str) else train.optimizer,
-            optimizer_options=train.model_dump(include=set(OPTIMIZER_KEYS[1:])),
-            seed=seed,
-            callbacks=callbacks,
-            state=checkpoints,
-            freeze=classifier if freeze else None,
-            validation_data=validation_data,
-            verbose=verbose,
-            echo=say,
+            setup, metrics, callbacks, state, validation_data, verbose
         )
     for guard in guards:
         guard.set_model(net)
         guard.finish()
-    if checkpoints is not None:
-        history = checkpoints.history(history)
-    if batchnorm_data is None:
-        held_out = validation_data if validation_data is not None else data
-        batchnorm_data = (None if callable(held_out) else held_out, stream(0))
-    gap = _settle_trained_batchnorm(
-        classifier,
-        *batchnorm_data,
-        plan.per_replica_batch,
-        bn,
-        say,
-        _settle_names(setting_names),
+    if state is not None:
+        history = state.history(history)
+        samples = state.samples_trained(plan.epochs, plan.global_batch)
+    else:
+        samples = plan.epochs * plan.steps_per_epoch * plan.global_batch
+    gap = _settle(setup, validation_data)
+    out = state.out if state is not None else None
+    verdict = _guard_verdict(guards)
+    return FitResult(
+        net, history, plan, setup.runtime, gap, seconds, samples, out, verdict
     )
-    evaluated = _evaluate(classifier, test_data, evaluation, attack, say)
-    return FitResult(net, history, plan, rt, gap, evaluated, seconds)
+
+
+def _guard_verdict(guards: list) -> Optional[dict[str, Any]]:
+    # The guard has said its warning as it fired; this is the record.
+    if not guards:
+        return None
+    from advtrain.evaluation.verdict import run_verdict
+
+    return run_verdict(guards[0].summary())
+
+
+def _refuse_setup_arguments(given: dict[str, Any]) -> None:
+    names = ("data", "batch_size", "epochs", "loss", "attack", "train")
+    names += ("runtime", "batchnorm")
+    passed = [name for name in names if given[name] is not None]
+    if passed:
+        raise TypeError(
+            "A Setup holds the data and the run's settings: leave them out "
+            f"of fit. Received: {', '.join(f'{n}=...' for n in passed)}"
+        )
+
+
+def _silent(line: str) -> None:
+    pass
+
+
+def _settle(setup: Setup, validation_data: Any):
+    held_out, plain = setup.settle
+    if held_out is None:
+        held_out = validation_data if validation_data is not None else setup.train_data
+    if plain is None:
+        plain = setup.stream(0)
+    return _settle_trained_batchnorm(
+        setup.classifier,
+        held_out,
+        plain,
+        setup.plan.per_replica_batch,
+        setup.batchnorm,
+        setup.echo,
+        setup.names,
+    )
+
+
+# How fit's warnings name the BatchNorm settle's settings: by option group.
+SETTLE_NAMES = {
+    "batch_size": "train.batch_size",
+    "momentum": "batchnorm.momentum",
+    "recalibrate": "batchnorm.recalibrate",
+}
 
 
 def _input_shape(model: keras.Model) -> Optional[tuple]:
@@ -253,57 +363,56 @@ def _input_shape(model: keras.Model) -> Optional[tuple]:
     return tuple(inputs[0].shape[1:]) if inputs else None
 
 
-def _settle_names(names: Optional[Mapping[str, str]]) -> Optional[dict[str, str]]:
-    if not names:
-        return None
-    keys = {"batch_size": "batch_size"}
-    keys.update({key: f"batchnorm.{key}" for key in ("momentum", "recalibrate")})
-    return {own: names.get(ours, ours) for own, ours in keys.items()}
-
-
-def _refuse_unknown(given: dict[str, Any], evaluation: Any) -> None:
-    from advtrain.evaluation.robustness import evaluate_keywords
-
-    if isinstance(evaluation, dict):
-        check_keywords("fit: evaluation", evaluation, evaluate_keywords())
-    if "fused" in given:
+def _train_options(train: Any, **given: Any) -> dict[str, Any]:
+    """`train` as a dict, with fit's `batch_size` and `epochs` filled in;
+    one value given twice differently is refused."""
+    if train is None:
+        options = {}
+    elif isinstance(train, PlanOptions):
+        options = train.model_dump(include=set(PlanOptions.model_fields))
+    elif isinstance(train, dict):
+        options = dict(train)
+    else:
         raise TypeError(
-            "fit: `fused` was renamed `reuse_gradient` in 0.3. Received: "
-            f"fused={given['fused']!r}"
+            f"train must be a PlanOptions, its dict or None. Received: train={train!r}"
         )
-    check_keywords("fit", given, list(inspect.signature(fit).parameters)[:-1])
-
-
-def _evaluate(classifier, test_data, evaluation, attack, say: Echo):
-    if test_data is None:
-        return None
-    from advtrain.evaluation.report import robustness_headline
-    from advtrain.evaluation.robustness import evaluate
-
-    keys = dict(evaluation or {})
-    if "eps" not in keys:
-        attack = _as_attack(attack)
-        if attack is None:
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name in options and options[name] != value:
             raise ValueError(
-                "fit needs evaluation={'eps': ...} to evaluate test_data when "
-                f"no attack is given. Received: evaluation={evaluation!r}"
+                f"{name} is given twice: set it once, as {name}= or "
+                f"train.{name}. Received: {name}={value!r}, "
+                f"train.{name}={options[name]!r}"
             )
-        keys["eps"] = attack.eps
-    result = evaluate(classifier, test_data, **keys)
-    label, value = robustness_headline(result)
-    say(f"{label}: {value}")
-    return result
+        options[name] = value
+    return options
+
+
+def _stream(data: Any, options: dict[str, Any]):
+    """(stream(skip), examples or None, global batch, BatchNorm settle data
+    or None)."""
+    if isinstance(data, Stream):
+        settle = (data.held_out, data.plain)
+        return data.batches, data.examples, data.batch_size, settle
+    stream, size, batch = _training_data(
+        data,
+        options.get("batch_size"),
+        options.get("shuffle", True),
+        options.get("seed", 0),
+        options.get("steps_per_epoch"),
+    )
+    return stream, size, batch, None
 
 
 def _plan(rt: Runtime, size: Optional[int], batch: int, options: dict, say: Echo):
-    if size is None and options["steps_per_epoch"] is None:
+    if size is None and options.get("steps_per_epoch") is None:
         raise ValueError(
             "The training data's length is unknown (a generator or repeated "
-            "dataset): pass steps_per_epoch. Received: steps_per_epoch=None"
+            "dataset): pass train.steps_per_epoch. Received: "
+            "steps_per_epoch=None"
         )
-    optimizer = options["optimizer"]
-    named = optimizer if isinstance(optimizer, str) else "adam"
-    train = _validated(PlanOptions, dict(options, batch_size=batch, optimizer=named))
+    train = _validated(PlanOptions, dict(options, batch_size=batch), "train")
     size = size if size is not None else batch
     plan = plan_batches(rt, size, **train.model_dump(include=set(PLAN_KEYS)))
     say(rt.describe())
@@ -311,7 +420,7 @@ def _plan(rt: Runtime, size: Optional[int], batch: int, options: dict, say: Echo
     return plan, train
 
 
-def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
+def _built_model(model, rt, plan, bn, say, attack, seed):
     """(training model, the user's model in it): built in the strategy's
     scope, BatchNorm momentum set for the run, wrapped for the attack."""
     from advtrain.models.adversarial import AdversarialModel
@@ -324,25 +433,80 @@ def _built_model(model, rt, plan, bn, say, *, attack, **adversarial):
             )
         return model, model.classifier
     with rt.scope():
-        net = classifier = _model_in_scope(model, rt)
+        classifier = _model_in_scope(model, rt)
         steps = plan.epochs * plan.steps_per_epoch
         # The fused kernel is the training step's, below.
         note = apply_batchnorm_policy(
-            net, total_steps=steps, momentum=bn["momentum"], fused_kernel=False
+            classifier, total_steps=steps, momentum=bn["momentum"], fused_kernel=False
         )
         if note:
             say(note)
-        if attack is not None:
-            # BatchNorm momentum is set above for the whole run.
-            net = AdversarialModel(
-                net,
-                attack,
-                **adversarial,
-                fused_batchnorm=bn["fused_kernel"],
-                batchnorm_momentum=None,
-            )
+        net = training_model(
+            classifier,
+            attack,
+            seed=seed,
+            steps_per_epoch=plan.steps_per_epoch,
+            fused_batchnorm=bn["fused_kernel"],
+        )
+        if net is not classifier:
             say(f"step: {net.step_note}")
     return net, classifier
+
+
+# The attack section's keys that set the training model, not the attack.
+_MODEL_KEYS = (
+    "adv_weight",
+    "reuse_gradient",
+    "mode",
+    "objective",
+    "objective_options",
+    "eps_ramp_epochs",
+)
+
+
+def training_model(
+    classifier: keras.Model,
+    attack: Any,
+    *,
+    seed: int = 0,
+    steps_per_epoch: Optional[int] = None,
+    fused_batchnorm: Any = "auto",
+) -> keras.Model:
+    """The objective (default: `AdversarialModel`) around `classifier`, or
+    the classifier itself without an attack (unless `attack` names its
+    objective: then that model, stepping clean). `attack`: as `fit`'s (a dict
+    may hold `adv_weight`, `reuse_gradient`, `mode`, `objective`,
+    `objective_options`, `eps_ramp_epochs`); `steps_per_epoch` turns
+    `eps_ramp_epochs` into steps (without it, no ramp)."""
+    from advtrain.models.objectives import objectives
+
+    settings = {}
+    if isinstance(attack, pydantic.BaseModel):
+        attack = attack.model_dump()
+    if isinstance(attack, dict):
+        settings = {k: attack[k] for k in _MODEL_KEYS if k in attack}
+        attack = {k: v for k, v in attack.items() if k not in _MODEL_KEYS}
+        attack = {k: v for k, v in attack.items() if v is not None}
+    attack = _as_attack(attack)
+    if attack is None and "objective" not in settings:
+        return classifier  # a section naming its objective keeps its model
+    ramp = settings.get("eps_ramp_epochs") or 0
+    if ramp and steps_per_epoch:
+        ramp = max(1, round(ramp * steps_per_epoch))
+    else:
+        ramp = 0
+    return objectives.get(settings.get("objective", "adversarial"))(
+        classifier,
+        attack,
+        seed=seed,
+        adv_weight=settings.get("adv_weight", 0.5) if attack is not None else 0.0,
+        attack_mode=settings.get("mode", "inference"),
+        reuse_gradient=settings.get("reuse_gradient", "auto"),
+        eps_ramp_steps=ramp,
+        fused_batchnorm=fused_batchnorm,
+        batchnorm_momentum=None,  # the caller sets it for the whole run
+        **settings.get("objective_options", {}),
+    )
 
 
 def _default_loss(net, classifier, loss):
@@ -384,89 +548,133 @@ def _label_checked(stream, net, classifier, loss):
     return lambda skip: checks.checked(stream(skip)), checks
 
 
-def _phase_optimizer(optimizer, plan, phase, options: dict[str, Any]):
-    # A name makes a fresh optimizer per phase; an object serves one phase.
-    if isinstance(optimizer, str):
-        rate = plan.learning_rate * phase.lr_factor
-        phase_plan = dataclasses.replace(plan, learning_rate=rate)
-        return make_optimizer(phase_plan, optimizer=optimizer, **options)
-    if phase.lr_factor != 1.0 or phase.name != "train":
-        raise ValueError(
-            "Phases with their own learning rates need the optimizer by name "
-            "(each phase starts a fresh one). Received: "
-            f"optimizer={type(optimizer).__name__}, phase={phase.name}"
+def _checkpoint_options(checkpoints: Any) -> CheckpointOptions:
+    if checkpoints is None:
+        return CheckpointOptions()
+    if isinstance(checkpoints, (str, Path)):
+        return CheckpointOptions(dir=str(checkpoints))
+    if isinstance(checkpoints, dict):
+        return _validated(CheckpointOptions, checkpoints, "checkpoints")
+    if isinstance(checkpoints, CheckpointOptions):
+        return checkpoints
+    raise TypeError(
+        "checkpoints must be a folder, CheckpointOptions, its dict or None. "
+        f"Received: checkpoints={checkpoints!r}"
+    )
+
+
+def _opened_state(setup: Setup, options: CheckpointOptions, has_val: bool):
+    """The folder's `TrainingState`: the model restored from its newest
+    usable checkpoint, the checkpoint callbacks ready."""
+    run_dir, rt, plan = Path(options.dir), setup.runtime, setup.plan
+    state = TrainingState(
+        run_dir,
+        resuming=(run_dir / "checkpoints").is_dir(),
+        workers=rt.workers,
+        resume_hint=setup.resume_hint
+        or f"resume with advtrain.fit(..., checkpoints={str(run_dir)!r})",
+        echo=setup.echo,
+    )
+    monitor, mode = resolve_monitor(options, setup.model, has_val)
+    state.restore(setup.model, steps_per_epoch=plan.steps_per_epoch)
+    attack = getattr(getattr(setup.model, "attack", None), "eps", None)
+    hint = f"train.learning_rate={setup.train.learning_rate:g}, "
+    if attack is not None:
+        hint += f"attack.eps={attack:g}, "
+    state.open(
+        is_chief=rt.is_chief,
+        epochs=plan.epochs,
+        keep_checkpoints=options.keep_checkpoints,
+        monitor=monitor,
+        monitor_mode=mode,
+        checkpoint_every_epochs=options.checkpoint_every_epochs,
+        checkpoint_every_steps=options.checkpoint_every_steps,
+        nan_hint=hint + f"runtime.precision={rt.precision}",
+    )
+    return state
+
+
+def resolve_monitor(
+    options: CheckpointOptions, model: keras.Model, has_val: bool
+) -> tuple[str, str]:
+    """(metric, mode) for `monitor: auto` and `monitor_mode: auto`: robust
+    accuracy, on the validation data only if the model's test_step attacks
+    (else val_adv_accuracy would stay 0)."""
+    from advtrain.utils.errors import ArgumentError
+
+    monitor, mode = options.monitor, options.monitor_mode
+    attacks = hasattr(model, "attack")
+    if monitor == "auto":
+        if not attacks:
+            monitor = "val_accuracy" if has_val else "accuracy"
+        elif has_val and type(model).test_step is not keras.Model.test_step:
+            monitor = "val_adv_accuracy"
+        else:
+            monitor = "adv_accuracy"
+    elif monitor.startswith("val_") and not has_val:
+        raise ArgumentError(
+            "monitor",
+            "a validation metric needs validation data; pass some, or "
+            "monitor a training metric. "
+            f"Received: monitor={monitor}",
         )
-    return optimizer
+    if mode == "auto":
+        mode = "min" if monitor.endswith("loss") else "max"
+    names = ["loss", "accuracy"] + [
+        m.name for m in model.metrics if m.name not in ("loss", "compile_metrics")
+    ]
+    known = names + [f"val_{n}" for n in names] if has_val else names
+    if monitor not in known:
+        raise ArgumentError(
+            "monitor",
+            f"not a metric of this run. Known: {', '.join(known)}. "
+            f"Received: monitor={monitor}",
+        )
+    return monitor, mode
 
 
-def _fit_phases(
-    model: keras.Model,
-    stream: Callable[[int], Any],
-    *,
-    runtime,
-    plan,
-    phases: list[Phase],
-    loss,
-    metrics,
-    optimizer,
-    optimizer_options: dict,
-    seed: int,
-    callbacks: list,
-    state: Optional[TrainingState],
-    freeze: Optional[keras.Model],
-    validation_data,
-    verbose,
-    echo: Echo,
-) -> tuple[dict[str, list[float]], float]:
+def phase_optimizer(setup: Setup, phase: Phase) -> keras.optimizers.Optimizer:
+    """The fresh optimizer `fit` compiles for `phase`: the plan's learning
+    rate x the phase's factor, on the plan's schedule."""
+    rate = setup.plan.learning_rate * phase.lr_factor
+    phase_plan = dataclasses.replace(setup.plan, learning_rate=rate)
+    options = setup.train.model_dump(include=set(OPTIMIZER_KEYS))
+    return make_optimizer(phase_plan, **options)
+
+
+def _fit_phases(setup: Setup, metrics, callbacks, state, validation_data, verbose):
     """Fits the phases (from where `state` resumes); returns this process's
     history and training seconds. Each `Model.fit` continues the stream
     (`stream(skip)`: without its first `skip` global batches)."""
     from advtrain.models.freezing import apply_phase
 
+    model, plan, runtime = setup.model, setup.plan, setup.runtime
     spe, start = plan.steps_per_epoch, time.perf_counter()
     start_epoch = state.start_epoch if state else 0
-    reseed = lambda epoch, logs=None: keras.utils.set_random_seed(seed + epoch)  # noqa: E731
-    seeding = keras.callbacks.LambdaCallback(on_epoch_begin=reseed)
     history: dict[str, list[float]] = {}
     if state:
         state.preemption.arm(state.checkpoint, runtime.strategy)
-    for phase in phases:
+    for phase in setup.phases:
         if phase.epochs <= 0:
             continue
-        trainable = apply_phase(freeze, phase) if freeze is not None else []
+        frozen = setup.classifier if setup.freeze else None
+        trainable = apply_phase(frozen, phase) if frozen is not None else []
         if phase.end_epoch <= start_epoch:
             continue  # done before the interruption
-        if phase.name != "train":
-            echo(
-                f"phase {phase.name}: epochs {phase.start_epoch + 1}-"
-                f"{phase.end_epoch}, freeze={phase.freeze}, "
-                f"{len(trainable)} backbone layer(s) trainable, "
-                f"lr x{phase.lr_factor:g}"
-            )
-        with runtime.scope():
-            model.compile(
-                optimizer=_phase_optimizer(optimizer, plan, phase, optimizer_options),
-                loss=loss,
-                metrics=metrics,
-                jit_compile=runtime.jit_compile,
-                steps_per_execution=plan.steps_per_execution,
-            )
-            runtime.prepare_model(model)
-            if state:
-                state.restore_optimizer(model, phase)
-                state.checkpoint.phase = phase.name
+        _announce(phase, trainable, setup.echo)
+        compile_setup(setup, metrics, phase, state)
         epoch = max(phase.start_epoch, start_epoch)
         step = state.start_step if state and epoch == start_epoch else 0
         while epoch < phase.end_epoch:
             # An interrupted epoch is fitted alone, for its remaining steps.
             end = epoch + 1 if step else phase.end_epoch
             result = model.fit(
-                stream(epoch * spe + step),
+                setup.stream(epoch * spe + step),
                 initial_epoch=epoch,
                 epochs=end,
                 steps_per_epoch=spe - step,
                 validation_data=validation_data,
-                callbacks=[seeding, *callbacks],
+                callbacks=callbacks,
                 verbose=verbose,
                 shuffle=False,  # the input pipeline shuffles
             )
@@ -476,6 +684,35 @@ def _fit_phases(
     if state:
         state.preemption.disarm()
     return history, time.perf_counter() - start
+
+
+def _announce(phase: Phase, trainable: list, echo: Echo) -> None:
+    if phase.name != "train":
+        echo(
+            f"phase {phase.name}: epochs {phase.start_epoch + 1}-"
+            f"{phase.end_epoch}, freeze={phase.freeze}, "
+            f"{len(trainable)} backbone layer(s) trainable, "
+            f"lr x{phase.lr_factor:g}"
+        )
+
+
+def compile_setup(setup: Setup, metrics=None, phase=None, state=None) -> None:
+    """Compiles the setup's model as `fit` does for `phase` (default: the
+    first): its optimizer, loss, XLA and steps per host call."""
+    model, runtime, plan = setup.model, setup.runtime, setup.plan
+    phase = phase or setup.phases[0]
+    with runtime.scope():
+        model.compile(
+            optimizer=phase_optimizer(setup, phase),
+            loss=setup.loss,
+            metrics=metrics,
+            jit_compile=runtime.jit_compile,
+            steps_per_execution=plan.steps_per_execution,
+        )
+        runtime.prepare_model(model)
+        if state:
+            state.restore_optimizer(model, phase)
+            state.checkpoint.phase = phase.name
 
 
 def _batchnorm_options(batchnorm: Any) -> dict[str, Any]:

@@ -392,8 +392,9 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
             "message": message,
         }
 
-    def save_state(self, path: Union[str, Path]) -> None:
-        """Writes what it saw and the best epoch's weights, atomically."""
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """What it saw and the best epoch's weights, as arrays: one group
+        of `advtrain.fit`'s checkpoints (`load_arrays` takes them back)."""
         meta = {
             "format": 1,
             "accuracies": [[e, a] for e, a in self.accuracies],
@@ -407,23 +408,36 @@ class CatastrophicOverfittingGuard(keras.callbacks.Callback):
         for prefix, values in best.items():
             for i, value in enumerate(values or []):
                 arrays[f"{prefix}/{i:05d}"] = value
+        return arrays
+
+    def save_state(self, path: Union[str, Path]) -> None:
+        """Writes `state_arrays` to an `.npz`, atomically (a guard used
+        without `advtrain.fit`'s checkpoints)."""
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
+        np.savez(buffer, **self.state_arrays())
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             tmp.write_bytes(buffer.getvalue())
 
     def load_state(self, path: Union[str, Path], epochs_done: int) -> bool:
-        """Takes back a saved state's first `epochs_done` epochs; False (a
-        fresh guard) when `path` is unreadable or its best epoch later."""
+        """`load_arrays` from a `save_state` file; False when unreadable."""
         try:
             with np.load(Path(path), allow_pickle=False) as npz:
-                meta = json.loads(npz["meta"].tobytes().decode())
-                files = sorted(npz.files)
-                weights = [npz[k] for k in files if k.startswith("weights/")]
-                slots = [npz[k] for k in files if k.startswith("slots/")]
-        except (OSError, ValueError, KeyError):
+                arrays = {key: npz[key] for key in npz.files}
+        except (OSError, ValueError):
             return False
+        return self.load_arrays(arrays, epochs_done)
+
+    def load_arrays(self, arrays: dict[str, np.ndarray], epochs_done: int) -> bool:
+        """Takes back a saved state's first `epochs_done` epochs; False (a
+        fresh guard) when it is missing or its best epoch later."""
+        try:
+            meta = json.loads(arrays["meta"].tobytes().decode())
+        except (KeyError, ValueError):
+            return False
+        files = sorted(arrays)
+        weights = [arrays[k] for k in files if k.startswith("weights/")]
+        slots = [arrays[k] for k in files if k.startswith("slots/")]
         best_epoch = meta.get("best_epoch")
         if best_epoch is None or best_epoch > epochs_done or not weights:
             return False

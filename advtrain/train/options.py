@@ -1,14 +1,13 @@
-"""The runtime's and the batch plan's typed options (`advtrain.fit`'s and
-the application's runtime and training settings)."""
+"""`advtrain.fit`'s typed option groups: `runtime`, `train` and
+`checkpoints`; a configuration file's sections derive from them, so their
+fields are its keys (one definition for both)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
-from advtrain.utils.errors import ArgumentError
 from advtrain.utils.options import Options, Seed
 
 
@@ -56,7 +55,9 @@ class PlanOptions(Options):
     batch_size is the global batch, split evenly across replicas; epochs
     are never divided by the number of workers. scale_lr: learning_rate x
     batch_size / reference_batch; warmup_epochs: linear warm-up from 0
-    over that many epochs (may be fractional).
+    over that many epochs (may be fractional). shuffle: shuffle arrays and
+    examples anew each epoch (a stream function shuffles as it builds its
+    batches).
     """
 
     epochs: int = Field(10, ge=0)
@@ -73,21 +74,24 @@ class PlanOptions(Options):
     reference_batch: int = Field(256, ge=1)
     warmup_epochs: float = Field(0.0, ge=0.0)
     seed: Seed = 0
+    shuffle: bool = True
 
 
-def split_cpu(
-    split: Callable[[], None], devices: Callable[[], int], replicas: int, library: str
-):
-    """Runs `split` (which fails once the backend started) unless the CPU
-    already holds `replicas` devices (on both backends)."""
-    try:
-        split()
-    except RuntimeError:
-        existing = devices()
-        if existing != replicas:
-            raise ArgumentError(
-                "cpu_replicas",
-                f"{library} already started with {existing} CPU device(s) in "
-                f"this process; set it before any {library} work (a fresh "
-                f"process). Received: cpu_replicas={replicas}",
-            ) from None
+class CheckpointOptions(Options):
+    """Where and how often `fit` checkpoints (advtrain.train.training_state).
+
+    dir: the folder (checkpoints/, history.csv); a second `fit` with the
+        same dir resumes where the first stopped. None: no checkpoints.
+    monitor: the metric the kept checkpoints are ranked by; auto: the
+        robust accuracy (val_adv_accuracy with validation data whose step
+        attacks, else adv_accuracy), or without an attack val_accuracy /
+        accuracy.
+    """
+
+    dir: Optional[str] = None
+    checkpoint_every_epochs: int = Field(1, ge=1)
+    checkpoint_every_steps: Optional[int] = Field(None, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    monitor: str = Field("auto", pattern=r"^(auto|(val_)?[a-z][a-z0-9_]*)$")
+    monitor_mode: Literal["auto", "max", "min"] = "auto"
+

@@ -16,6 +16,7 @@ from advtrain.train.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointStore,
+    extra_group,
     find_resume_point,
     read_history,
     restore_variables,
@@ -26,12 +27,16 @@ from advtrain.utils.errors import one_line
 from advtrain.utils.io import atomic_write_text
 from advtrain.utils.progress import Echo
 
+# The checkpoints' group holding a catastrophic-overfitting guard's state.
+GUARD_GROUP = "co_guard"
+
 
 class TrainingState:
     """Resume and checkpointing of one run folder.
 
     Creating it installs the preemption signal handlers (SIGTERM/SIGINT:
-    checkpoint and exit 75; before training, `Preempted` at once). Then
+    checkpoint and exit 75; before training, `Preempted` at once): `fit`
+    creates it and restores the caller's handlers when it returns. Then
     `restore`, `open`, `callbacks`, and during training `restore_optimizer`.
 
     Args:
@@ -47,7 +52,7 @@ class TrainingState:
     state = TrainingState(run_dir, resuming=resuming, workers=runtime.workers)
     state.restore(model, steps_per_epoch=plan.steps_per_epoch)
     state.open(is_chief=runtime.is_chief, epochs=plan.epochs)
-    advtrain.fit(model, stream, checkpoints=state, ...)
+    callbacks = state.callbacks(model, image_shape)
     ```
     """
 
@@ -166,12 +171,31 @@ class TrainingState:
         self, model: keras.Model, image_shape, before: Sequence = ()
     ) -> list[keras.callbacks.Callback]:
         """The callbacks in their order: the resumed epoch's metrics,
-        `before`, NaN guard, history CSV, checkpoint, preemption."""
+        `before`, NaN guard, history CSV, checkpoint, preemption. A
+        catastrophic-overfitting guard among `before` keeps its state in
+        this folder's checkpoints (group `co_guard`), and takes it back
+        when resuming."""
+        for guard in before:
+            if hasattr(guard, "load_state"):
+                self._resume_guard(guard)
         start = keras.callbacks.LambdaCallback(
             on_epoch_begin=lambda *_: self._restore_epoch_metrics(model, image_shape)
         )
         csv = keras.callbacks.CSVLogger(str(self.out / "history.csv"), append=True)
         return [start, *before, self.guard, csv, self.checkpoint, self.preemption]
+
+    def _resume_guard(self, guard) -> None:
+        # One more group of each checkpoint, hashed with the variables.
+        self.checkpoint.store.extras[GUARD_GROUP] = guard.state_arrays
+        if self.point is None:
+            return
+        saved = extra_group(self.point, GUARD_GROUP)
+        if guard.load_arrays(saved, self.start_epoch):
+            self.echo(
+                f"catastrophic-overfitting guard: resumed with its record of "
+                f"{len(guard.accuracies)} epoch(s), best PGD accuracy "
+                f"{100 * guard.best_accuracy:.1f}% (epoch {guard.best_epoch})"
+            )
 
     def restore_optimizer(self, model: keras.Model, phase) -> None:
         """Continues the optimizer of the interrupted phase; a new phase

@@ -118,7 +118,7 @@ BAD = [
     (
         "output: {monitor: adv_acc}",
         [],
-        "bad.yaml: output.monitor=adv_acc: not a metric of this run",
+        "bad.yaml: output.monitor: not a metric of this run",
     ),
     ("train: {learning_rate: 0}", [], "'train.learning_rate'"),
     ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy: no TPU found"),

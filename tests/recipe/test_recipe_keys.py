@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from advtrain.models.batchnorm.policy import bn_gap_warning
 from advtrain.models.classifier import build_classifier
-from advtrain.recipe.build import build_run_model, recipe_plan
+from advtrain.recipe.build import recipe_classifier, recipe_plan
 from advtrain.recipe.keys import recipe_keys
 from advtrain.recipe.loader import recipe_from_dict
 from advtrain.recipe.run_folder import check_recipe_paths
@@ -44,7 +44,7 @@ def test_a_weights_error_names_the_argument_and_under_a_recipe_the_key(tmp_path)
     recipe = recipe_from_dict({"model": {**TINY["model"], "weights": missing}})
     splits = types.SimpleNamespace(image_shape=(8, 8, 1), num_classes=3)
     with pytest.raises(RecipeError) as under_recipe:
-        build_run_model(recipe, splits)
+        recipe_classifier(recipe, splits)
     assert str(under_recipe.value) == f"model.weights: {python.value.message}"
 
 

@@ -204,8 +204,13 @@ def test_run_writes_report_sanity_guard_and_export(guarded_run, digits):
     guard = metrics["co_guard"]
     assert [p["epoch"] for p in guard["pgd_accuracy"]] == [1, 2]
     assert len(result.history["co_guard_pgd_accuracy"]) == 2
-    # The guard's record is kept for a resumed run.
-    assert (out / "checkpoints" / "co_guard.npz").is_file()
+    # The guard's record is kept for a resumed run: one more group of the
+    # checkpoint, under its hash.
+    from advtrain.train.checkpoint import extra_group, find_resume_point
+
+    point = find_resume_point(out / "checkpoints", echo=lambda line: None)
+    assert "meta" in extra_group(point, "co_guard")
+    assert not (out / "checkpoints" / "co_guard.npz").exists()
     assert "catastrophic-overfitting guard: PGD-2" in output
     assert "sanity checks: " in output
     report = (out / "report.md").read_text()

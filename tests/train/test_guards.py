@@ -434,3 +434,36 @@ def test_advtrain_run_says_unsound_in_one_line_report_metrics_and_exit_code(
     report = (out / "report.md").read_text().splitlines()
     assert report[2].startswith("**Robust accuracy")
     assert report[4] == f"**Warning: {message}.**"
+
+
+def test_fit_returns_the_guards_verdict(digits):
+    from advtrain.train.fitting import fit
+
+    x, y = digits
+
+    def run(callbacks):
+        model = AdversarialModel(
+            dense_classifier(),
+            Attack("fgsm", eps=0.02),
+            adv_weight=1.0,
+            seed=0,
+            eps_ramp_steps=2 * NEVER_ROBUST_STEPS_PER_EPOCH,
+        )
+        train = {"learning_rate": 1e-2, "seed": 0, "shuffle": False}
+        return fit(
+            model,
+            (x[:768], y[:768]),
+            batch_size=64,
+            epochs=5,
+            train=train,
+            callbacks=callbacks,
+            echo=None,
+        )
+
+    guard = CatastrophicOverfittingGuard(
+        x[:128], y[:128], eps=0.3, steps=3, action="rollback", echo=lambda _: None
+    )
+    verdict = run([guard]).verdict
+    assert verdict["kind"] == "catastrophic_overfitting"
+    assert "no epoch the guard could keep was sound" in verdict["reasons"][0]
+    assert run([]).verdict is None

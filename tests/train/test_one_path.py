@@ -50,11 +50,9 @@ def fit_like_the_recipe(**changed):
         )
 
     arguments = dict(
-        attack={"method": "fgsm_rs", "eps": 0.1},
-        adv_weight=0.5,
+        attack={"method": "fgsm_rs", "eps": 0.1, "adv_weight": 0.5},
         epochs=2,
-        learning_rate=3e-3,
-        seed=SEED,
+        train={"learning_rate": 3e-3, "seed": SEED},
         runtime={"deterministic": True, "steps_per_execution": 2},
         echo=None,
     )
@@ -86,7 +84,7 @@ def test_phases_are_the_same_both_ways(tmp_path):
     """A head-only warm-up epoch, then fine-tuning at a tenth of the rate."""
     lines = []
     weights = fit_like_the_recipe(
-        phases=phases(2, head_only_epochs=1, finetune_lr_factor=0.1),
+        epochs=phases(2, head_only_epochs=1, finetune_lr_factor=0.1),
         echo=lines.append,
     )
     assert any(line.startswith("phase finetune: epochs 2-2") for line in lines)
@@ -94,9 +92,7 @@ def test_phases_are_the_same_both_ways(tmp_path):
     assert not same(weights, fit_like_the_recipe())
 
 
-def test_an_optimizer_object_cannot_serve_several_phases():
-    with pytest.raises(ValueError, match="optimizer by name") as info:
-        fit_like_the_recipe(
-            phases=phases(2, head_only_epochs=1), optimizer=keras.optimizers.SGD()
-        )
+def test_phases_must_end_at_the_last_epoch():
+    with pytest.raises(ValueError, match="given twice") as info:
+        fit_like_the_recipe(epochs=phases(3, head_only_epochs=1), train={"epochs": 2})
     assert "\n" not in str(info.value)

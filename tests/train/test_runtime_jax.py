@@ -79,7 +79,8 @@ import advtrain
 pgd = {"method": "pgd", "eps": 0.1, "steps": 2, "random_start": False}
 result = advtrain.fit(
     lambda: dense_classifier(seed=0), (x, y), attack=pgd, batch_size=32,
-    shuffle=False, optimizer="sgd", learning_rate=0.1, runtime=runtime,
+    train={"shuffle": False, "optimizer": "sgd", "learning_rate": 0.1},
+    runtime=runtime,
     echo=None,
 )
 for i, w in enumerate(result.model.classifier.get_weights()):
