@@ -94,4 +94,3 @@ class CheckpointOptions(Options):
     keep_checkpoints: int = Field(3, ge=1)
     monitor: str = Field("auto", pattern=r"^(auto|(val_)?[a-z][a-z0-9_]*)$")
     monitor_mode: Literal["auto", "max", "min"] = "auto"
-
