@@ -32,6 +32,7 @@ from advtrain.attacks.pgd import (
 )
 from advtrain.evaluation.examples import ExampleRecorder, concat, smallest_keys
 from advtrain.evaluation.report import CASCADE_LABELS
+from advtrain.evaluation.verdict import run_verdict
 from advtrain.utils.errors import ArgumentError, did_you_mean
 from advtrain.utils.io import atomic_path
 from advtrain.utils.keywords import check_keywords
@@ -645,14 +646,11 @@ def evaluate(
     check_keywords("evaluate", keys, [k for k in ATTACK_KEYS if k not in _OWN])
     listed_attacks(attacks, keys.get("fgsm", True), keys.get("pgd_steps", 20))
     model = getattr(model, "classifier", model)
-    data = _batches_of(data, batch_size)
-    if num_classes is None:
-        num_classes = int(model.output_shape[-1])
     result = evaluate_robustness(
         model,
-        data,
+        _batches_of(data, batch_size),
         default_eps=eps,
-        num_classes=num_classes,
+        num_classes=num_classes or int(model.output_shape[-1]),
         norm=norm,
         attacks=attacks,
         budget=budget,
@@ -662,8 +660,6 @@ def evaluate(
         return_examples=return_examples,
         **keys,
     )
-    from advtrain.evaluation.verdict import run_verdict
-
     # From the evaluation alone; a run adds its guard and sanity checks.
     result["verdict"] = run_verdict(evaluation=result)
     return result
