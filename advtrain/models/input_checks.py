@@ -92,10 +92,12 @@ def warn_if_probability_output(model: keras.Model, loss: Any) -> None:
 
 
 class InputChecks:
-    """The checks on one model's training data: arrays before training (a
-    strided sample of a large one), `PyDataset`/generator batches as
-    produced, a `tf.data.Dataset` through a `map` (a distributed one is not
-    checked); the same on every backend.
+    """The checks on one model's training data, none of them a host call
+    per step: arrays once before training (a strided sample of a large
+    one); a `tf.data.Dataset` in its own graph, through a `map` whose
+    Python runs only to raise for a bad batch (a distributed one is not
+    checked); `PyDataset`/generator batches on the host as they are made,
+    where they are made in Python anyway. The same on every backend.
 
     Args:
         pixel_range: the attack's `(clip_min, clip_max)`; None skips the
@@ -169,6 +171,9 @@ class InputChecks:
         return parts
 
     def _checked_dataset(self, dataset):
+        """`dataset` with each batch's ranges checked in the graph: a few
+        reductions per batch inside the `map`, and Python only to raise
+        the error of a batch that failed (no host call per step)."""
         import tensorflow as tf
 
         spec = dataset.element_spec
@@ -179,15 +184,24 @@ class InputChecks:
             batch = element if len(element) > 1 else element[0]
             x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
             parts = self._checked_parts(x, y)
-            ranges = [
-                reduce(tf.cast(t, tf.float32))
-                for t in parts.values()
-                for reduce in (tf.reduce_min, tf.reduce_max)
-            ]
-            if not ranges:
+            if not parts:
                 return batch
-            ok = tf.numpy_function(
-                lambda *found: self._check_ranges(list(parts), found), ranges, tf.bool
+            ranges, inside = [], []
+            for kind, values in parts.items():
+                low = tf.cast(tf.reduce_min(values), tf.float64)
+                high = tf.cast(tf.reduce_max(values), tf.float64)
+                bottom, top = self._bounds(kind)
+                empty = tf.equal(tf.size(values), 0)
+                inside.append(empty | ((low >= bottom) & (high <= top)))
+                ranges += [low, high]
+            kinds = list(parts)
+            ok = tf.cond(
+                tf.reduce_all(tf.stack(inside)),
+                lambda: tf.constant(True),
+                # Runs only for a batch that failed: raises its one line.
+                lambda: tf.numpy_function(
+                    lambda *found: self._check_ranges(kinds, found), ranges, tf.bool
+                ),
             )
             with tf.control_dependencies([ok]):
                 return tf.nest.map_structure(tf.identity, batch)
@@ -224,14 +238,25 @@ class InputChecks:
                 f"shape={shape}"
             )
 
+    def _bounds(self, kind: str) -> tuple[float, float]:
+        """The lowest and highest value of `kind` ("pixels", "labels")
+        that pass, the pixels' rounding tolerance included."""
+        if kind == "pixels":
+            clip_min, clip_max = self.pixel_range
+            return (
+                -np.inf if clip_min is None else clip_min - PIXEL_TOLERANCE,
+                np.inf if clip_max is None else clip_max + PIXEL_TOLERANCE,
+            )
+        classes = self.num_classes
+        return 0.0, np.inf if classes is None else float(classes - 1)
+
     def _check_range(self, kind: str, low: float, high: float) -> None:
+        bottom, top = self._bounds(kind)
+        if low >= bottom and high <= top:
+            return
         classes = self.num_classes
         if kind == "pixels":
             clip_min, clip_max = self.pixel_range
-            if (clip_min is None or low >= clip_min - PIXEL_TOLERANCE) and (
-                clip_max is None or high <= clip_max + PIXEL_TOLERANCE
-            ):
-                return
             bounds = f"[{_number(clip_min, '-inf')}, {_number(clip_max, 'inf')}]"
             example = " (e.g. x / 255)" if self.pixel_range == (0.0, 1.0) else ""
             error = PixelRangeError(
@@ -241,8 +266,6 @@ class InputChecks:
                 f"data's range. Received: pixel range [{_number(low)}, "
                 f"{_number(high)}]"
             )
-        elif low >= 0 and (classes is None or high <= classes - 1):
-            return
         else:
             expected = (
                 f"in [0, {classes}) for this model's {classes} logits"

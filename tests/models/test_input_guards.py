@@ -12,7 +12,12 @@ from helpers import bn_classifier, dense_classifier, on_replicas
 import advtrain
 from advtrain.attacks import Attack
 from advtrain.models import AdversarialModel
-from advtrain.models.input_checks import LabelError, PixelRangeError, label_kind
+from advtrain.models.input_checks import (
+    InputChecks,
+    LabelError,
+    PixelRangeError,
+    label_kind,
+)
 
 RNG = np.random.default_rng(0)
 X = RNG.random((64, 8, 8, 1), dtype=np.float32)
@@ -207,6 +212,41 @@ def test_label_kind_knows_keras_cross_entropies():
     )
     ignoring = keras.losses.SparseCategoricalCrossentropy(ignore_class=-1)
     assert label_kind(ignoring) is None and label_kind("mse") is None
+
+
+# ------------------------------------------------------- cost per step
+
+
+def test_a_dataset_is_checked_in_the_graph_python_only_for_a_bad_batch():
+    """Good batches never call back into Python (steps_per_execution can
+    amortise the check); the one bad batch raises the host check's line."""
+    checks = InputChecks((0.0, 1.0), logits_shape=(None, 10), labels="sparse")
+    called = []
+    host_check = checks._check_range
+    checks._check_range = lambda *found: called.append(found) or host_check(*found)
+    good = tf.data.Dataset.from_tensor_slices((X, Y)).batch(16)
+    assert sum(1 for _ in checks.checked(good)) == 4
+    assert called == []
+    bad_x = X.copy()
+    bad_x[40] *= 255  # the third batch of 16
+    bad = tf.data.Dataset.from_tensor_slices((bad_x, Y)).batch(16)
+    with pytest.raises(PixelRangeError) as caught, checks.clean_errors():
+        list(checks.checked(bad))
+    assert [kind for kind, *_ in called] == ["pixels"]
+    assert _received(_one_line(caught)) == pytest.approx(
+        (bad_x[32:48].min(), bad_x[32:48].max()), 1e-5
+    )
+
+
+@pytest.mark.parametrize("bad", [(X * 255, Y), (X, Y + 3)], ids=["pixels", "labels"])
+def test_a_dataset_fails_with_the_line_its_arrays_fail_with(bad):
+    with pytest.raises(ValueError) as from_arrays:
+        _model().fit(*bad, batch_size=64, verbose=0)
+    dataset = tf.data.Dataset.from_tensor_slices(bad).batch(64)
+    with pytest.raises(ValueError) as from_dataset:
+        _model().fit(dataset, verbose=0, shuffle=False)
+    assert _one_line(from_dataset) == _one_line(from_arrays)
+    assert type(from_dataset.value) is type(from_arrays.value)
 
 
 # ---------------------------------------------------------------- replicas

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -105,6 +105,86 @@ def _encode_png(image: Image.Image) -> bytes:
     return out.getvalue()
 
 
+class _Row(NamedTuple):
+    filename: str
+    width: int
+    height: int
+    roi: tuple[int, int, int, int]  # x1, y1, x2, y2; x2 and y2 exclusive
+    label: int
+    track: int  # -1 where the file name carries none (the test split)
+
+
+def _parse_row(where: str, line: str, expected_class: Optional[int]) -> _Row:
+    """One CSV line as a `_Row`, its fields and names checked."""
+    filename, *fields = line.split(";")
+    try:
+        width, height, x1, y1, x2, y2, label = (int(v) for v in fields)
+    except ValueError:
+        raise DataError(
+            f"{where}: expected {len(CSV_HEADER)} ';'-separated fields "
+            f"with integers after Filename. Received: {line[:100]!r}"
+        ) from None
+    track = -1
+    if expected_class is not None:
+        stem = filename.rsplit(".", 1)[0].split("_")
+        if len(stem) != 2 or not all(s.isdigit() for s in stem):
+            raise DataError(
+                f"{where}: expected a file named XXXXX_YYYYY.ppm "
+                f"(track_frame). Received: {filename}"
+            )
+        track = int(stem[0])
+    if not 0 <= label < NUM_CLASSES:
+        raise DataError(
+            f"{where}: ClassId out of range: expected "
+            f"0..{NUM_CLASSES - 1}. Received: {label}"
+        )
+    if expected_class is not None and label != expected_class:
+        raise DataError(
+            f"{where}: ClassId {label} does not match its folder: "
+            f"expected {expected_class}."
+        )
+    return _Row(filename, width, height, (x1, y1, x2, y2), label, track)
+
+
+def _read_image(tree, rel: str, where: str, row: _Row) -> Image.Image:
+    """The row's PPM, decoded, of the CSV's size and holding its ROI."""
+    if not tree.is_file(rel):
+        raise DataError(f"{where}: file {row.filename} not found")
+    try:
+        data = tree.read(rel)
+    except OSError as exc:
+        raise DataError(f"{tree.name(rel)}: cannot read ({one_line(exc)}).") from None
+    image = open_ppm(data, tree.name(rel))
+    width, height = row.width, row.height
+    if image.size != (width, height):
+        raise DataError(
+            f"{where}: {row.filename} is {image.size[0]}x{image.size[1]}"
+            f" (width x height), the CSV says {width}x{height}."
+        )
+    x1, y1, x2, y2 = row.roi
+    if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
+        raise DataError(
+            f"{where}: ROI ({x1}, {y1}, {x2}, {y2}) is not inside the "
+            f"{width}x{height} image."
+        )
+    return image
+
+
+def _shaped(image: Image.Image, roi: tuple[int, ...], cfg) -> Image.Image:
+    """`image` cropped to `roi` (`cfg.roi_crop`) and resized to
+    `cfg.image_size` (height, width)."""
+    if cfg.roi_crop:
+        # x2 / y2 are exclusive: this leaves the sign's documented
+        # border of at least 5 px outside the crop on every side.
+        image = image.crop(roi)
+    size = None if cfg.image_size is None else cfg.image_size[::-1]
+    if size is not None and image.size != size:
+        # Pillow widens its bilinear filter by the shrink factor, as
+        # tf.image.resize(antialias=True) does: within 1 of 255.
+        image = image.resize(size, Image.Resampling.BILINEAR)
+    return image
+
+
 def _examples(
     tree,
     folder: str,
@@ -118,72 +198,19 @@ def _examples(
     for n, line in _read_csv(csv_tree, csv_rel):
         where = f"{csv_name} row {n}"
         try:
-            filename, *fields = line.split(";")
-            try:
-                width, height, x1, y1, x2, y2, label = (int(v) for v in fields)
-            except ValueError:
-                raise DataError(
-                    f"{where}: expected {len(CSV_HEADER)} ';'-separated fields "
-                    f"with integers after Filename. Received: {line[:100]!r}"
-                ) from None
-            track = -1
-            if expected_class is not None:
-                stem = filename.rsplit(".", 1)[0].split("_")
-                if len(stem) != 2 or not all(s.isdigit() for s in stem):
-                    raise DataError(
-                        f"{where}: expected a file named XXXXX_YYYYY.ppm "
-                        f"(track_frame). Received: {filename}"
-                    )
-                track = int(stem[0])
-            if not 0 <= label < NUM_CLASSES:
-                raise DataError(
-                    f"{where}: ClassId out of range: expected "
-                    f"0..{NUM_CLASSES - 1}. Received: {label}"
-                )
-            if expected_class is not None and label != expected_class:
-                raise DataError(
-                    f"{where}: ClassId {label} does not match its folder: "
-                    f"expected {expected_class}."
-                )
-            rel = f"{folder}/{filename}"
-            if not tree.is_file(rel):
-                raise DataError(f"{where}: file {filename} not found")
-            try:
-                data = tree.read(rel)
-            except OSError as exc:
-                raise DataError(
-                    f"{tree.name(rel)}: cannot read ({one_line(exc)})."
-                ) from None
-            image = open_ppm(data, tree.name(rel))
-            if image.size != (width, height):
-                raise DataError(
-                    f"{where}: {filename} is {image.size[0]}x{image.size[1]}"
-                    f" (width x height), the CSV says {width}x{height}."
-                )
-            if not (0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height):
-                raise DataError(
-                    f"{where}: ROI ({x1}, {y1}, {x2}, {y2}) is not inside the "
-                    f"{width}x{height} image."
-                )
+            row = _parse_row(where, line, expected_class)
+            rel = f"{folder}/{row.filename}"
+            image = _read_image(tree, rel, where, row)
         except DataError as exc:
             problems.report(str(exc))
             continue
-        if cfg.roi_crop:
-            # x2 / y2 are exclusive: this leaves the sign's documented
-            # border of at least 5 px outside the crop on every side.
-            image = image.crop((x1, y1, x2, y2))
-        size = None if cfg.image_size is None else cfg.image_size[::-1]
-        if size is not None and image.size != size:
-            # Pillow widens its bilinear filter by the shrink factor, as
-            # tf.image.resize(antialias=True) does: within 1 of 255.
-            image = image.resize(size, Image.Resampling.BILINEAR)
         yield (
             rel,
             {
-                "image": _encode_png(image),
-                "label": label,
-                "track": track,
-                "roi": np.array([x1, y1, x2, y2], np.int32),
+                "image": _encode_png(_shaped(image, row.roi, cfg)),
+                "label": row.label,
+                "track": row.track,
+                "roi": np.array(row.roi, np.int32),
                 "filename": rel,
             },
         )
