@@ -185,12 +185,6 @@ def test_the_checker_leaves_questions_to_the_backend_alone(source):
     assert backend_branches(source) == []
 
 
-# Branches whose module another change of issue 46 rewrites (its line
-# becomes `backend.is_dataset(x)`): each must still be there, so the entry
-# goes with its line.
-PENDING = {("advtrain/models/input_checks.py", "tf is not None")}
-
-
 def test_no_module_outside_the_backend_home_branches_on_the_backend():
     modules = sorted(p for p in PACKAGE.rglob("*.py") if HOME not in p.parents)
     assert len(modules) > 50  # the whole package was read
@@ -200,13 +194,6 @@ def test_no_module_outside_the_backend_home_branches_on_the_backend():
         for line in backend_branches(
             path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
         )
-    ]
-    pending = {(line.split(":")[0], line.split(": ", 1)[1]) for line in found}
-    assert PENDING <= pending, f"fixed: remove from PENDING {PENDING - pending}"
-    found = [
-        line
-        for line in found
-        if (line.split(":")[0], line.split(": ", 1)[1]) not in PENDING
     ]
     assert not found, (
         "ask advtrain.backend instead (HOST_LOOPS, IMPORTS_TENSORFLOW, "

@@ -8,13 +8,14 @@ units); labels must suit the loss. A failed check is one line
 from __future__ import annotations
 
 import contextlib
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any, Optional
 
 import keras
 import numpy as np
+
+from advtrain import backend
 
 # Float rounding (a resize, a colour conversion) may overshoot the range by
 # a little; a wrong scale overshoots by far more.
@@ -136,8 +137,7 @@ class InputChecks:
         `PyDataset`, generator or `tf.data.Dataset` batch by batch."""
         if self.pixel_range is None and self.labels is None:
             return x
-        tf = sys.modules.get("tensorflow")
-        if tf is not None and isinstance(x, tf.data.Dataset):
+        if backend.is_dataset(x):
             return self._checked_dataset(x)
         if isinstance(x, keras.utils.PyDataset):
             return _CheckedPyDataset(x, self.check_batch)
