@@ -43,13 +43,13 @@ KINDS = (SOUND, CATASTROPHIC_OVERFITTING, EVALUATION_UNRELIABLE)
 # `advtrain.train.guards.COLLAPSED_EXIT_CODE`).
 EXIT_CODES = {SOUND: 0, CATASTROPHIC_OVERFITTING: 3, EVALUATION_UNRELIABLE: 4}
 
-# FGSM accuracy above PGD's on the test images. The shipped recipes' runs
-# show at most 8.2 points (docs/results.md); a model that collapsed beats
+# FGSM accuracy above PGD's on the test images. The healthy MNIST runs
+# measured show at most 8.2 points (docs/results.md); a model that collapsed beats
 # FGSM and loses to PGD by tens of points.
 MAX_FGSM_ABOVE_PGD = 0.3
 
-# The share of images only the gradient-free attack broke, in the shipped
-# recipes' healthy runs: at most 3.0% (mnist_fast and mnist_fgsm_rs, 1,000
+# The share of images only the gradient-free attack broke, in the healthy
+# MNIST runs measured: at most 3.0% (mnist_fast and mnist_fgsm_rs, 1,000
 # images; mnist_pgd 2.7% on all 10,000). The verdict calls it masking when
 # a run's share is significantly above that (one-sided binomial test), not
 # when it is above `sanity.MASKING_BASE_RATE` (what the sanity check flags).
@@ -133,8 +133,8 @@ def run_verdict(
     """The run's verdict: `{"kind": ..., "reasons": [...]}`, JSON-ready.
 
     Args:
-        guard: the catastrophic-overfitting guard's `summary()` (metrics.json
-            `co_guard`), or None without a guard.
+        guard: the catastrophic-overfitting guard's `summary()` (a run's
+            `co_guard` record), or None without a guard.
         evaluation: `advtrain.evaluate`'s result, or None.
         checks: the sanity checks (`{name, passed, detail}` dicts).
 
@@ -219,8 +219,8 @@ def verdict_metrics(
     evaluation: Optional[Mapping[str, Any]],
     checks: Optional[Sequence[Mapping[str, Any]]],
 ) -> dict[str, Any]:
-    """metrics.json's `verdict` (`run_verdict`) and `catastrophic_overfitting`
-    (its line when that is the kind, else None)."""
+    """A run's `verdict` (`run_verdict`) and `catastrophic_overfitting` (its
+    line when that is the kind, else None), as a run records them."""
     verdict = run_verdict(guard, evaluation, checks)
     collapsed = verdict["kind"] == CATASTROPHIC_OVERFITTING
     return {

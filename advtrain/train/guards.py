@@ -51,7 +51,7 @@ def first_nonfinite_variable(
 
 # The largest gap (training attack's accuracy minus the guard's PGD
 # accuracy) an epoch trained at full eps may show and still be kept as
-# sound. Healthy runs of the shipped recipes never exceeded +13.2 points
+# sound. The healthy MNIST runs measured never exceeded +13.2 points
 # after the eps ramp; the collapses measured (plain FGSM on mnist_fgsm_rs)
 # show +24.7 to +95, epochs under the 50-point rollback limit included.
 # 20 is about midway. See docs/robustness.md, "Why the limits are where
