@@ -4,6 +4,7 @@ headline. In process (CliRunner), on the digits, a few seconds each."""
 
 import json
 
+import keras
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -17,6 +18,7 @@ SMALL = {
     "data": {"source": "digits", "limit_train": 512, "limit_test": 64},
     "model": {"backbone": "small_cnn", "width": 8},
     "output": {"tensorboard": False, "plots": False, "export_saved_model": False},
+    "runtime": {"backend": keras.backend.backend()},
 }
 
 # Trains at eps 0.3 in name only (one PGD step of 0.001): the guard's PGD-3
