@@ -174,7 +174,7 @@ def prepare(
     plan, options = _plan(rt, size, batch, options, say)
     net, classifier = _built_model(model, rt, plan, bn, say, attack, options.seed)
     loss = _default_loss(net, classifier, loss)
-    stream, checks = _label_checked(stream, net, classifier, loss)
+    stream, checks = _label_checked(stream, net, classifier, loss, data)
     return Setup(
         rt,
         plan,
@@ -533,9 +533,10 @@ def _checked_phases(phases: Optional[list[Phase]], epochs: int) -> list[Phase]:
     return list(phases)
 
 
-def _label_checked(stream, net, classifier, loss):
+def _label_checked(stream, net, classifier, loss, data):
     """(`stream(skip)`, `InputChecks`): a plain model's labels are checked
-    in the stream against the loss and the model's output."""
+    against the loss and the model's output: arrays once, here, a stream
+    in its graph."""
     from advtrain.models import input_checks as ic
 
     checks = ic.InputChecks(
@@ -544,6 +545,9 @@ def _label_checked(stream, net, classifier, loss):
         loss_name=ic.loss_name(loss),
     )
     if net is not classifier:  # AdversarialModel: its fit checks the data
+        return stream, checks
+    if _are_arrays(data):
+        checks.checked(*data)
         return stream, checks
     return lambda skip: checks.checked(stream(skip)), checks
 

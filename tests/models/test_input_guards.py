@@ -175,9 +175,12 @@ def test_out_of_range_labels_stop_advtrain_fit(attack, source):
 @pytest.mark.parametrize("attack", [None, Attack("fgsm", eps=0.1)])
 def test_one_hot_labels_with_a_sparse_loss_and_the_reverse(attack):
     one_hot = np.eye(10, dtype="float32")[Y]
+    # A plain model's arrays are checked once, whole, before training; an
+    # AdversarialModel's stream batch by batch.
+    batch = "None" if attack is None else "32"
     cases = [
-        (one_hot, SPARSE, "look one-hot", "Received: labels shape=(32, 10)"),
-        (Y, CATEGORICAL, "takes one-hot labels (rows of 10)", "shape=(32,)"),
+        (one_hot, SPARSE, "look one-hot", f"Received: labels shape=({batch}, 10)"),
+        (Y, CATEGORICAL, "takes one-hot labels (rows of 10)", f"shape=({batch},)"),
     ]
     for labels, loss, expected, received in cases:
         with pytest.raises(LabelError) as caught:
