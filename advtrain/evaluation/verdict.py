@@ -39,8 +39,7 @@ CATASTROPHIC_OVERFITTING = "catastrophic_overfitting"
 EVALUATION_UNRELIABLE = "evaluation_unreliable"
 KINDS = (SOUND, CATASTROPHIC_OVERFITTING, EVALUATION_UNRELIABLE)
 
-# The command line's exit code per kind (3 is also
-# `advtrain.train.guards.COLLAPSED_EXIT_CODE`).
+# The command line's exit code per kind.
 EXIT_CODES = {SOUND: 0, CATASTROPHIC_OVERFITTING: 3, EVALUATION_UNRELIABLE: 4}
 
 # FGSM accuracy above PGD's on the test images. The healthy MNIST runs

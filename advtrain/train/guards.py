@@ -15,14 +15,16 @@ import numpy as np
 from advtrain import backend
 from advtrain.attacks import pgd
 from advtrain.attacks.common import check_count
+from advtrain.evaluation.verdict import CATASTROPHIC_OVERFITTING, EXIT_CODES
 from advtrain.utils.io import atomic_path
 from advtrain.utils.progress import Echo
 
 ACTIONS = ("stop", "rollback")
 KEEPS = ("best", "last")
 
-# A run's exit code when the guard passed no epoch as sound (`unsound`).
-COLLAPSED_EXIT_CODE = 3
+# A run's exit code when the guard passed no epoch as sound (`unsound`):
+# the verdict's, one definition.
+COLLAPSED_EXIT_CODE = EXIT_CODES[CATASTROPHIC_OVERFITTING]
 
 
 def first_nonfinite_variable(
