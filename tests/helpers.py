@@ -3,6 +3,48 @@
 import keras
 import numpy as np
 
+# A small recipe run on the digits (the tier's Keras backend), for the
+# end-to-end tests of a run's verdict.
+SMALL_RUN = {
+    "data": {"source": "digits", "limit_train": 512, "limit_test": 64},
+    "model": {"backbone": "small_cnn", "width": 8},
+    "output": {"tensorboard": False, "plots": False, "export_saved_model": False},
+    "runtime": {"backend": keras.backend.backend()},
+}
+
+
+def never_robust_recipe() -> dict:
+    """Trains at eps 0.3 in name only (one PGD step of 0.001): the guard's
+    PGD-3 takes every epoch's batch to about 0% while the training attack's
+    accuracy climbs, the signature of a run that was never robust."""
+    return {
+        **SMALL_RUN,
+        "name": "never_robust",
+        "attack": {
+            "method": "pgd",
+            "eps": 0.3,
+            "steps": 1,
+            "step_size": 0.001,
+            "random_start": False,
+            "adv_weight": 1.0,
+        },
+        "train": {
+            "epochs": 2,
+            "batch_size": 64,
+            "learning_rate": 0.01,
+            "co_guard": True,
+            "co_guard_examples": 64,
+            "co_guard_pgd_steps": 3,
+        },
+        "eval": {
+            "attacks": ["pgd"],
+            "pgd_steps": 2,
+            "max_examples": 32,
+            "sanity_examples": 32,
+            "budget": "cheap",
+        },
+    }
+
 
 def dense_classifier(input_shape=(8, 8, 1), classes=10, seed=0):
     """A BatchNorm-free classifier: deterministic and order-independent."""

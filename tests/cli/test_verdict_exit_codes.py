@@ -4,9 +4,9 @@ headline. In process (CliRunner), on the digits, a few seconds each."""
 
 import json
 
-import keras
 import pytest
 import yaml
+from helpers import SMALL_RUN, never_robust_recipe
 from typer.testing import CliRunner
 
 from advtrain.cli.commands import app
@@ -14,49 +14,13 @@ from advtrain.evaluation.verdict import EXIT_CODES, verdict_line
 
 runner = CliRunner()
 
-SMALL = {
-    "data": {"source": "digits", "limit_train": 512, "limit_test": 64},
-    "model": {"backbone": "small_cnn", "width": 8},
-    "output": {"tensorboard": False, "plots": False, "export_saved_model": False},
-    "runtime": {"backend": keras.backend.backend()},
-}
-
-# Trains at eps 0.3 in name only (one PGD step of 0.001): the guard's PGD-3
-# takes every epoch's batch to about 0% while the training attack's accuracy
-# climbs, the signature of a run that was never robust.
-NEVER_ROBUST = {
-    **SMALL,
-    "name": "never_robust",
-    "attack": {
-        "method": "pgd",
-        "eps": 0.3,
-        "steps": 1,
-        "step_size": 0.001,
-        "random_start": False,
-        "adv_weight": 1.0,
-    },
-    "train": {
-        "epochs": 2,
-        "batch_size": 64,
-        "learning_rate": 0.01,
-        "co_guard": True,
-        "co_guard_examples": 64,
-        "co_guard_pgd_steps": 3,
-    },
-    "eval": {
-        "attacks": ["pgd"],
-        "pgd_steps": 2,
-        "max_examples": 32,
-        "sanity_examples": 32,
-        "budget": "cheap",
-    },
-}
+NEVER_ROBUST = never_robust_recipe()
 
 # A sound model, measured by a PGD that cannot reach the eps ball: one step
 # of 0.02 at eps 0.3, no AutoAttack. FGSM (one step of 0.3) beats it by far
 # more than the verdict's 10 points: the headline overstates robustness.
 UNCONVERGED = {
-    **SMALL,
+    **SMALL_RUN,
     "name": "unconverged",
     "attack": {"method": "fgsm_rs", "eps": 0.1},
     "train": {"epochs": 2, "batch_size": 64, "learning_rate": 0.01},

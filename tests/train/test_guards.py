@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 import yaml
-from helpers import dense_classifier, run_fresh
+from helpers import dense_classifier, never_robust_recipe, run_fresh
 
 from advtrain.attacks import Attack
 from advtrain.models.adversarial import AdversarialModel
@@ -308,15 +308,19 @@ def test_one_finite_check_serves_the_nan_guard_and_the_checkpoint():
 NEVER_ROBUST_STEPS_PER_EPOCH = 12  # 768 images, batch 64
 
 
-def _never_robust_run(digits, action, epochs=5):
-    x, y = digits
-    model = AdversarialModel(
+def _never_robust_model() -> AdversarialModel:
+    return AdversarialModel(
         dense_classifier(),
         Attack("fgsm", eps=0.02),
         adv_weight=1.0,
         seed=0,
         eps_ramp_steps=2 * NEVER_ROBUST_STEPS_PER_EPOCH,
     )
+
+
+def _never_robust_run(digits, action, epochs=5):
+    x, y = digits
+    model = _never_robust_model()
     model.compile(
         optimizer=keras.optimizers.Adam(1e-2),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -382,42 +386,8 @@ def test_a_sound_epoch_means_the_run_is_not_called_unsound(digits):
 def test_advtrain_run_says_unsound_in_one_line_report_metrics_and_exit_code(
     tmp_path,
 ):
-    # The same signature through a recipe: a one-step PGD with a 0.001
-    # step trains at eps 0.3 in name only; the guard's PGD-3 takes every
-    # epoch's training batch to 0%.
-    recipe = {
-        "name": "never_robust",
-        "data": {"source": "digits", "limit_train": 512, "limit_test": 64},
-        "model": {"backbone": "small_cnn", "width": 8},
-        "attack": {
-            "method": "pgd",
-            "eps": 0.3,
-            "steps": 1,
-            "step_size": 0.001,
-            "random_start": False,
-            "adv_weight": 1.0,
-        },
-        "train": {
-            "epochs": 2,
-            "batch_size": 64,
-            "learning_rate": 0.01,
-            "co_guard": True,
-            "co_guard_examples": 64,
-            "co_guard_pgd_steps": 3,
-        },
-        "eval": {
-            "attacks": ["pgd"],
-            "pgd_steps": 2,
-            "max_examples": 32,
-            "sanity_examples": 32,
-            "budget": "cheap",
-        },
-        "output": {
-            "tensorboard": False,
-            "plots": False,
-            "export_saved_model": False,
-        },
-    }
+    # The same signature through a recipe, in a fresh interpreter.
+    recipe = never_robust_recipe()
     path = tmp_path / "never_robust.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "run"
@@ -442,16 +412,9 @@ def test_fit_returns_the_guards_verdict(digits):
     x, y = digits
 
     def run(callbacks):
-        model = AdversarialModel(
-            dense_classifier(),
-            Attack("fgsm", eps=0.02),
-            adv_weight=1.0,
-            seed=0,
-            eps_ramp_steps=2 * NEVER_ROBUST_STEPS_PER_EPOCH,
-        )
         train = {"learning_rate": 1e-2, "seed": 0, "shuffle": False}
         return fit(
-            model,
+            _never_robust_model(),
             (x[:768], y[:768]),
             batch_size=64,
             epochs=5,
