@@ -41,7 +41,7 @@ if HAS_TENSORFLOW and os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorfl
 import keras  # noqa: E402
 
 NAME = keras.backend.backend()
-SUPPORTED = ("tensorflow", "jax")
+SUPPORTED = ("tensorflow", "jax", "torch")
 
 _impl = importlib.import_module(
     f"advtrain.backend.{NAME}" if NAME in SUPPORTED else "advtrain.backend.other"

@@ -1,0 +1,48 @@
+"""advtrain on Keras's PyTorch backend: `ops`, `trainer` (the
+`AdversarialModel` step) and `distribution` (one device)."""
+
+from advtrain.backend.torch.distribution import (
+    DATA_PARALLEL,
+    SINGLE_STEP_STRATEGIES,
+    holds_variables,
+    place,
+    prepare_model,
+)
+from advtrain.backend.torch.ops import (
+    FUSED_BATCHNORM,
+    HOST_LOOPS,
+    JIT_BY_DEFAULT,
+    active_indices,
+    compile_function,
+    counted_loop,
+    fused_batch_norm,
+    stateless_uniform,
+    value_and_grad,
+)
+from advtrain.backend.torch.trainer import (
+    GLOBAL_BATCHES,
+    AdversarialTrainer,
+    metric_count,
+    replicas_in_sync,
+)
+
+__all__ = [
+    "AdversarialTrainer",
+    "DATA_PARALLEL",
+    "FUSED_BATCHNORM",
+    "GLOBAL_BATCHES",
+    "HOST_LOOPS",
+    "JIT_BY_DEFAULT",
+    "SINGLE_STEP_STRATEGIES",
+    "active_indices",
+    "compile_function",
+    "counted_loop",
+    "fused_batch_norm",
+    "holds_variables",
+    "metric_count",
+    "place",
+    "prepare_model",
+    "replicas_in_sync",
+    "stateless_uniform",
+    "value_and_grad",
+]
