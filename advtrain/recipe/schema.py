@@ -335,7 +335,7 @@ class EvalConfig(Options):
 
 class RuntimeConfig(RuntimeOptions):
     __doc__ = RuntimeOptions.__doc__
-    backend: Literal["tensorflow", "jax"] = "tensorflow"
+    backend: Literal["tensorflow", "jax", "torch"] = "tensorflow"
 
 
 class OutputConfig(CheckpointOptions):
