@@ -170,3 +170,17 @@ def test_keras_backend_naming_a_missing_backend_is_one_line(tmp_path):
         f'"advtrain[{missing}]", or unset KERAS_BACKEND. '
         f"Received: KERAS_BACKEND={missing}"
     ]
+
+
+def test_recipe_naming_a_backend_that_is_not_installed_is_one_line(tmp_path):
+    # Instead of restarting on it (where Keras could not start).
+    running = INSTALLED[0]
+    wanted = next(name for name in BACKENDS if name != running)
+    (tmp_path / "r.yaml").write_text(f"runtime: {{backend: {wanted}}}\n")
+    done = fresh(tmp_path, "show", "r.yaml", hidden=(wanted,))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: r.yaml: runtime.backend: the recipe runs on {wanted}, which is "
+        f'not installed: pip install "advtrain[{wanted}]", or runtime.backend: '
+        f"auto for {running}. Received: runtime.backend={wanted}"
+    ]

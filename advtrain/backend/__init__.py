@@ -279,8 +279,8 @@ def must_restart(requested: str, key: str, asker: str = "the run") -> bool:
     Keras runs it already (or `requested` is `auto`), True when advtrain
     chose the backend because KERAS_BACKEND is unset (`select` it, then
     restart); `ArgumentError(key)` when the user's KERAS_BACKEND names
-    another backend than `asker` asks for."""
-    if requested == "auto":
+    another backend than `asker` asks for, or `requested` is not installed."""
+    if requested == "auto" or requested == NAME:
         return False
     chosen = NAMED
     if chosen and chosen != requested:
@@ -290,7 +290,14 @@ def must_restart(requested: str, key: str, asker: str = "the run") -> bool:
             "KERAS_BACKEND or make the two agree. "
             f"Received: {key}={requested}, KERAS_BACKEND={chosen}",
         )
-    return requested != NAME
+    if requested in SUPPORTED and not installed(requested):
+        raise ArgumentError(
+            key,
+            f"{asker} runs on {requested}, which is not installed: "
+            f"{install_command([requested])}, or {key}: auto for {NAME}. "
+            f"Received: {key}={requested}",
+        )
+    return True
 
 
 def select(requested: str) -> None:
