@@ -17,8 +17,12 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from advtrain.utils.errors import BAD_INPUT, ArgumentError, one_line
-from advtrain.utils.progress import set_quiet
+from advtrain.utils.errors import (
+    BAD_INPUT,
+    ArgumentError,
+    BackendNotInstalled,
+    one_line,
+)
 
 
 class _OneLineUsage(TyperGroup):  # usage errors: one `error:` line, exit 2
@@ -79,11 +83,30 @@ _DEBUG = {"on": False}  # `advtrain --debug COMMAND`, set by _root
 
 
 def _show_version(value: bool) -> None:
-    if value:
-        from advtrain import __version__
+    # One line, exit 0, also without a Keras backend (it says which extra
+    # installs one): the question was what is installed, and that answers it.
+    if not value:
+        return
+    from advtrain import __version__
 
-        typer.echo(f"advtrain {__version__}")
-        raise typer.Exit()
+    try:
+        from advtrain import backend
+    except BackendNotInstalled as exc:
+        typer.echo(f"advtrain {__version__} ({exc.summary})")
+        raise typer.Exit() from None
+    import keras
+
+    typer.echo(f"advtrain {__version__} (Keras {keras.__version__} on {backend.NAME})")
+    raise typer.Exit()
+
+
+def _require_backend() -> None:
+    # Before any command imports Keras: without a backend to run on, the
+    # one line that says which to install, exit 2 (not Keras's traceback).
+    try:
+        from advtrain import backend  # noqa: F401 - chooses Keras's backend
+    except BackendNotInstalled as exc:
+        _fail(str(exc), BAD_INPUT)
 
 
 @app.callback()
@@ -114,6 +137,9 @@ def _root(
     ] = False,
 ) -> None:
     """Adversarial training and transfer learning for Keras 3."""
+    _require_backend()
+    from advtrain.utils.progress import set_quiet
+
     _DEBUG["on"] = debug
     set_quiet(quiet)
     if debug:
@@ -123,6 +149,8 @@ def _root(
 
 def _quiet(quiet: bool) -> None:  # after _root's
     if quiet:
+        from advtrain.utils.progress import set_quiet
+
         set_quiet(True)
 
 

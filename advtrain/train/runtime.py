@@ -64,7 +64,7 @@ class Runtime:
     workers: int = 1
     task: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
-    backend: str = "tensorflow"
+    backend: str = backends.NAME
 
     @property
     def is_chief(self) -> bool:
@@ -119,7 +119,7 @@ class Runtime:
 
 def make_runtime(
     *,
-    backend: Optional[str] = None,
+    backend: str = "auto",
     strategy: str = "auto",
     cpu_replicas: Optional[int] = None,
     precision: str = "float32",
