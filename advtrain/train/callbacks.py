@@ -330,7 +330,8 @@ class Preemption(keras.callbacks.Callback):
     def arm(self, checkpoint, strategy=None) -> None:
         """Enters training: a signal now stops after the current step,
         checkpointed by `checkpoint` (an `AtomicCheckpoint`); under
-        MultiWorkerMirroredStrategy TensorFlow's handler picks the step."""
+        MultiWorkerMirroredStrategy TensorFlow's handler picks the step, over
+        several JAX processes a collective after each host call."""
         self._checkpoint = checkpoint
         resolver = getattr(strategy, "cluster_resolver", None)
         if resolver is not None and resolver.cluster_spec().jobs:
