@@ -260,6 +260,33 @@ def resolve(requested: str) -> str:
     return NAME if requested == "auto" else requested
 
 
+def worker_environments(addresses: list[str]) -> list[dict[str, str]]:
+    """The environment variables of each process of a cluster whose
+    processes listen at `addresses` (`host:port`, the first one the chief
+    or coordinator): what `advtrain launch` sets for its workers."""
+    return _impl.worker_environments(addresses)
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is set in any process of a multi-process run, where
+    the backend agrees on it in a collective that every process calls at
+    the same point; `flag` elsewhere."""
+    return _impl.any_process(flag)
+
+
+def process_share(batches: Any) -> Any:
+    """This process's share of each of the global `batches`, where each
+    process of a multi-process run feeds its own share to `Model.fit`
+    (JAX); `batches` itself elsewhere."""
+    return _impl.process_share(batches)
+
+
+def leave_processes(strategy: Any, variables: Sequence[Any]) -> None:
+    """After training over several processes, readies `variables` for work
+    in this process alone (evaluation, saving) where the backend needs it."""
+    _impl.leave_processes(strategy, variables)
+
+
 def check_requested(requested: Optional[str], key: str = "backend") -> None:
     """Raises `ArgumentError(key)` unless `requested` (`auto` or None: any)
     is the backend Keras runs on: it is chosen before Keras is imported."""

@@ -476,9 +476,11 @@ def launch(
         ),
     ] = 0,
 ) -> None:
-    """Run a recipe on N local workers (MultiWorkerMirroredStrategy).
+    """Run a recipe on N local workers, one data-parallel run.
 
-    Starts N `advtrain run` processes on 127.0.0.1 with a TF_CONFIG each;
+    Starts N `advtrain run` processes on 127.0.0.1, each with the cluster in
+    its environment (TensorFlow: a TF_CONFIG for MultiWorkerMirroredStrategy;
+    JAX: KERAS_DISTRIBUTION_* for keras.distribution.initialize);
     worker 0 (the chief) writes the run folder. Reports each exit code;
     exits 0 when all succeed, 75 when SIGTERM/SIGINT stopped them after a
     checkpoint, else with the first failure's code. Workers' full output
@@ -492,7 +494,11 @@ def launch(
 
         path = resolve_recipe_path(recipe)
         with _exits(path):
-            check_recipe_paths(load_recipe(path, set_ or []), output)
+            resolved = load_recipe(path, set_ or [])
+        # The launcher on the recipe's backend, which sets up its workers.
+        _on_recipe_backend(path, resolved)
+        with _exits(path):
+            check_recipe_paths(resolved, output)
         results = run_launch(
             str(path),
             workers,
