@@ -49,3 +49,24 @@ def holds_variables(strategy, variables, replicas: int) -> bool:
 def prepare_model(model, runtime):
     del runtime
     return model
+
+
+def worker_environments(addresses: list[str]) -> list[dict[str, str]]:
+    raise ArgumentError(
+        "backend",
+        "advtrain launch starts TensorFlow or JAX workers; on PyTorch "
+        "advtrain trains on one device in one process. "
+        f"Received: {len(addresses)} workers on KERAS_BACKEND=torch",
+    )
+
+
+def any_process(flag: bool) -> bool:
+    return flag  # one process
+
+
+def process_share(batches):
+    return batches  # one process feeds every batch
+
+
+def leave_processes(strategy, variables) -> None:
+    del strategy, variables  # one process
