@@ -50,11 +50,24 @@ def _detached(value):
     return value.detach() if isinstance(value, torch.Tensor) else value
 
 
+def _mixed(high: int, low: int) -> int:
+    # splitmix64's finaliser over both words, folded to 32 bits: PyTorch's
+    # CPU generator (mt19937) keeps only a seed's low 32 bits, so the two
+    # words side by side would lose the high one (a loop's counter).
+    z = ((high << 32) | low) + 0x9E3779B97F4A7C15 & _MASK64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
+    z ^= z >> 31
+    return (z ^ (z >> 32)) & 0xFFFFFFFF
+
+
+_MASK64 = (1 << 64) - 1
+
+
 def stateless_uniform(shape, seed, dtype="float32"):
     seed = keras.ops.convert_to_tensor(seed)
-    # The (2,) int32 seed as one 64-bit torch seed.
     high, low = (int(w) & 0xFFFFFFFF for w in seed.tolist())
-    generator = torch.Generator(device=seed.device).manual_seed((high << 32) | low)
+    generator = torch.Generator(device=seed.device).manual_seed(_mixed(high, low))
     return torch.rand(
         tuple(int(d) for d in shape),
         generator=generator,
