@@ -38,7 +38,7 @@ def value_and_grad(fn, x):
     z = x if outer and x.requires_grad else x.detach().requires_grad_(True)
     with torch.enable_grad():
         value, aux = fn(z)
-    (grad,) = torch.autograd.grad(value, z, create_graph=False, allow_unused=True)
+    (grad,) = torch.autograd.grad(value, z, create_graph=outer, allow_unused=True)
     if grad is None:  # the value does not depend on x
         grad = torch.zeros_like(z)
     if outer:

@@ -68,7 +68,7 @@ class AdversarialTrainer:
 
     def apply_gradients(self, gradients) -> None:
         with torch.no_grad():
-            pass
+            self.optimizer.apply(gradients, self.trainable_variables)
 
     def attack_step(self, generate):
         # The attack's result is a constant of the step: its forward passes
