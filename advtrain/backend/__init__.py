@@ -1,7 +1,7 @@
 """Everything that differs between Keras backends, in one place.
 
 One package per backend, as Keras's own `keras/src/backend/<name>/`:
-`tensorflow/` and `jax/`, each with `ops` (an input gradient, stateless
+`tensorflow/`, `jax/` and `torch/`, each with `ops` (an input gradient, stateless
 random draws, loops, compiled functions), `trainer` (`AdversarialModel`'s
 step) and `distribution` (device placement); `other.py` stands in for a
 backend advtrain does not train on. Only the current backend's package is
