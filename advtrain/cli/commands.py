@@ -248,6 +248,7 @@ def _train(path: Path, resolved, output: Optional[Path]) -> None:
 
     _on_recipe_backend(path, resolved)
     with _exits(path):
+        resolved.check_outputs()
         check_recipe_paths(resolved, output)
     from advtrain.recipe.run import run as run_recipe
     from advtrain.recipe.summary import summary_table
@@ -348,12 +349,15 @@ def export(
     """Export a classifier as a TensorFlow SavedModel for TF Serving.
 
     Its serving_default signature takes uint8 images [N, H, W, C] (0..255)
-    and returns logits and probabilities.
+    and returns logits and probabilities. Runs on TensorFlow and JAX, with
+    TensorFlow installed.
     """
     with _exits():
+        from advtrain.evaluation.export import check_exportable, export_saved_model
         from advtrain.utils.io import check_keras_file, check_writable_dir
 
         model_path = _model_file(target)
+        check_exportable()
         check_keras_file(model_path)
         if output is not None:
             path = output
@@ -370,7 +374,6 @@ def export(
                 f"--output {path}: exists and is not empty; choose a new "
                 "folder so an earlier export is never overwritten."
             )
-        from advtrain.evaluation.export import export_saved_model
         from advtrain.recipe.saved import load_classifier
 
         classifier = load_classifier(model_path, safe_mode=not unsafe_load)
