@@ -335,7 +335,15 @@ class EvalConfig(Options):
 
 class RuntimeConfig(RuntimeOptions):
     __doc__ = RuntimeOptions.__doc__
-    backend: Literal["tensorflow", "jax"] = "tensorflow"
+    # `auto` resolves here, to the backend this process's Keras runs on:
+    # the resolved recipe (and a run folder's recipe.yaml, which `resume`
+    # reads) names the backend that ran.
+    backend: Literal["auto", "tensorflow", "jax"] = Field("auto", validate_default=True)
+
+    @field_validator("backend")
+    @classmethod
+    def _resolve_auto(cls, value: str) -> str:
+        return backend.resolve(value)
 
 
 class OutputConfig(CheckpointOptions):
@@ -395,28 +403,22 @@ class Recipe(Options):
         # so that the saved recipe says what the run wrote; `true` stays
         # (refused by `check_outputs` where it cannot be written).
         output = self.output
-        unwritable = _unwritable_outputs(self.backend_name())
+        unwritable = _unwritable_outputs(self.runtime.backend)
         for key in ("tensorboard", "export_saved_model"):
             if getattr(output, key) == "auto":
                 setattr(output, key, key not in unwritable)
         return self
 
-    def backend_name(self) -> str:
-        """The Keras backend the recipe runs on (`runtime.backend`, where
-        `auto` or unset is the backend of this process's Keras)."""
-        name = getattr(self.runtime, "backend", None)
-        return backend.NAME if name in (None, "auto") else name
-
     def check_outputs(self) -> None:
         """Raises `RecipeError` for a TensorFlow output set true (TensorBoard
         logs, the SavedModel export) that this environment cannot write."""
-        unwritable = _unwritable_outputs(self.backend_name())
+        unwritable = _unwritable_outputs(self.runtime.backend)
         for key, reason in unwritable.items():
             if getattr(self.output, key) is True:
                 raise RecipeError(
                     f"output.{key}: {reason}; set it auto or false (model.keras "
                     f"loads on every backend). Received: output.{key}=true, "
-                    f"runtime.backend={self.backend_name()}"
+                    f"runtime.backend={self.runtime.backend}"
                 )
 
     @field_validator("name")
