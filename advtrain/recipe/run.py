@@ -25,11 +25,8 @@ from advtrain.recipe.schema import Recipe, RecipeError
 from advtrain.recipe.summary import describe, describe_momentum
 from advtrain.train.callbacks import Preemption
 from advtrain.train.options import CheckpointOptions, PlanOptions
-from advtrain.train.preemption import (
-    Preempted,
-    restores_signal_handlers,
-    watch_launcher,
-)
+from advtrain.train.preemption import restores_signal_handlers, watch_launcher
+from advtrain.utils.errors import BAD_INPUT, exit_code_of
 from advtrain.utils.io import atomic_path, atomic_write_json, atomic_write_text
 from advtrain.utils.progress import Echo
 
@@ -94,15 +91,15 @@ def run(
     """
     run_dir = resolve_output_dir(recipe, output)
     watch_launcher()  # a worker of `advtrain launch` ends with its launcher
-    # A run that fails before its first checkpoint (bad settings found by
-    # the setup or the first step) leaves the folder as it found it; a
-    # preempted one keeps it, to be resumed.
+    # Bad input found by the setup or the first step, before a checkpoint,
+    # leaves the folder as it found it; any other failure (a NaN loss, a
+    # crash) keeps what it wrote to be looked at, a preemption to resume.
     claim = RunFolderClaim(run_dir)
     try:
         setup = prepare(recipe, run_dir, echo=echo, claim=claim)
         trained = train(recipe, setup, echo=echo, verbose=verbose)
     except Exception as exc:
-        if not isinstance(exc, Preempted):
+        if exit_code_of(exc) == BAD_INPUT:
             claim.release()
         raise
     return finish(recipe, setup, trained, echo=echo)

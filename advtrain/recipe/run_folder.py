@@ -160,9 +160,9 @@ def output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
 
 
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
-    """The run folder, checked (`Recipe.check_outputs`, `check_recipe_paths`,
+    """The run folder, checked (`Recipe.check_runnable`, `check_recipe_paths`,
     `check_run_dir`)."""
-    recipe.check_outputs()
+    recipe.check_runnable()
     output = output_dir(recipe, output)
     check_recipe_paths(recipe, output)
     check_run_dir(output, recipe)

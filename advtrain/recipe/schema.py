@@ -350,7 +350,7 @@ class OutputConfig(CheckpointOptions):
     """The run folder (`advtrain.fit`'s `checkpoints`), plots and logs.
     `tensorboard` and `export_saved_model` need TensorFlow: `auto` writes
     them where it can (the resolved recipe says which), `true` is refused
-    where it cannot (`Recipe.check_outputs`)."""
+    where it cannot (`Recipe.check_runnable`)."""
 
     tensorboard: Union[Literal["auto"], bool] = "auto"
     plots: bool = True
@@ -401,7 +401,7 @@ class Recipe(Options):
     def _tensorflow_only_output(self) -> Recipe:
         # `auto`: the TensorFlow outputs this environment can write, resolved
         # so that the saved recipe says what the run wrote; `true` stays
-        # (refused by `check_outputs` where it cannot be written).
+        # (refused by `check_runnable` where it cannot be written).
         output = self.output
         unwritable = _unwritable_outputs(self.runtime.backend)
         for key in ("tensorboard", "export_saved_model"):
@@ -409,17 +409,28 @@ class Recipe(Options):
                 setattr(output, key, key not in unwritable)
         return self
 
-    def check_outputs(self) -> None:
-        """Raises `RecipeError` for a TensorFlow output set true (TensorBoard
-        logs, the SavedModel export) that this environment cannot write."""
-        unwritable = _unwritable_outputs(self.runtime.backend)
-        for key, reason in unwritable.items():
+    def check_runnable(self) -> None:
+        """Raises `RecipeError` for a setting this process cannot run, before
+        a run writes anything: a TensorFlow output set true (TensorBoard's
+        logs, the SavedModel export) that this environment cannot write, or
+        `attack.backend: cleverhans` where Keras does not run on TensorFlow.
+        Checked by the run, not at load: a recipe for another backend loads
+        anywhere, and the CLI restarts itself on the recipe's backend."""
+        name = self.runtime.backend
+        for key, reason in _unwritable_outputs(name).items():
             if getattr(self.output, key) is True:
                 raise RecipeError(
                     f"output.{key}: {reason}; set it auto or false (model.keras "
                     f"loads on every backend). Received: output.{key}=true, "
-                    f"runtime.backend={self.runtime.backend}"
+                    f"runtime.backend={name}"
                 )
+        if self.attack.backend == "cleverhans" and not backend.IMPORTS_TENSORFLOW:
+            raise RecipeError(
+                "attack.backend: the cleverhans backend runs on TensorFlow "
+                "only; set attack.backend: advtrain, or runtime.backend: "
+                "tensorflow with TensorFlow installed. Received: "
+                f"attack.backend=cleverhans, runtime.backend={name}"
+            )
 
     @field_validator("name")
     @classmethod

@@ -32,22 +32,37 @@ RECIPE = {
     "eval": {"attacks": ["pgd"], "pgd_steps": 1, "sanity_examples": 0},
 }
 
-# A model whose training pass refuses its input: found at the first step.
+# A model whose training pass refuses its input (bad input, found at the
+# first step), and one whose training pass crashes (not the user's input).
 BUILDER = """
 import keras
 
 
 class Refuses(keras.layers.Layer):
+    error = ValueError
+
     def call(self, x, training=False):
         if training:
-            raise ValueError("Refuses: no training pass. Received: training=True")
+            raise self.error("Refuses: no training pass. Received: training=True")
         return x
 
 
-def build(image_shape, num_classes, cfg):
+class Crashes(Refuses):
+    error = RuntimeError
+
+
+def _build(layer, image_shape, num_classes):
     inputs = keras.Input(image_shape)
-    x = Refuses()(keras.layers.Flatten()(inputs))
+    x = layer()(keras.layers.Flatten()(inputs))
     return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+
+
+def build(image_shape, num_classes, cfg):
+    return _build(Refuses, image_shape, num_classes)
+
+
+def crash(image_shape, num_classes, cfg):
+    return _build(Crashes, image_shape, num_classes)
 """
 
 # Where `expect` is found on each backend: the cause differs by backend.
@@ -142,4 +157,33 @@ def test_a_tensorflow_output_asked_for_without_tensorflow_writes_nothing(
     assert f"output.{key}:" in errors[0] and "advtrain[tensorflow]" in errors[0]
     name = keras.backend.backend()
     assert f"Received: output.{key}=true, runtime.backend={name}" in errors[0]
+    assert not out.exists()
+
+
+@pytest.mark.backend_neutral
+def test_a_crash_before_the_first_checkpoint_keeps_what_it_wrote(tmp_path, plugin_path):
+    # Not the user's input (exit 1): the folder stays to be looked at.
+    out = tmp_path / "run"
+    path = _recipe(tmp_path, {"model": {"builder": "refusing:crash"}})
+    result = runner.invoke(app, ["run", str(path), "-o", str(out)])
+    assert result.exit_code == 1, result.output[-3000:]
+    assert "RuntimeError" in result.output
+    assert (out / "recipe.yaml").is_file(), _listing(out) if out.exists() else None
+
+
+@pytest.mark.backend_neutral
+def test_cleverhans_off_tensorflow_is_refused_before_the_setup(
+    tmp_path, plugin_path, monkeypatch
+):
+    # The JAX tier's Keras is not on TensorFlow; here every tier is made so.
+    monkeypatch.setattr(backend, "IMPORTS_TENSORFLOW", False)
+    out = tmp_path / "run"
+    attack = {"method": "fgsm", "backend": "cleverhans", "eps": 0.1}
+    path = _recipe(tmp_path, {"attack": attack})
+    result = runner.invoke(app, ["run", str(path), "-o", str(out)])
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2, result.output[-3000:]
+    assert len(errors) == 1 and "attack.backend: the cleverhans" in errors[0]
+    # Nothing was set up (no data read, no model built): no progress lines.
+    assert result.output.strip() == errors[0], result.output
     assert not out.exists()

@@ -1,8 +1,10 @@
-"""`output.tensorboard` and `output.export_saved_model` need TensorFlow:
+"""`Recipe.check_runnable`: what this process cannot run is one
+`RecipeError` naming the key, raised before a run writes anything.
+`output.tensorboard` and `output.export_saved_model` need TensorFlow:
 `auto` (the default) resolves to what this environment can write, and the
-resolved recipe says it; `true` where it cannot be written is one
-`RecipeError` naming the key and the install, raised before a run writes
-anything; `false` is always kept."""
+resolved recipe says it; `true` where it cannot be written is refused;
+`false` is always kept. `attack.backend: cleverhans` needs Keras on
+TensorFlow."""
 
 import keras
 import pytest
@@ -42,7 +44,7 @@ def test_true_without_tensorflow_is_one_line_naming_the_install(key, monkeypatch
     monkeypatch.setattr(backend, "HAS_TENSORFLOW", False)
     recipe = recipe_from_dict({"name": "o", "output": {key: True}})
     with pytest.raises(RecipeError) as caught:
-        recipe.check_outputs()
+        recipe.check_runnable()
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith(f"output.{key}: ")
@@ -56,7 +58,7 @@ def test_true_without_tensorflow_is_one_line_naming_the_install(key, monkeypatch
 def test_where_tensorflow_is_installed_every_value_runs(value, monkeypatch):
     monkeypatch.setattr(backend, "HAS_TENSORFLOW", True)
     recipe = recipe_from_dict({"name": "o", "output": {k: value for k in KEYS}})
-    recipe.check_outputs()  # TensorFlow and JAX both export (JAX: jax2tf)
+    recipe.check_runnable()  # TensorFlow and JAX both export (JAX: jax2tf)
     assert recipe.output.tensorboard is (value is not False)
 
 
@@ -65,3 +67,21 @@ def test_where_tensorflow_is_installed_every_value_runs(value, monkeypatch):
 def test_other_values_are_refused(value):
     with pytest.raises(RecipeError, match="output.tensorboard"):
         recipe_from_dict({"name": "o", "output": {"tensorboard": value}})
+
+
+@pytest.mark.backend_neutral
+def test_cleverhans_where_keras_is_not_on_tensorflow_is_one_line(monkeypatch):
+    monkeypatch.setattr(backend, "IMPORTS_TENSORFLOW", False)
+    attack = {"method": "fgsm", "backend": "cleverhans"}
+    recipe = recipe_from_dict({"name": "o", "attack": attack})
+    with pytest.raises(RecipeError) as caught:
+        recipe.check_runnable()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("attack.backend: the cleverhans backend runs on")
+    name = keras.backend.backend()
+    assert message.endswith(
+        f"Received: attack.backend=cleverhans, runtime.backend={name}"
+    )
+    monkeypatch.setattr(backend, "IMPORTS_TENSORFLOW", True)
+    recipe.check_runnable()
