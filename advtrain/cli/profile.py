@@ -192,13 +192,16 @@ def _time_fit(model, dataset, steps: int, rounds: int) -> float:
     return statistics.median(seconds[1:]) / steps
 
 
-def _repeated(batch, tf):
+def _repeated(batch):
     # One batch over and over, so that the step is timed without input: in
     # tf.data where TensorFlow is installed (no per-step Python), else a
     # Python iterator, which Keras's JAX trainer reads as fast.
-    if tf is not None:
-        return tf.data.Dataset.from_tensors(batch).repeat()
-    return itertools.repeat(batch)
+    from advtrain import backend
+
+    if not backend.HAS_TENSORFLOW:
+        return itertools.repeat(batch)
+    tf = backend.tensorflow_or_none()
+    return tf.data.Dataset.from_tensors(batch).repeat()
 
 
 def _time_input(dataset, steps: int, rounds: int) -> float:
@@ -228,7 +231,6 @@ def profile(
     """
     import keras
 
-    from advtrain import backend
     from advtrain.data import cache_mode, has_augmentation
     from advtrain.recipe.build import recipe_runtime, recipe_splits
     from advtrain.recipe.run import recipe_setup
@@ -248,7 +250,7 @@ def profile(
     compile_setup(
         setup, metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     )
-    cached = _repeated(next(iter(stream)), backend.tensorflow_or_none())
+    cached = _repeated(next(iter(stream)))
     attack = recipe.attack
     report = ProfileReport(
         global_batch=plan.global_batch,
