@@ -22,7 +22,7 @@ def check_exportable() -> None:
     if backend.exports_saved_model(backend.NAME):
         return
     why = (
-        'TensorFlow: pip install "advtrain[tensorflow]"'
+        f"TensorFlow: {backend.install_command(['tensorflow'])}"
         if not backend.HAS_TENSORFLOW
         else "a model on TensorFlow or JAX"
     )

@@ -357,7 +357,7 @@ class OutputConfig(CheckpointOptions):
     export_saved_model: Union[Literal["auto"], bool] = "auto"
 
 
-_INSTALL = 'TensorFlow: pip install "advtrain[tensorflow]"'
+_INSTALL = f"TensorFlow: {backend.install_command(['tensorflow'])}"
 
 
 def _unwritable_outputs(backend_name: str) -> dict[str, str]:
@@ -368,7 +368,8 @@ def _unwritable_outputs(backend_name: str) -> dict[str, str]:
         reasons["tensorboard"] = f"TensorBoard's logs need {_INSTALL}"
     if not backend.exports_saved_model(backend_name):
         reasons["export_saved_model"] = (
-            f"the SavedModel export needs {_INSTALL}"
+            f"the SavedModel export needs {_INSTALL} (model.keras loads on "
+            "every backend)"
             if not backend.HAS_TENSORFLOW
             else f"Keras exports no SavedModel from {backend_name}"
         )
@@ -420,9 +421,8 @@ class Recipe(Options):
         for key, reason in _unwritable_outputs(name).items():
             if getattr(self.output, key) is True:
                 raise RecipeError(
-                    f"output.{key}: {reason}; set it auto or false (model.keras "
-                    f"loads on every backend). Received: output.{key}=true, "
-                    f"runtime.backend={name}"
+                    f"output.{key}: {reason}; set it auto or false. Received: "
+                    f"output.{key}=true, runtime.backend={name}"
                 )
         if self.attack.backend == "cleverhans" and not backend.IMPORTS_TENSORFLOW:
             raise RecipeError(
