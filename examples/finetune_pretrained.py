@@ -13,16 +13,14 @@ themselves, so it needs no MNIST files. `--imagenet` fine-tunes MobileNetV2
 from Keras's ImageNet file instead (downloaded once, or already in
 ~/.keras/models/). Run folders go to `runs/example_*` in the current folder.
 
-Runs on: TensorFlow, JAX (`KERAS_BACKEND=jax`: the recipes'
-`runtime.backend` is set to the backend Keras runs on; TensorFlow not
-needed, the digits and MNIST's IDX files are read without it).
+Runs on: TensorFlow, JAX (the recipes' `runtime.backend: auto` runs them
+on the backend Keras runs on; TensorFlow not needed, the digits and
+MNIST's IDX files are read without it).
 """
 
 import argparse
 import shutil
 from pathlib import Path
-
-import keras
 
 import advtrain
 
@@ -34,8 +32,6 @@ if args.imagenet and not args.full:
     parser.error("--imagenet needs --full (ImageNet-sized runs are not quick)")
 
 RECIPES = Path(advtrain.__file__).parent / "recipes"  # the shipped recipes
-# The backend Keras runs on here (KERAS_BACKEND), for both recipes.
-BACKEND = [f"runtime.backend={keras.backend.backend()}"]
 # The quick run: a narrow network, few examples and epochs, a small evaluation.
 QUICK_MODEL = ["model.width=8", "data.limit_train=500"]
 QUICK_EVAL = [
@@ -70,7 +66,7 @@ if args.imagenet:
     overrides = ["model.backbone=mobilenet_v2"]
 else:
     # 1. Pretraining: a small BatchNorm CNN, half clean and half FGSM-RS loss.
-    pretrain = ["output.dir=runs/example_pretrain", *BACKEND]
+    pretrain = ["output.dir=runs/example_pretrain"]
     if not args.full:
         # Stand-in source task: the digits at MNIST's 28x28 (no MNIST files).
         pretrain += (
@@ -96,7 +92,7 @@ else:
 # (both tasks are the ten digits; a head of another size would be rebuilt),
 # one epoch trains the head alone with the backbone frozen (its BatchNorm in
 # inference mode), then the whole network trains with FGSM-RS at eps 0.1.
-overrides += [f"model.weights={weights}", *BACKEND]
+overrides += [f"model.weights={weights}"]
 if not args.full:
     overrides += QUICK_MODEL + QUICK_EVAL + ["train.epochs=2"]
 recipe = advtrain.load_recipe(RECIPES / "digits_transfer.yaml", overrides)
