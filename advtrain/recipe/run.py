@@ -115,7 +115,8 @@ def prepare(
     """Stage 1: the data and `advtrain.prepare` with the recipe's sections
     (the runtime, the batch plan, the model); the resolved recipe written
     into the run folder (the chief's `claim` on it, when given, takes it
-    back if the run fails). `advtrain.fit` restores the last checkpoint."""
+    back if bad input stops the run). `advtrain.fit` restores the last
+    checkpoint."""
     from advtrain.train.fitting import resolve_monitor
 
     keras.utils.set_random_seed(recipe.train.seed)

@@ -2,7 +2,7 @@
 resolved recipe (resumed); anything else is refused before a byte is
 written. A run folder holds `RECIPE_FILE`, written first; it is finished
 once it holds `FINISHED_FILE`, written last. What a run writes before its
-first checkpoint is taken back when it fails (`RunFolderClaim`).
+first checkpoint is taken back when bad input stops it (`RunFolderClaim`).
 """
 
 from __future__ import annotations
@@ -170,11 +170,12 @@ def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Pa
 
 
 class RunFolderClaim:
-    """The run folder as a run found it, so that a run which fails before
-    it holds a checkpoint of its own leaves the folder as it was (none, if
-    it made it): a setting that fails at the run's setup or first step
-    (placement, the model, the attack's first call) writes nothing a rerun
-    would refuse as "a run of a different recipe".
+    """The run folder as a run found it, so that a run which bad input
+    stops before it holds a checkpoint of its own leaves the folder as it
+    was (none, if it made it): a setting that fails at the run's setup or
+    first step (the model, the attack's first call) writes nothing a rerun
+    would refuse as "a run of a different recipe". The caller decides what
+    is bad input (`run`: exit code 2); a crash keeps what it wrote.
 
     Only the chief's claim takes anything back (`owner`, set once the
     runtime says which worker this is): the others write elsewhere.
@@ -185,7 +186,7 @@ class RunFolderClaim:
     claim = RunFolderClaim(run_dir)
     try:
         train_the_run()
-    except Exception:
+    except ValueError:
         claim.release()
         raise
     ```
