@@ -249,7 +249,7 @@ def test_tensorflow_only_source_says_what_to_install(tmp_path):
         load_splits("tfds", tfds_name="cifar10")
     assert str(info.value).splitlines() == [
         "data source tfds needs TensorFlow (tf.data), which is not installed: "
-        "pip install tensorflow. Received: source=tfds"
+        'pip install "advtrain[tensorflow]". Received: source=tfds'
     ]
 
 
