@@ -6,36 +6,45 @@ TensorFlow: one `tf.function` (XLA as the advtrain model compiles, i.e.
 `model.jit_compile`) with `tf.GradientTape`s and the optimizer's
 `apply_gradients`. JAX: one `jax.jit` of a pure function on the variables'
 values (`stateless_call`, `jax.value_and_grad`, `optimizer.stateless_apply`),
-the state donated, as Keras's JAX trainer does. Same classifier (a fresh
-copy of its architecture, the same initial weights), attack, loss,
+the state donated, as Keras's JAX trainer does. PyTorch: eager, as Keras's
+torch trainer runs by default: `torch.autograd.grad` on the variables'
+tensors and the optimizer's `apply` under `torch.no_grad`. Same classifier
+(a fresh copy of its architecture, the same initial weights), attack, loss,
 optimizer and schedule, batch; no metrics but the loss, which each step
-returns and the timer reads (one host sync per step, as for `fit`); batches from
-`tf.data` on TensorFlow, NumPy slices on JAX (`batches`).
+returns and the timer reads (one host sync per step, as for `fit`);
+batches from `tf.data` on TensorFlow, NumPy slices elsewhere (`batches`).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import keras
-import numpy as np
 from keras import ops
 
 
 def pass_seconds(step, x, y, batch: int, steps: int) -> float:
-    """Seconds per step over one pass of `steps` steps, timed between the
-    ends of the first and last steps (as `_bench_parts.StepTimer`), each
-    step's loss read on the host."""
+    """The median seconds per step over one pass of `steps` steps (the
+    intervals between the ends of consecutive steps, as
+    `step_seconds` of `_bench_parts.StepTimer`'s marks), each step's loss
+    read on the host."""
     marks = []
     for xb, yb in batches(x[: batch * steps], y[: batch * steps], batch):
-        float(np.asarray(step(xb, yb)))
+        float(ops.convert_to_numpy(step(xb, yb)))
         marks.append(time.perf_counter())
-    return (marks[-1] - marks[0]) / (steps - 1)
+    return step_seconds(marks)
+
+
+def step_seconds(marks) -> float:
+    """The median interval between consecutive marks: a step that the
+    shared machine's load interrupted does not move it."""
+    return statistics.median(b - a for a, b in zip(marks[:-1], marks[1:], strict=True))
 
 
 def batches(x, y, batch: int):
     """The batches as each backend's own loop feeds them: a `tf.data`
-    pipeline on TensorFlow, NumPy slices on JAX."""
+    pipeline on TensorFlow, NumPy slices elsewhere."""
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -70,25 +79,32 @@ def ramp(iteration, ramp_steps: int):
 def default_step(classifier, optimizer, eps: float, jit_compile: bool):
     """FGSM from the clean pass's input gradient, weights on the 50/50 mix
     of the clean and adversarial cross-entropies (advtrain's default)."""
-    if keras.backend.backend() == "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         return _tf_default(classifier, optimizer, eps, jit_compile)
+    if backend == "torch":
+        return _torch_default(classifier, optimizer, eps)
     return _jax_default(classifier, optimizer, eps)
 
 
-def fast_step(classifier, optimizer, attack, beta: float, ramp_steps: int,
-              jit_compile: bool):  # fmt: skip
+def fast_step(classifier, optimizer, model, jit_compile: bool):
     """TRADES: PGD on the KL from a random start (inference mode), eps and
     step ramped by the optimizer's step, then CE + beta * KL on one pass
-    over the clean and adversarial batch."""
+    over the clean and adversarial batch; the settings are `model`'s (the
+    recipe's TRADES model)."""
+    attack = model.attack
     settings = (
         attack.eps,
         attack.settings["step_size"],
         attack.steps,
-        beta,
-        ramp_steps,
+        model.beta,
+        model.eps_ramp_steps,
     )
-    if keras.backend.backend() == "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         return _tf_fast(classifier, optimizer, settings, jit_compile)
+    if backend == "torch":
+        return _torch_fast(classifier, optimizer, settings)
     return _jax_fast(classifier, optimizer, settings)
 
 
@@ -239,3 +255,65 @@ def _jax_fast(classifier, optimizer, settings):
         return loss, (weights, others, opt, key, i + 1)
 
     return _JaxStep(classifier, optimizer, body)
+
+
+# --------------------------------------------------------------- PyTorch
+def _torch_default(classifier, optimizer, eps):
+    import torch
+
+    weights = classifier.trainable_variables
+    optimizer.build(weights)
+    tensors = [w.value for w in weights]
+
+    def loss_fn(x, y):
+        return ops.mean(per_example_ce(y, classifier(x, training=True)))
+
+    def step(x, y):
+        x = ops.convert_to_tensor(x, "float32").requires_grad_(True)
+        y = ops.convert_to_tensor(y)
+        clean = loss_fn(x, y)
+        x_grad, *clean_grads = torch.autograd.grad(clean, [x, *tensors])
+        x_adv = fgsm_step(x.detach(), x_grad, eps)
+        adv = loss_fn(x_adv, y)
+        adv_grads = torch.autograd.grad(adv, tensors)
+        grads = [0.5 * c + 0.5 * a for c, a in zip(clean_grads, adv_grads, strict=True)]
+        with torch.no_grad():
+            optimizer.apply(grads, weights)
+        return (0.5 * clean + 0.5 * adv).detach()
+
+    return step
+
+
+def _torch_fast(classifier, optimizer, settings):
+    import torch
+
+    eps, step_size, steps, beta, ramp_steps = settings
+    weights = classifier.trainable_variables
+    optimizer.build(weights)
+    tensors = [w.value for w in weights]
+    seed = keras.random.SeedGenerator(0)
+
+    def step(x, y):
+        x, y = ops.convert_to_tensor(x, "float32"), ops.convert_to_tensor(y)
+        scale = ramp(optimizer.iterations, ramp_steps)
+        eps_t, step_t = eps * scale, step_size * scale
+        with torch.no_grad():
+            p_clean = ops.softmax(classifier(x, training=False))
+        noise = keras.random.uniform(ops.shape(x), -1.0, 1.0, seed=seed)
+        x_adv = ops.clip(x + eps_t * noise, 0.0, 1.0)
+        for _ in range(steps):
+            x_adv = x_adv.detach().requires_grad_(True)
+            kl = ops.sum(per_example_kl(p_clean, classifier(x_adv, training=False)))
+            (grad,) = torch.autograd.grad(kl, [x_adv])
+            x_adv = pgd_step(x, x_adv.detach(), grad, eps_t, step_t)
+        both = classifier(ops.concatenate([x, x_adv]), training=True)
+        clean, adv = ops.split(both, 2)
+        loss = ops.mean(per_example_ce(y, clean)) + beta * ops.mean(
+            per_example_kl(ops.softmax(clean), adv)
+        )
+        grads = torch.autograd.grad(loss, tensors)
+        with torch.no_grad():
+            optimizer.apply(list(grads), weights)
+        return loss.detach()
+
+    return step
