@@ -23,11 +23,11 @@ import pytest
 pytestmark = pytest.mark.backend_neutral
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKENDS = ("tensorflow", "jax")  # advtrain.backend.SUPPORTED's order
+BACKENDS = ("tensorflow", "jax", "torch")  # advtrain.backend.SUPPORTED's order
 INSTALLED = [name for name in BACKENDS if importlib.util.find_spec(name)]
 NO_BACKEND = (
     'no Keras backend is installed: pip install "advtrain[tensorflow]" or '
-    'pip install "advtrain[jax]"'
+    'pip install "advtrain[jax]" or pip install "advtrain[torch]"'
 )
 
 # python -c HIDE NAMES ARGS: hides the comma-separated top-level modules
@@ -160,7 +160,7 @@ def test_no_backend_installed_library_names_raise_one_line(tmp_path):
 
 
 def test_keras_backend_naming_a_missing_backend_is_one_line(tmp_path):
-    missing = BACKENDS[-1]  # jax, hidden
+    missing = BACKENDS[-1]  # hidden
     done = fresh(
         tmp_path, "show", "quickstart", hidden=(missing,), KERAS_BACKEND=missing
     )

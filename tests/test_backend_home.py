@@ -203,7 +203,7 @@ def test_no_module_outside_the_backend_home_branches_on_the_backend():
 
 def test_each_backend_has_its_package_and_the_same_names():
     packages = sorted(p.parent.name for p in HOME.glob("*/__init__.py"))
-    assert packages == ["jax", "tensorflow"]
+    assert packages == ["jax", "tensorflow", "torch"]
     exported = {
         name: ast.literal_eval(
             next(
@@ -214,7 +214,7 @@ def test_each_backend_has_its_package_and_the_same_names():
         )
         for name in packages
     }
-    assert exported["jax"] == exported["tensorflow"]
+    assert exported["jax"] == exported["tensorflow"] == exported["torch"]
     for name in packages:
         assert {p.stem for p in (HOME / name).glob("*.py")} == {
             "__init__",

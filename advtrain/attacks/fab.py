@@ -216,6 +216,7 @@ def project_linf(t, w, b, low: float, high: float):
     kinks at the rooms; sorting the rooms finds the piece where it meets
     the plane, and `lam` solves that piece's linear equation.
     """
+    t, w, b = (ops.convert_to_tensor(a) for a in (t, w, b))
     gap = b - ops.sum(w * t, axis=1)
     side = ops.where(ops.greater(gap, 0.0), -1.0, 1.0)
     w, gap = w * side[:, None], gap * side  # now gap <= 0: lower w.z by -gap

@@ -1,7 +1,7 @@
 """Everything that differs between Keras backends, in one place.
 
 One package per backend, as Keras's own `keras/src/backend/<name>/`:
-`tensorflow/` and `jax/`, each with `ops` (an input gradient, stateless
+`tensorflow/`, `jax/` and `torch/`, each with `ops` (an input gradient, stateless
 random draws, loops, compiled functions), `trainer` (`AdversarialModel`'s
 step) and `distribution` (device placement); `other.py` stands in for a
 backend advtrain does not train on. Only the current backend's package is
@@ -41,7 +41,7 @@ from advtrain.utils.errors import ArgumentError, BackendNotInstalled
 # The Keras backends advtrain runs on, in the order it prefers them when
 # neither KERAS_BACKEND nor keras.json names an installed one. Each is a
 # module of its name and an extra of its name: pip install "advtrain[jax]".
-SUPPORTED = ("tensorflow", "jax")
+SUPPORTED = ("tensorflow", "jax", "torch")
 # Set beside KERAS_BACKEND when advtrain chose it: a process started from
 # this one then takes it as chosen for it, not by the user (`must_restart`).
 _CHOSEN_MARK = "ADVTRAIN_CHOSEN_KERAS_BACKEND"
@@ -135,8 +135,9 @@ def imports_tensorflow(name: str) -> bool:
 def exports_saved_model(name: str) -> bool:
     """Whether Keras can write a TensorFlow SavedModel from a model on the
     backend `name`: TensorFlow installed, and the backend's own export
-    (TensorFlow's, or JAX's through jax2tf)."""
-    return HAS_TENSORFLOW and name in SUPPORTED
+    (TensorFlow's, or JAX's through jax2tf; Keras's PyTorch archive takes
+    no serving function such as advtrain's, only a whole model)."""
+    return HAS_TENSORFLOW and name in ("tensorflow", "jax")
 
 
 IMPORTS_TENSORFLOW = imports_tensorflow(NAME)

@@ -1,14 +1,14 @@
-"""A Keras backend advtrain does not train on (torch): models build, call
-and save; the attacks, training and placement say which backends run
-them, in one line."""
+"""A Keras backend advtrain does not train on (numpy, openvino): models
+build, call and save; the attacks, training and placement say which
+backends run them, in one line."""
 
 from __future__ import annotations
 
 import keras
 
+from advtrain.backend import SUPPORTED  # set before this module loads
 from advtrain.utils.errors import ArgumentError
 
-SUPPORTED = ("tensorflow", "jax")
 HOST_LOOPS = False
 FUSED_BATCHNORM = False
 JIT_BY_DEFAULT = False

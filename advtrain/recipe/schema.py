@@ -338,7 +338,9 @@ class RuntimeConfig(RuntimeOptions):
     # `auto` resolves here, to the backend this process's Keras runs on:
     # the resolved recipe (and a run folder's recipe.yaml, which `resume`
     # reads) names the backend that ran.
-    backend: Literal["auto", "tensorflow", "jax"] = Field("auto", validate_default=True)
+    backend: Literal["auto", "tensorflow", "jax", "torch"] = Field(
+        "auto", validate_default=True
+    )
 
     @field_validator("backend")
     @classmethod

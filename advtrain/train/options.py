@@ -14,23 +14,23 @@ from advtrain.utils.options import Options, Seed
 class RuntimeOptions(Options):
     """Where and how the step runs (advtrain.train.runtime.make_runtime).
 
-    backend: the Keras backend the run expects, tensorflow or jax; auto:
+    backend: the Keras backend the run expects, tensorflow, jax or torch; auto:
         whichever Keras runs on (advtrain.backend chose it, before Keras
         was imported, from KERAS_BACKEND, keras.json or what is installed).
     strategy: auto (multi_worker when TF_CONFIG or a SLURM step names
         several tasks, mirrored over several GPUs or cpu_replicas, else
         default), default, one_device, mirrored, multi_worker, tpu. On JAX,
         mirrored is keras.distribution.DataParallel and multi_worker is
-        refused.
+        refused; PyTorch trains on one device (auto, default, one_device).
     cpu_replicas: split the CPU into N logical devices (for tests).
     precision: Keras dtype policy; logits and losses stay float32.
     jit_compile: XLA; auto = off on TensorFlow, on on JAX (make_runtime).
     steps_per_execution: train steps per host call; auto = the largest
         divisor of the steps per epoch up to 32 (1 under mirrored and
-        multi_worker, where Keras 3 cannot loop steps).
+        multi_worker, where Keras 3 cannot loop steps, and on PyTorch).
     """
 
-    backend: Literal["auto", "tensorflow", "jax"] = "auto"
+    backend: Literal["auto", "tensorflow", "jax", "torch"] = "auto"
     strategy: Literal[
         "auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
     ] = "auto"

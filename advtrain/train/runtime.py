@@ -246,8 +246,9 @@ def resolve_steps_per_execution(
     """
     if runtime.strategy_name in backends.SINGLE_STEP_STRATEGIES:
         note = (
-            f"1 step per host call under {runtime.strategy_name} (Keras 3 "
-            "cannot loop several steps per call under it: keras-team/keras#19246)"
+            f"1 step per host call under {runtime.strategy_name} on "
+            f"{runtime.backend} (Keras 3 runs one there: keras-team/keras#19246 "
+            "under tf.distribute; its PyTorch trainer refuses more)"
         )
         return 1, [note] if setting != 1 else []
     auto = setting == "auto"

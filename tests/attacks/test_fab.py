@@ -21,9 +21,11 @@ def _compiled(fn):
         import jax
 
         return jax.jit(fn)
-    import tensorflow as tf
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
 
-    return tf.function(fn)
+        return tf.function(fn)
+    return fn  # PyTorch: eager, as its trainer runs
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,8 @@ def test_evaluate_returns_the_worst_case_example_of_each(trained_dense, found):
     assert np.mean(examples.robust) == pytest.approx(result["robust_accuracy"])
     np.testing.assert_array_equal(examples.robust, examples.attack == "")
     broken = ~examples.robust
-    on_adv = np.argmax(trained_dense(examples.x_adv, training=False), axis=-1)
+    logits = trained_dense(examples.x_adv, training=False)
+    on_adv = np.argmax(keras.ops.convert_to_numpy(logits), axis=-1)
     assert (on_adv[broken] != y[broken]).all()
     np.testing.assert_array_equal(on_adv, examples.predicted)
     # The first attack that broke an example keeps it: FGSM's go first,

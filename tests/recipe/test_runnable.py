@@ -24,9 +24,12 @@ def _output(**output):
 @pytest.mark.parametrize("installed", [True, False])
 def test_auto_resolves_to_what_tensorflow_allows(installed, monkeypatch):
     monkeypatch.setattr(backend, "HAS_TENSORFLOW", installed)
+    # TensorFlow and JAX (jax2tf) export with TensorFlow installed; PyTorch not.
+    writable = {"tensorboard": installed}
+    writable["export_saved_model"] = backend.exports_saved_model(backend.NAME)
     saved = _output()
-    assert {k: saved[k] for k in KEYS} == {k: installed for k in KEYS}
-    assert {k: _output(**{k: "auto"})[k] for k in KEYS} == {k: installed for k in KEYS}
+    assert {k: saved[k] for k in KEYS} == writable
+    assert {k: _output(**{k: "auto"})[k] for k in KEYS} == writable
     assert {k: _output(**{k: False})[k] for k in KEYS} == {k: False for k in KEYS}
 
 
@@ -57,7 +60,10 @@ def test_true_without_tensorflow_is_one_line_naming_the_install(key, monkeypatch
 @pytest.mark.parametrize("value", [True, "auto", False])
 def test_where_tensorflow_is_installed_every_value_runs(value, monkeypatch):
     monkeypatch.setattr(backend, "HAS_TENSORFLOW", True)
-    recipe = recipe_from_dict({"name": "o", "output": {k: value for k in KEYS}})
+    output = {k: value for k in KEYS}
+    if value is True and not backend.exports_saved_model(backend.NAME):
+        output["export_saved_model"] = False  # PyTorch: refused (test below)
+    recipe = recipe_from_dict({"name": "o", "output": output})
     recipe.check_runnable()  # TensorFlow and JAX both export (JAX: jax2tf)
     assert recipe.output.tensorboard is (value is not False)
 
@@ -85,3 +91,15 @@ def test_cleverhans_where_keras_is_not_on_tensorflow_is_one_line(monkeypatch):
     )
     monkeypatch.setattr(backend, "IMPORTS_TENSORFLOW", True)
     recipe.check_runnable()
+
+
+@pytest.mark.backend_neutral
+def test_export_where_keras_cannot_export_is_one_line(monkeypatch):
+    # Keras's PyTorch export archive takes no serving function (advtrain's).
+    monkeypatch.setattr(backend, "HAS_TENSORFLOW", True)
+    monkeypatch.setattr(backend, "NAME", "torch")
+    recipe = recipe_from_dict({"name": "o", "output": {"export_saved_model": True}})
+    with pytest.raises(RecipeError) as caught:
+        recipe.check_runnable()
+    assert str(caught.value).startswith("output.export_saved_model: ")
+    assert "\n" not in str(caught.value)
