@@ -16,6 +16,7 @@ from advtrain.backend.tensorflow.ops import (
     compile_function,
     counted_loop,
     fused_batch_norm,
+    host_jit,
     stateless_uniform,
     value_and_grad,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "counted_loop",
     "fused_batch_norm",
     "holds_variables",
+    "host_jit",
     "metric_count",
     "place",
     "prepare_model",
