@@ -202,3 +202,73 @@ def test_counted_loop_unrolls_an_int_count_on_jax_and_matches_a_tensor_count():
             )
         )
         assert "while" not in text
+
+
+@pytest.mark.parametrize(
+    "method,settings",
+    [
+        ("apgd_ce", {"steps": 12, "restarts": 2}),
+        ("apgd_dlr", {"steps": 11, "targets": 2}),
+        ("fab_t", {"steps": 11, "targets": 2}),
+        ("square", {"queries": 30}),
+    ],
+)
+def test_an_eager_call_loops_from_the_host_where_the_backend_does(
+    method, settings, monkeypatch
+):
+    """Called eagerly, APGD, FAB-T and Square give the points they give
+    compiled whole for the same seed; on JAX (`HOST_LOOPS`) they drive
+    their loops from the host over compiled chunks: no while loop."""
+    from helpers import bn_classifier
+
+    model = bn_classifier()
+    x = np.random.default_rng(5).random((6, 8, 8, 1)).astype("float32")
+    y = np.arange(6) % 10
+    attack = Attack(method, eps=0.1, **settings)
+    whole = _run(model, attack, x, y)
+    loops = []
+    if keras.backend.backend() == "jax":
+        import jax
+
+        def counted(cond, body, init):
+            loops.append(body)
+            return while_loop(cond, body, init)
+
+        while_loop = jax.lax.while_loop
+        monkeypatch.setattr(jax.lax, "while_loop", counted)
+    f = lambda z: model(z, training=False)  # noqa: E731
+    eager = keras.ops.convert_to_numpy(attack(f, x, y, seed=1))
+    np.testing.assert_allclose(eager, whole, atol=1e-6)
+    assert loops == []
+
+
+def test_pieces_run_loops_in_chunks_from_the_host_and_stop_early():
+    """`Pieces`: inline, one loop with a tensor count; from the host,
+    chunks of `chunk` iterations, and runs stop once every example is
+    fooled."""
+    from advtrain.attacks.common import Pieces, runs_until_fooled
+
+    inline = Pieces(lambda z: z)
+    [(first, count)] = inline.spans(25)
+    assert first == 0 and int(ops.convert_to_numpy(count)) == 25
+    compiled = []
+
+    def compile(key, fn, *arrays):
+        compiled.append(key)
+        return fn(lambda z: z, *arrays)
+
+    host = Pieces(compile=compile).chunked(10)
+    assert host.spans(25) == [(0, 10), (10, 10), (20, 5)]
+    calls = []
+
+    def body(run, best, fooled):
+        calls.append(run)
+        return run + 1, best, fooled | (ops.arange(3) <= run)
+
+    state = (ops.convert_to_tensor(0, "int32"), ops.zeros(3), ops.zeros(3, "bool"))
+    run, _, fooled = runs_until_fooled(host, body, state, 9)
+    assert int(ops.convert_to_numpy(run)) == 3 and len(calls) == 3
+    assert bool(ops.convert_to_numpy(ops.all(fooled)))
+    doubled = host.run(lambda f, z, *, k: f(z) * k, np.ones(2, np.float32), k=2)
+    np.testing.assert_allclose(ops.convert_to_numpy(doubled), 2.0)
+    assert compiled and compiled[0][-1] == ("k", 2)
