@@ -27,25 +27,19 @@ one of its names: the library never loads it.
 import importlib
 from typing import TYPE_CHECKING
 
-# First: the backend imports Keras (and TensorFlow, quietly, on Keras's
-# default backend).
-from advtrain import backend
+from advtrain.utils.errors import BackendNotInstalled
 
-# The core, on every backend; each import registers its Keras objects.
-from advtrain.attacks import (
-    Attack,
-    attack_settings,
-    fgsm,
-    fgsm_random_start,
-    pgd,
-    register_attack,
-)
-from advtrain.backbones import register_backbone
-from advtrain.evaluation.robustness import evaluate
-from advtrain.models import TRADES, AdversarialModel, GradAlign
-from advtrain.models.batchnorm.options import BatchNormOptions
-from advtrain.models.objectives import register_objective
-from advtrain.train.options import CheckpointOptions, PlanOptions, RuntimeOptions
+# First: the backend chooses Keras's backend among the installed ones and
+# imports Keras (and TensorFlow, quietly, on its backend). With none
+# installed the package still imports, so that `advtrain --version` and
+# the command line can say so in one line; each of its names raises that
+# line (`__getattr__`).
+try:
+    from advtrain import backend
+except BackendNotInstalled as missing:
+    _NO_BACKEND: "BackendNotInstalled | None" = missing
+else:
+    _NO_BACKEND = None
 
 # The parts that need TensorFlow: imported now on the TensorFlow backend, on
 # first use elsewhere (`__getattr__`).
@@ -61,11 +55,28 @@ _TENSORFLOW_PARTS = {
     "Stream": "advtrain.train.fitting",
 }
 
-if backend.IMPORTS_TENSORFLOW:
-    from advtrain import data  # noqa: E402, F401
-    from advtrain.data import register_source  # noqa: E402
-    from advtrain.train import runtime  # noqa: E402, F401
-    from advtrain.train.fitting import Setup, Stream, fit, prepare  # noqa: E402
+if _NO_BACKEND is None:
+    # The core, on every backend; each import registers its Keras objects.
+    from advtrain.attacks import (
+        Attack,
+        attack_settings,
+        fgsm,
+        fgsm_random_start,
+        pgd,
+        register_attack,
+    )
+    from advtrain.backbones import register_backbone
+    from advtrain.evaluation.robustness import evaluate
+    from advtrain.models import TRADES, AdversarialModel, GradAlign
+    from advtrain.models.batchnorm.options import BatchNormOptions
+    from advtrain.models.objectives import register_objective
+    from advtrain.train.options import CheckpointOptions, PlanOptions, RuntimeOptions
+
+    if backend.IMPORTS_TENSORFLOW:
+        from advtrain import data  # noqa: F401
+        from advtrain.data import register_source
+        from advtrain.train import runtime  # noqa: F401
+        from advtrain.train.fitting import Setup, Stream, fit, prepare
 
 __version__ = "0.3.0"
 
@@ -85,6 +96,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and the API reference
 
 
 def __getattr__(name: str):
+    if _NO_BACKEND is not None and not name.startswith("__"):
+        raise BackendNotInstalled(_NO_BACKEND.summary, _NO_BACKEND.received)
     module = _APPLICATION.get(name) or _TENSORFLOW_PARTS.get(name)
     if module is None:
         raise AttributeError(f"module 'advtrain' has no attribute {name!r}")
@@ -95,7 +108,7 @@ def __getattr__(name: str):
             raise
         raise ImportError(
             f"advtrain.{name} needs TensorFlow, which is not installed: "
-            "pip install tensorflow. "
+            f"{backend.install_command(['tensorflow'])}. "
             f"Received: KERAS_BACKEND={backend.NAME}"
         ) from None
     value = imported if name in ("data", "runtime") else getattr(imported, name)

@@ -11,23 +11,10 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/python" -m pip install --quiet --upgrade pip
 fi
 stamp="$venv/.advtrain-installed-jax"
-digest=$(cat "$root/pyproject.toml" | sha256sum | cut -c1-16)
+digest=$(sha256sum < "$root/pyproject.toml" | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
-  echo "advtrain: installing advtrain[jax] without TensorFlow into .venv-jax" >&2
-  # pyproject's dependencies minus TensorFlow's own, plus the jax extra.
-  mapfile -t requirements < <("$venv/bin/python" - "$root/pyproject.toml" <<'PY'
-import re, sys, tomllib
-TENSORFLOW_ONLY = {"tensorflow", "tensorboard", "cleverhans",
-                   "tensorflow-datasets", "importlib-resources"}
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-for line in project["dependencies"] + project["optional-dependencies"]["jax"]:
-    name = re.match(r"[A-Za-z0-9_.-]+", line).group(0).lower().replace("_", "-")
-    if name not in TENSORFLOW_ONLY:
-        print(line)
-PY
-  )
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${requirements[@]}"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root"
+  echo "advtrain: installing advtrain[jax,test] into .venv-jax" >&2
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[jax,test]"
   if "$venv/bin/python" -c "import tensorflow" 2>/dev/null; then
     echo "advtrain: .venv-jax must not hold TensorFlow; remove .venv-jax" >&2
     exit 1

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from advtrain.cli.launch import free_ports, tf_configs
+from advtrain.backend.tensorflow.distribution import tf_configs
+from advtrain.cli.launch import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 # Two workers on free loopback ports: one launch at a time under xdist.

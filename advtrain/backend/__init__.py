@@ -17,12 +17,17 @@ and never compares backend names (tests/test_backend_home.py holds that):
   TFDS, TensorBoard) on any backend; `is_dataset`, `tensorflow_or_none`.
 - `GLOBAL_BATCHES`: a step sees the global batch, which the distribution
   shards (JAX), rather than each replica its own (`tf.distribute`).
+
+Importing it chooses Keras's backend first, as Keras would but among the
+installed ones (`choose_backend`), and sets KERAS_BACKEND to it so that
+Keras and the processes this one starts agree.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -30,9 +35,81 @@ from types import ModuleType
 from typing import Any, Optional
 
 from advtrain.backend._tfimport import import_tensorflow
-from advtrain.utils.errors import ArgumentError
+from advtrain.utils.errors import ArgumentError, BackendNotInstalled
 
-HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+# The Keras backends advtrain runs on, in the order it prefers them when
+# neither KERAS_BACKEND nor keras.json names an installed one. Each is a
+# module of its name and an extra of its name: pip install "advtrain[jax]".
+SUPPORTED = ("tensorflow", "jax")
+# Set beside KERAS_BACKEND when advtrain chose it: a process started from
+# this one then takes it as chosen for it, not by the user (`must_restart`).
+_CHOSEN_MARK = "ADVTRAIN_CHOSEN_KERAS_BACKEND"
+
+
+def installed(name: str) -> bool:
+    """Whether the Keras backend `name` (its module) can be imported."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install_command(names: Sequence[str] = SUPPORTED) -> str:
+    """The `pip install` line for the extras of `names`, one of them."""
+    return " or ".join(f'pip install "advtrain[{name}]"' for name in names)
+
+
+def _keras_json_backend() -> Optional[str]:
+    # Where Keras reads its settings (keras/src/backend/config.py):
+    # KERAS_HOME, else ~/.keras, else /tmp/.keras for a read-only home.
+    home = os.environ.get("KERAS_HOME")
+    if home is None:
+        base = os.path.expanduser("~")
+        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+    try:
+        with open(os.path.join(os.path.expanduser(home), "keras.json")) as file:
+            name = json.load(file).get("backend")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name else None
+
+
+def choose_backend() -> Optional[str]:
+    """Chooses Keras's backend before Keras is imported; returns the one the
+    user named (KERAS_BACKEND), or None when advtrain chose it.
+
+    KERAS_BACKEND when set (`BackendNotInstalled` for a supported one that
+    is not installed); else, unless Keras is imported already, the backend
+    keras.json names if it is installed, else the first installed of
+    `SUPPORTED`, written to KERAS_BACKEND for Keras and child processes;
+    `BackendNotInstalled` when there is none.
+    """
+    named = os.environ.get("KERAS_BACKEND") or None
+    if named is not None:
+        if named in SUPPORTED and not installed(named):
+            raise BackendNotInstalled(
+                f"KERAS_BACKEND={named} is not installed: "
+                f"{install_command([named])}, or unset KERAS_BACKEND",
+                f"KERAS_BACKEND={named}",
+            )
+        return None if os.environ.get(_CHOSEN_MARK) == named else named
+    if "keras" in sys.modules:
+        return None  # Keras chose already
+    configured = _keras_json_backend()
+    candidates = [configured, *SUPPORTED] if configured else SUPPORTED
+    chosen = next((name for name in candidates if installed(name)), None)
+    if chosen is None:
+        raise BackendNotInstalled(
+            f"no Keras backend is installed: {install_command()}",
+            "KERAS_BACKEND=<unset>",
+        )
+    os.environ["KERAS_BACKEND"] = os.environ[_CHOSEN_MARK] = chosen
+    return None
+
+
+# KERAS_BACKEND as the user set it (None: unset, or chosen by advtrain).
+NAMED = choose_backend()
+HAS_TENSORFLOW = installed("tensorflow")
 
 # Keras imports TensorFlow on its default backend: quietly, first.
 if HAS_TENSORFLOW and os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
@@ -41,7 +118,6 @@ if HAS_TENSORFLOW and os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorfl
 import keras  # noqa: E402
 
 NAME = keras.backend.backend()
-SUPPORTED = ("tensorflow", "jax")
 
 _impl = importlib.import_module(
     f"advtrain.backend.{NAME}" if NAME in SUPPORTED else "advtrain.backend.other"
@@ -186,10 +262,42 @@ def prepare_model(model: keras.Model, runtime: Any) -> keras.Model:
     return _impl.prepare_model(model, runtime)
 
 
+def resolve(requested: str) -> str:
+    """`requested` with `auto` replaced by the backend Keras runs on."""
+    return NAME if requested == "auto" else requested
+
+
+def worker_environments(addresses: list[str]) -> list[dict[str, str]]:
+    """The environment variables of each process of a cluster whose
+    processes listen at `addresses` (`host:port`, the first one the chief
+    or coordinator): what `advtrain launch` sets for its workers."""
+    return _impl.worker_environments(addresses)
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is set in any process of a multi-process run, where
+    the backend agrees on it in a collective that every process calls at
+    the same point; `flag` elsewhere."""
+    return _impl.any_process(flag)
+
+
+def process_share(batches: Any) -> Any:
+    """This process's share of each of the global `batches`, where each
+    process of a multi-process run feeds its own share to `Model.fit`
+    (JAX); `batches` itself elsewhere."""
+    return _impl.process_share(batches)
+
+
+def leave_processes(strategy: Any, variables: Sequence[Any]) -> None:
+    """After training over several processes, readies `variables` for work
+    in this process alone (evaluation, saving) where the backend needs it."""
+    _impl.leave_processes(strategy, variables)
+
+
 def check_requested(requested: Optional[str], key: str = "backend") -> None:
-    """Raises `ArgumentError(key)` unless `requested` (None: any) is the
-    backend Keras runs on: it is chosen before Keras is imported."""
-    if requested is None or requested == NAME:
+    """Raises `ArgumentError(key)` unless `requested` (`auto` or None: any)
+    is the backend Keras runs on: it is chosen before Keras is imported."""
+    if requested in (None, "auto") or requested == NAME:
         return
     raise ArgumentError(
         key,
@@ -202,10 +310,13 @@ def check_requested(requested: Optional[str], key: str = "backend") -> None:
 
 def must_restart(requested: str, key: str, asker: str = "the run") -> bool:
     """For a command that can start itself again on `requested`: False when
-    Keras runs it already, True when Keras took its default because
-    KERAS_BACKEND is unset (`select` it, then restart); `ArgumentError(key)`
-    when KERAS_BACKEND names another backend than `asker` asks for."""
-    chosen = os.environ.get("KERAS_BACKEND")
+    Keras runs it already (or `requested` is `auto`), True when advtrain
+    chose the backend because KERAS_BACKEND is unset (`select` it, then
+    restart); `ArgumentError(key)` when the user's KERAS_BACKEND names
+    another backend than `asker` asks for, or `requested` is not installed."""
+    if requested == "auto" or requested == NAME:
+        return False
+    chosen = NAMED
     if chosen and chosen != requested:
         raise ArgumentError(
             key,
@@ -213,12 +324,21 @@ def must_restart(requested: str, key: str, asker: str = "the run") -> bool:
             "KERAS_BACKEND or make the two agree. "
             f"Received: {key}={requested}, KERAS_BACKEND={chosen}",
         )
-    return requested != NAME
+    if requested in SUPPORTED and not installed(requested):
+        raise ArgumentError(
+            key,
+            f"{asker} runs on {requested}, which is not installed: "
+            f"{install_command([requested])}, or {key}: auto for {NAME}. "
+            f"Received: {key}={requested}",
+        )
+    return True
 
 
 def select(requested: str) -> None:
-    """Names `requested` for the processes this one starts (KERAS_BACKEND)."""
+    """Names `requested` for the processes this one starts (KERAS_BACKEND),
+    as the user would."""
     os.environ["KERAS_BACKEND"] = requested
+    os.environ.pop(_CHOSEN_MARK, None)
 
 
 def tensorflow_or_none() -> Optional[ModuleType]:

@@ -22,6 +22,8 @@ class Placement:
         workers: worker processes (multi_worker), else 1.
         task: this process's cluster task ("worker 0"), or "".
         device_kind: cpu, gpu or tpu.
+        chief: whether this process writes the run folder (on TensorFlow
+            the `Runtime` asks the strategy's cluster).
     """
 
     strategy: Any
@@ -30,6 +32,7 @@ class Placement:
     workers: int
     task: str
     device_kind: str
+    chief: bool = True
 
 
 def split_cpu(

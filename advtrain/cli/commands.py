@@ -17,8 +17,12 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from advtrain.utils.errors import BAD_INPUT, ArgumentError, one_line
-from advtrain.utils.progress import set_quiet
+from advtrain.utils.errors import (
+    BAD_INPUT,
+    ArgumentError,
+    BackendNotInstalled,
+    one_line,
+)
 
 
 class _OneLineUsage(TyperGroup):  # usage errors: one `error:` line, exit 2
@@ -79,11 +83,30 @@ _DEBUG = {"on": False}  # `advtrain --debug COMMAND`, set by _root
 
 
 def _show_version(value: bool) -> None:
-    if value:
-        from advtrain import __version__
+    # One line, exit 0, also without a Keras backend (it says which extra
+    # installs one): the question was what is installed, and that answers it.
+    if not value:
+        return
+    from advtrain import __version__
 
-        typer.echo(f"advtrain {__version__}")
-        raise typer.Exit()
+    try:
+        from advtrain import backend
+    except BackendNotInstalled as exc:
+        typer.echo(f"advtrain {__version__} ({exc.summary})")
+        raise typer.Exit() from None
+    import keras
+
+    typer.echo(f"advtrain {__version__} (Keras {keras.__version__} on {backend.NAME})")
+    raise typer.Exit()
+
+
+def _require_backend() -> None:
+    # Before any command imports Keras: without a backend to run on, the
+    # one line that says which to install, exit 2 (not Keras's traceback).
+    try:
+        from advtrain import backend  # noqa: F401 - chooses Keras's backend
+    except BackendNotInstalled as exc:
+        _fail(str(exc), BAD_INPUT)
 
 
 @app.callback()
@@ -114,6 +137,9 @@ def _root(
     ] = False,
 ) -> None:
     """Adversarial training and transfer learning for Keras 3."""
+    _require_backend()
+    from advtrain.utils.progress import set_quiet
+
     _DEBUG["on"] = debug
     set_quiet(quiet)
     if debug:
@@ -123,6 +149,8 @@ def _root(
 
 def _quiet(quiet: bool) -> None:  # after _root's
     if quiet:
+        from advtrain.utils.progress import set_quiet
+
         set_quiet(True)
 
 
@@ -448,9 +476,11 @@ def launch(
         ),
     ] = 0,
 ) -> None:
-    """Run a recipe on N local workers (MultiWorkerMirroredStrategy).
+    """Run a recipe on N local workers, one data-parallel run.
 
-    Starts N `advtrain run` processes on 127.0.0.1 with a TF_CONFIG each;
+    Starts N `advtrain run` processes on 127.0.0.1, each with the cluster in
+    its environment (TensorFlow: a TF_CONFIG for MultiWorkerMirroredStrategy;
+    JAX: KERAS_DISTRIBUTION_* for keras.distribution.initialize);
     worker 0 (the chief) writes the run folder. Reports each exit code;
     exits 0 when all succeed, 75 when SIGTERM/SIGINT stopped them after a
     checkpoint, else with the first failure's code. Workers' full output
@@ -464,7 +494,11 @@ def launch(
 
         path = resolve_recipe_path(recipe)
         with _exits(path):
-            check_recipe_paths(load_recipe(path, set_ or []), output)
+            resolved = load_recipe(path, set_ or [])
+        # The launcher on the recipe's backend, which sets up its workers.
+        _on_recipe_backend(path, resolved)
+        with _exits(path):
+            check_recipe_paths(resolved, output)
         results = run_launch(
             str(path),
             workers,

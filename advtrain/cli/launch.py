@@ -1,18 +1,20 @@
-"""`advtrain launch`: N local workers under MultiWorkerMirroredStrategy.
+"""`advtrain launch`: N local workers of one data-parallel run.
 
-Each worker is an `advtrain run` process with a `TF_CONFIG` naming the same
-loopback cluster; worker 0, the chief, writes the run folder. The launcher
-owns its workers: each in its own process group; SIGTERM/SIGINT forwarded
-(they checkpoint and exit 75), stragglers killed after `_SHUTDOWN_GRACE`;
-a dead worker named in one line and the others stopped (or all restarted,
-`max_restarts`); output to log files, the chief's progress echoed.
+Each worker is an `advtrain run` process whose environment names the same
+loopback cluster, as the backend asks (`advtrain.backend.worker_environments`:
+a `TF_CONFIG` for MultiWorkerMirroredStrategy on TensorFlow, Keras's
+`KERAS_DISTRIBUTION_*` for `keras.distribution.initialize` on JAX); worker
+0, the chief, writes the run folder. The launcher owns its workers: each in
+its own process group; SIGTERM/SIGINT forwarded (they checkpoint and exit
+75), stragglers killed after `_SHUTDOWN_GRACE`; a dead worker named in one
+line and the others stopped (or all restarted, `max_restarts`); output to
+log files, the chief's progress echoed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
+from advtrain import backend as backends
 from advtrain.evaluation.verdict import EXIT_CODES
 from advtrain.recipe.loader import load_recipe
 from advtrain.recipe.run_folder import (
@@ -36,8 +39,9 @@ from advtrain.recipe.run_folder import (
 from advtrain.train.preemption import LAUNCHER_PID_ENV, PREEMPTED_EXIT_CODE
 from advtrain.utils.progress import Echo
 
-# After a worker is lost the others block in a collective until TensorFlow's
-# coordination service notices; they get this long to exit on their own.
+# After a worker is lost the others block in a collective until the
+# backend's coordination service notices; they get this long to exit on
+# their own.
 _LOST_WORKER_GRACE = 5.0
 # After a forwarded SIGTERM, workers get this long to reach the agreed step,
 # checkpoint and exit. Below the 30 s that SLURM (KillWait) and Kubernetes
@@ -96,19 +100,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def tf_configs(addresses: list[str]) -> list[str]:
-    """One TF_CONFIG (JSON) per worker of the cluster `addresses`."""
-    return [
-        json.dumps(
-            {
-                "cluster": {"worker": list(addresses)},
-                "task": {"type": "worker", "index": index},
-            }
-        )
-        for index in range(len(addresses))
-    ]
 
 
 def exit_code(results: list[WorkerResult]) -> int:
@@ -227,9 +218,9 @@ def _attempt(command, workers, out, resume, logs, tag, stop, echo, debug):
     procs, threads, results, handles = [], [], [], []
     lost = None
     try:
-        for index, config in enumerate(tf_configs(addresses)):
+        for index, cluster in enumerate(backends.worker_environments(addresses)):
             env = dict(os.environ)
-            env["TF_CONFIG"] = config
+            env.update(cluster)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             env["PYTHONUNBUFFERED"] = "1"
             env[LAUNCHER_PID_ENV] = str(os.getpid())

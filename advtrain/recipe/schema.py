@@ -335,7 +335,15 @@ class EvalConfig(Options):
 
 class RuntimeConfig(RuntimeOptions):
     __doc__ = RuntimeOptions.__doc__
-    backend: Literal["tensorflow", "jax"] = "tensorflow"
+    # `auto` resolves here, to the backend this process's Keras runs on:
+    # the resolved recipe (and a run folder's recipe.yaml, which `resume`
+    # reads) names the backend that ran.
+    backend: Literal["auto", "tensorflow", "jax"] = Field("auto", validate_default=True)
+
+    @field_validator("backend")
+    @classmethod
+    def _resolve_auto(cls, value: str) -> str:
+        return backend.resolve(value)
 
 
 class OutputConfig(CheckpointOptions):

@@ -17,6 +17,7 @@ from typing import Optional
 import keras
 import numpy as np
 
+from advtrain import backend as backends
 from advtrain.train.preemption import Preempted
 from advtrain.utils.progress import Echo
 
@@ -329,7 +330,8 @@ class Preemption(keras.callbacks.Callback):
     def arm(self, checkpoint, strategy=None) -> None:
         """Enters training: a signal now stops after the current step,
         checkpointed by `checkpoint` (an `AtomicCheckpoint`); under
-        MultiWorkerMirroredStrategy TensorFlow's handler picks the step."""
+        MultiWorkerMirroredStrategy TensorFlow's handler picks the step, over
+        several JAX processes a collective after each host call."""
         self._checkpoint = checkpoint
         resolver = getattr(strategy, "cluster_resolver", None)
         if resolver is not None and resolver.cluster_spec().jobs:
@@ -377,7 +379,12 @@ class Preemption(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._armed:
             return
-        agreed = self._cluster_agreed() if self._handler else self._requested.is_set()
+        if self._handler:
+            agreed = self._cluster_agreed()
+        elif self.workers > 1:  # the processes agree in a collective (JAX)
+            agreed = backends.any_process(self._requested.is_set())
+        else:
+            agreed = self._requested.is_set()
         if not agreed or self._at_epoch_end:
             return
         path = self._checkpoint.save_step_now(batch, logs)

@@ -673,7 +673,7 @@ def _fit_phases(setup: Setup, metrics, callbacks, state, validation_data, verbos
             # An interrupted epoch is fitted alone, for its remaining steps.
             end = epoch + 1 if step else phase.end_epoch
             result = model.fit(
-                setup.stream(epoch * spe + step),
+                runtime.process_share(setup.stream(epoch * spe + step)),
                 initial_epoch=epoch,
                 epochs=end,
                 steps_per_epoch=spe - step,
@@ -687,6 +687,7 @@ def _fit_phases(setup: Setup, metrics, callbacks, state, validation_data, verbos
             epoch, step = end, 0
     if state:
         state.preemption.disarm()
+    runtime.leave_processes(model)  # what follows runs in each process alone
     return history, time.perf_counter() - start
 
 

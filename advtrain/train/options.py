@@ -14,8 +14,9 @@ from advtrain.utils.options import Options, Seed
 class RuntimeOptions(Options):
     """Where and how the step runs (advtrain.train.runtime.make_runtime).
 
-    backend: the Keras backend the run expects, tensorflow or jax (None:
-        whichever Keras was imported with).
+    backend: the Keras backend the run expects, tensorflow or jax; auto:
+        whichever Keras runs on (advtrain.backend chose it, before Keras
+        was imported, from KERAS_BACKEND, keras.json or what is installed).
     strategy: auto (multi_worker when TF_CONFIG or a SLURM step names
         several tasks, mirrored over several GPUs or cpu_replicas, else
         default), default, one_device, mirrored, multi_worker, tpu. On JAX,
@@ -29,7 +30,7 @@ class RuntimeOptions(Options):
         multi_worker, where Keras 3 cannot loop steps).
     """
 
-    backend: Optional[Literal["tensorflow", "jax"]] = None
+    backend: Literal["auto", "tensorflow", "jax"] = "auto"
     strategy: Literal[
         "auto", "default", "one_device", "mirrored", "multi_worker", "tpu"
     ] = "auto"

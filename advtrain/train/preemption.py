@@ -1,8 +1,9 @@
 """Preemption: on SIGTERM or SIGINT, finish the step, checkpoint, exit 75.
 
 Beyond TensorFlow's PreemptionCheckpointHandler (which only agrees on a
-step): advtrain's checkpoint, exit 75 (`EX_TEMPFAIL`) on every worker,
-orphans ended. The callback is `advtrain.train.callbacks.Preemption`; this
+step; on JAX the processes agree through `advtrain.backend.any_process`):
+advtrain's checkpoint, exit 75 (`EX_TEMPFAIL`) on every worker, orphans
+ended. The callback is `advtrain.train.callbacks.Preemption`; this
 module holds what the launcher and the CLI need too, without TensorFlow.
 """
 
@@ -49,7 +50,9 @@ def exit_preempted(exc: Preempted) -> None:
     """Ends a multi-worker process at once after `Preempted` (exit 75),
     removing its private folder: the interpreter's teardown would block in
     TensorFlow's destructors (TF 2.21: 25 s and more) past the scheduler's
-    grace period. Does nothing for a single-process run."""
+    grace period, or on JAX in `jax.distributed`'s shutdown barrier, which
+    waits for processes that may have exited already. Does nothing for a
+    single-process run."""
     import shutil
     import sys
 

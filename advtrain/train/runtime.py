@@ -51,7 +51,8 @@ class Runtime:
         jit_compile: whether train steps compile with XLA.
         steps_per_execution_setting: resolved per run by `plan_batches`.
         workers: worker processes (multi_worker), else 1.
-        task: this process's cluster task ("worker 0"), or "".
+        task: this process's cluster task ("worker 0", "process 0"), or "".
+        chief: False in a process that must not write the run folder.
     """
 
     strategy: object
@@ -64,12 +65,15 @@ class Runtime:
     workers: int = 1
     task: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
-    backend: str = "tensorflow"
+    backend: str = backends.NAME
+    chief: bool = True
 
     @property
     def is_chief(self) -> bool:
         """Whether this process writes the run folder (the `chief` task,
-        else worker 0)."""
+        else worker 0; on JAX process 0)."""
+        if not self.chief:
+            return False
         resolver = getattr(self.strategy, "cluster_resolver", None)
         if resolver is None or not getattr(resolver, "task_type", None):
             return True
@@ -91,6 +95,21 @@ class Runtime:
         if backends.GLOBAL_BATCHES or self.replicas == 1:
             return None
         return self.strategy
+
+    def process_share(self, batches):
+        """This process's share of each of the global `batches` (JAX over
+        several processes, where each feeds its own to `Model.fit`), else
+        `batches`."""
+        return backends.process_share(batches)
+
+    def leave_processes(self, model: keras.Model) -> None:
+        """After training over several processes (JAX), readies `model`
+        for evaluation and saving in each process alone."""
+        optimizer = getattr(model, "optimizer", None)
+        variables = list(model.variables) + list(model.metrics_variables)
+        variables += list(optimizer.variables) if optimizer is not None else []
+        unique = list({id(v): v for v in variables}.values())
+        backends.leave_processes(self.strategy, unique)
 
     def holds_variables_of(self, model: keras.Model) -> bool:
         """Whether `model`'s variables were created under this scope."""
@@ -119,7 +138,7 @@ class Runtime:
 
 def make_runtime(
     *,
-    backend: Optional[str] = None,
+    backend: str = "auto",
     strategy: str = "auto",
     cpu_replicas: Optional[int] = None,
     precision: str = "float32",
@@ -160,6 +179,7 @@ def make_runtime(
         task=placed.task,
         notes=notes,
         backend=backends.NAME,
+        chief=placed.chief,
     )
 
 
@@ -179,13 +199,18 @@ class BatchPlan:
     reference_batch: Optional[int] = None
     warmup_steps: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
+    workers: int = 1
 
     def describe(self) -> str:
         """The batch arithmetic, as printed at the start of a run."""
         undivided = " (every replica trains every epoch)" if self.replicas > 1 else ""
+        fed = ""
+        if self.workers > 1:
+            share = self.global_batch // self.workers
+            fed = f", {share} from each of {self.workers} worker processes"
         lines = [
             f"batch: global {self.global_batch} = {self.replicas} replica(s) "
-            f"x {self.per_replica_batch}; {self.steps_per_epoch} steps/epoch "
+            f"x {self.per_replica_batch}{fed}; {self.steps_per_epoch} steps/epoch "
             f"x {self.epochs} epochs{undivided}; {self.steps_per_execution} "
             "step(s) per host call"
         ]
@@ -298,6 +323,7 @@ def plan_batches(
         reference_batch=reference_batch if scale_lr else None,
         warmup_steps=int(math.ceil(warmup_epochs * steps)),
         notes=runtime.notes + notes,
+        workers=runtime.workers,
     )
 
 

@@ -33,6 +33,22 @@ class ArgumentError(ValueError):
         return type(self), (self.argument, self.message)
 
 
+class BackendNotInstalled(ImportError):
+    """No Keras backend advtrain can run on is installed, or KERAS_BACKEND
+    names one that is not: `summary` says which and the `pip install`
+    that fixes it (`advtrain --version` prints it)."""
+
+    exit_code = BAD_INPUT
+
+    def __init__(self, summary: str, received: str):
+        super().__init__(f"{summary}. Received: {received}")
+        self.summary = summary
+        self.received = received
+
+    def __reduce__(self):
+        return type(self), (self.summary, self.received)
+
+
 def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
     """The first non-empty line of `exc`'s message (else its class name),
     cut to `limit` characters with "..."."""

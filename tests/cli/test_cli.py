@@ -137,7 +137,8 @@ def test_version_debug_and_completion_are_global_options():
 
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
-    assert result.output.strip() == f"advtrain {__version__}"
+    running = f"Keras {keras.__version__} on {keras.backend.backend()}"
+    assert result.output.strip() == f"advtrain {__version__} ({running})"
     top = runner.invoke(app, ["--help"]).output
     assert "--debug" in top and "--install-completion" in top
     assert "--debug" not in runner.invoke(app, ["run", "--help"]).output

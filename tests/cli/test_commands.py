@@ -227,10 +227,13 @@ def test_profile_shipped_recipe():
 
 
 def test_version():
+    import keras
+
     from advtrain import __version__
 
     result = ok(advtrain("--version"))
-    assert result.stdout.strip() == f"advtrain {__version__}"
+    running = f"Keras {keras.__version__} on {keras.backend.backend()}"
+    assert result.stdout.strip() == f"advtrain {__version__} ({running})"
     assert result.stderr == ""
 
 

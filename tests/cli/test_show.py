@@ -31,7 +31,7 @@ def test_show_prints_the_plan_and_writes_nothing(tmp_path):
     assert "resolved recipe:\n  name: quickstart\n" in out
     assert "    epochs: 4\n" in out  # the --set override, resolved
     assert "data: digits, 1438 train / 0 val / 359 test, image 8x8x1" in out
-    assert "    backend: tensorflow\n" in out  # runtime.backend's default
+    assert "    backend: tensorflow\n" in out  # auto, resolved: the installed one
     assert ", XLA off, backend tensorflow\n" in out
     assert (
         "model: pixels 8x8x1 -> resize 16x16 -> preprocess none -> backbone "

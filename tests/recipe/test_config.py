@@ -313,6 +313,25 @@ def test_defaults_and_round_trip():
     assert again == recipe
 
 
+@pytest.mark.backend_neutral
+def test_runtime_backend_auto_is_the_backend_keras_runs_on():
+    # The default, and the shipped recipes': the resolved recipe (a run
+    # folder's recipe.yaml, which `advtrain resume` reads) names the
+    # backend that ran, so a resume goes on on it.
+    import keras
+
+    from advtrain.cli.commands import RECIPES_DIR
+
+    running = keras.backend.backend()
+    auto = {**GOOD, "runtime": {"backend": "auto"}}
+    for recipe in (recipe_from_dict(GOOD), recipe_from_dict(auto)):
+        assert recipe.runtime.backend == running
+        assert yaml.safe_load(recipe.to_yaml())["runtime"]["backend"] == running
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        runtime = yaml.safe_load(path.read_text()).get("runtime") or {}
+        assert "backend" not in runtime, f"{path.name} pins runtime.backend"
+
+
 def test_shipped_recipes_validate():
     from advtrain.cli.commands import RECIPES_DIR
 

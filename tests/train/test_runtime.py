@@ -12,8 +12,9 @@ from helpers import dense_classifier
 from typer.testing import CliRunner
 
 from advtrain.attacks import Attack
+from advtrain.backend.tensorflow.distribution import tf_configs
 from advtrain.cli.commands import app
-from advtrain.cli.launch import free_ports, tf_configs
+from advtrain.cli.launch import free_ports
 from advtrain.models.adversarial import AdversarialModel
 from advtrain.train.runtime import Runtime, make_runtime, plan_batches
 

@@ -4,9 +4,13 @@
 from advtrain.backend.tensorflow.distribution import (
     DATA_PARALLEL,
     SINGLE_STEP_STRATEGIES,
+    any_process,
     holds_variables,
+    leave_processes,
     place,
     prepare_model,
+    process_share,
+    worker_environments,
 )
 from advtrain.backend.tensorflow.ops import (
     FUSED_BATCHNORM,
@@ -36,15 +40,19 @@ __all__ = [
     "JIT_BY_DEFAULT",
     "SINGLE_STEP_STRATEGIES",
     "active_indices",
+    "any_process",
     "compile_function",
     "counted_loop",
     "fused_batch_norm",
     "holds_variables",
     "host_jit",
+    "leave_processes",
     "metric_count",
     "place",
     "prepare_model",
+    "process_share",
     "replicas_in_sync",
     "stateless_uniform",
     "value_and_grad",
+    "worker_environments",
 ]

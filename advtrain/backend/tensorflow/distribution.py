@@ -41,6 +41,43 @@ def place(strategy: str, cpu_replicas: Optional[int], deterministic: bool) -> Pl
     return Placement(made, name, replicas, workers, task, _device_kind())
 
 
+def worker_environments(addresses: list[str]) -> list[dict[str, str]]:
+    """The environment of each worker of a cluster at `addresses`: a
+    `TF_CONFIG` naming the cluster and the worker's task."""
+    return [{"TF_CONFIG": config} for config in tf_configs(addresses)]
+
+
+def tf_configs(addresses: list[str]) -> list[str]:
+    """One TF_CONFIG (JSON) per worker of the cluster `addresses`."""
+    return [
+        json.dumps(
+            {
+                "cluster": {"worker": list(addresses)},
+                "task": {"type": "worker", "index": index},
+            }
+        )
+        for index in range(len(addresses))
+    ]
+
+
+def any_process(flag: bool) -> bool:
+    """`flag`: the workers of a `tf.distribute` cluster agree on a step
+    through TensorFlow's `PreemptionCheckpointHandler` (`Preemption.arm`)."""
+    return flag
+
+
+def process_share(batches):
+    """`batches`: `tf.distribute` feeds each replica its own batches
+    (`Runtime.input_strategy`)."""
+    return batches
+
+
+def leave_processes(strategy, variables) -> None:
+    """Nothing: each worker of a `tf.distribute` cluster evaluates and
+    saves under its strategy."""
+    del strategy, variables
+
+
 def holds_variables(strategy, variables, replicas: int) -> bool:
     del replicas
     extended = strategy.extended
