@@ -32,8 +32,6 @@ from advtrain.attacks.common import (
     seed_pair,
 )
 
-# Queries per compiled call when the loop runs from the host (`Pieces`).
-QUERY_CHUNK = 20
 # Query counts (of 10,000) after which the window's share halves.
 _HALVINGS = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
 _TINY = 1e-12
@@ -76,7 +74,7 @@ def square(
     check_count("restarts", restarts, tensor=False)
     if not 0.0 < p_init <= 1.0:
         raise ValueError(f"p_init must be in (0, 1]. Received: p_init={p_init!r}")
-    pieces = Pieces.of(model_fn, x).chunked(QUERY_CHUNK)
+    pieces = Pieces.of(model_fn, x)
     x, y = attack_inputs(pieces, x, y)
     if ops.ndim(x) != 4:
         raise ValueError(
@@ -179,24 +177,19 @@ def _signs(seeds, shape, dtype):
 def _search(pieces, x, labels, done_margin, start, iterations, arrays, **static):
     # The query loop of both norms: each query proposes candidates for the
     # images still standing (margin > 0), kept where they lower the
-    # margin; in one loop that stops once all are fooled, or in chunks
-    # (the host stops between them: a fooled image's queries are no-ops).
+    # margin, until every image is fooled. One compiled loop, inline or as
+    # one piece from the host: queries take no input gradient, so an
+    # XLA:CPU while loop keeps its fast convolutions.
     margin = margin_of(pieces(start), labels)
     # Images an earlier restart fooled stay out of this run.
     margin = ops.where(done_margin <= 0, done_margin, margin)
     used = ops.cast(done_margin > 0, "int32")
     state = (start, margin, used)
-    for first, count in pieces.spans(iterations):
-        if pieces.host and not np.any(ops.convert_to_numpy(state[1]) > 0):
-            break
-        state = pieces.run(
-            _queries, x, labels, state, first, arrays, count=count, **static
-        )
-    return state
+    return pieces.run(_queries, x, labels, state, iterations, arrays, **static)
 
 
-def _queries(model_fn, x, labels, state, first, arrays, *, count, norm, **static):
-    # Queries first .. first + count - 1 from `state`: (best, margin, used).
+def _queries(model_fn, x, labels, state, iterations, arrays, *, norm, **static):
+    # The queries from `state`: (best, margin, used).
     propose = (_linf_proposer if norm == "inf" else _l2_proposer)(x, *arrays, **static)
 
     def body(i, best, margin, used):
@@ -218,13 +211,10 @@ def _queries(model_fn, x, labels, state, first, arrays, *, count, norm, **static
         return i + 1, best, margin, ops.scatter_update(used, at, counted)
 
     def more(i, best, margin, used):
-        return (i < first + count) & ops.any(margin > 0)
+        return (i < iterations) & ops.any(margin > 0)
 
-    loop = (ops.convert_to_tensor(first, "int32"), *state)
-    if isinstance(count, int):  # a chunk from the host: unrolled
-        _, *state = backend.counted_loop(body, loop, count)
-        return tuple(state)
-    _, *state = ops.while_loop(more, body, loop, maximum_iterations=count)
+    loop = (ops.convert_to_tensor(0, "int32"), *state)
+    _, *state = ops.while_loop(more, body, loop)
     return tuple(state)
 
 

@@ -204,42 +204,52 @@ def test_counted_loop_unrolls_an_int_count_on_jax_and_matches_a_tensor_count():
         assert "while" not in text
 
 
+# Budgets over several host chunks (of 4 here; APGD's and FAB's own are
+# 10, Square's 20), with restarts and targets.
+HOST_DRIVEN = [
+    ("apgd_ce", {"steps": 12, "restarts": 2}),
+    ("apgd_dlr", {"steps": 11, "targets": 2}),
+    ("apgd_dlr", {"steps": 6, "targets": 0, "restarts": 2}),
+    ("fab_t", {"steps": 11, "targets": 2, "restarts": 2}),
+    ("square", {"queries": 45, "restarts": 2}),
+    ("square", {"queries": 25, "norm": 2, "eps": 1.0}),
+]
+
+
 @pytest.mark.parametrize(
-    "method,settings",
-    [
-        ("apgd_ce", {"steps": 12, "restarts": 2}),
-        ("apgd_dlr", {"steps": 11, "targets": 2}),
-        ("fab_t", {"steps": 11, "targets": 2}),
-        ("square", {"queries": 30}),
-    ],
+    "method,settings", HOST_DRIVEN, ids=[m for m, _ in HOST_DRIVEN]
 )
-def test_an_eager_call_loops_from_the_host_where_the_backend_does(
+def test_loops_from_the_host_give_the_points_of_the_compiled_loops(
     method, settings, monkeypatch
 ):
-    """Called eagerly, APGD, FAB-T and Square give the points they give
-    compiled whole for the same seed; on JAX (`HOST_LOOPS`) they drive
-    their loops from the host over compiled chunks: no while loop."""
-    from helpers import bn_classifier
+    """APGD, FAB-T and Square driven from the host in chunks (`Pieces` with
+    a compiler: on every backend here, eagerly; on JAX an eager call does
+    so itself, over jitted pieces, with no while loop around a gradient)
+    give the points they give compiled whole for the same seed."""
+    from helpers import bn_classifier, record_while_loops
+
+    from advtrain.attacks.common import Pieces
 
     model = bn_classifier()
     x = np.random.default_rng(5).random((6, 8, 8, 1)).astype("float32")
     y = np.arange(6) % 10
-    attack = Attack(method, eps=0.1, **settings)
+    attack = Attack(method, **{"eps": 0.1, **settings})
     whole = _run(model, attack, x, y)
-    loops = []
-    if keras.backend.backend() == "jax":
-        import jax
-
-        def counted(cond, body, init):
-            loops.append(body)
-            return while_loop(cond, body, init)
-
-        while_loop = jax.lax.while_loop
-        monkeypatch.setattr(jax.lax, "while_loop", counted)
     f = lambda z: model(z, training=False)  # noqa: E731
-    eager = keras.ops.convert_to_numpy(attack(f, x, y, seed=1))
-    np.testing.assert_allclose(eager, whole, atol=1e-6)
-    assert loops == []
+    keys = []
+
+    def eager(key, fn, *arrays):
+        keys.append(key)
+        return fn(f, *arrays)
+
+    host = attack(Pieces(f, compile=eager).chunked(4), x, y, seed=1)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(host), whole, atol=1e-6)
+    assert keys  # the pieces ran through the compiler
+    loops = record_while_loops(monkeypatch)
+    called = keras.ops.convert_to_numpy(attack(f, x, y, seed=1))
+    np.testing.assert_allclose(called, whole, atol=1e-6)
+    # Square's queries take no gradient: its loop stays one compiled loop.
+    assert set(loops) <= {"_queries"}
 
 
 def test_pieces_run_loops_in_chunks_from_the_host_and_stop_early():

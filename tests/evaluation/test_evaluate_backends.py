@@ -10,7 +10,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from helpers import bn_classifier, run_fresh
+from helpers import bn_classifier, record_while_loops, run_fresh
 
 import advtrain
 from advtrain.attacks import Attack
@@ -176,27 +176,13 @@ HOST_DRIVEN = [
 ]
 
 
-def _no_while_loops(monkeypatch) -> list:
-    """The bodies of the JAX while loops run from now on (none elsewhere)."""
-    loops = []
-    if keras.backend.backend() == "jax":
-        import jax
-
-        def counted(cond, body, init):
-            loops.append(body)
-            return while_loop(cond, body, init)
-
-        while_loop = jax.lax.while_loop
-        monkeypatch.setattr(jax.lax, "while_loop", counted)
-    return loops
-
-
 @pytest.mark.backend_neutral
 @pytest.mark.parametrize("attack", HOST_DRIVEN, ids=lambda a: a.method)
 def test_the_runners_autoattack_members_are_the_attack_functions(attack, monkeypatch):
     """One implementation, one seeding: the runner's APGD, FAB-T and Square
-    (on JAX: compiled pieces driven from the host, no while loop) give the
-    points of the attack compiled whole for the same seed."""
+    (on JAX: compiled pieces driven from the host, no while loop around a
+    gradient) give the points of the attack compiled whole for the same
+    seed."""
     from advtrain.evaluation.robustness import compile_on, signature
 
     model = bn_classifier()
@@ -209,31 +195,32 @@ def test_the_runners_autoattack_members_are_the_attack_functions(attack, monkeyp
         return attack(lambda z: model(z, training=False), x, y, seed=stream)
 
     expected = compile_on(model, whole, signature(x, y), stream)(x, y)
-    loops = _no_while_loops(monkeypatch)
+    loops = record_while_loops(monkeypatch)
     x_adv, labels = AttackRunner(model, seed=4).adversarial(attack, x, y)
     np.testing.assert_allclose(x_adv, keras.ops.convert_to_numpy(expected), atol=1e-6)
     np.testing.assert_array_equal(labels, AttackRunner(model, seed=0).predict(x_adv))
-    assert loops == []
+    assert set(loops) <= {"_queries"}  # Square's, around no gradient
 
 
 @pytest.mark.backend_neutral
-def test_evaluate_runs_the_autoattack_cascade_without_while_loops_on_jax(
+def test_evaluate_runs_the_autoattack_cascade_from_the_host_on_jax(
     monkeypatch,
 ):
-    """On JAX the whole standard cascade runs from the host over compiled
-    chunks (an XLA:CPU while loop around an input gradient misses the
-    fast convolutions); only the still-robust examples go on."""
+    """On JAX the standard cascade's gradient attacks run from the host
+    over compiled chunks (an XLA:CPU while loop around an input gradient
+    misses the fast convolutions), Square as one compiled loop; only the
+    still-robust examples go on."""
     model = bn_classifier()
     x = np.random.default_rng(4).random((24, 8, 8, 1)).astype("float32")
     y = np.arange(24) % 10
-    loops = _no_while_loops(monkeypatch)
+    loops = record_while_loops(monkeypatch)
     budget = dict(apgd_steps=12, square_queries=30, batch_size=16)
     result = advtrain.evaluate(model, (x, y), eps=EPS, attacks=["autoattack"], **budget)
     steps = result["autoattack"]["steps"]
     assert [s["attack"] for s in steps] == ["apgd_ce", "apgd_t", "fab_t", "square"]
     for before, after in zip(steps[:-1], steps[1:], strict=True):
         assert after["attacked"] == before["attacked"] - before["broken"]
-    assert loops == []
+    assert set(loops) <= {"_queries"}  # Square's, around no gradient
 
 
 class _BlindQuantize(keras.layers.Layer):
