@@ -7,6 +7,8 @@ worst case per example over FGSM, PGD and AutoAttack.
 First it plays "someone else": plain Keras, no advtrain, a clean model
 that takes 0..255 pixels and ends in a softmax, saved to `theirs.keras` in
 the current folder. Then it evaluates that file as you would.
+
+Runs on: TensorFlow, JAX (`KERAS_BACKEND=jax`; TensorFlow not needed).
 """
 
 import argparse

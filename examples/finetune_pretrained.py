@@ -12,6 +12,10 @@ Run it from the repository root. `--full` runs the two recipes as shipped
 themselves, so it needs no MNIST files. `--imagenet` fine-tunes MobileNetV2
 from Keras's ImageNet file instead (downloaded once, or already in
 ~/.keras/models/). Run folders go to `runs/example_*` in the current folder.
+
+Runs on: TensorFlow, JAX (the recipes' `runtime.backend: auto` runs them
+on the backend Keras runs on; TensorFlow not needed, the digits and
+MNIST's IDX files are read without it).
 """
 
 import argparse

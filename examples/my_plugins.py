@@ -4,6 +4,9 @@ name so a recipe can pick them (`plugins: [my_plugins]`).
 Importing this module registers them; `plugin_attack_and_objective.py`
 shows a recipe that uses both. `CALLS` records what ran, for the example
 to print.
+
+Runs on: TensorFlow (written with `tf` ops; with `keras.ops` instead the
+same plugins run on JAX too).
 """
 
 import keras

@@ -6,6 +6,8 @@ robust accuracy, save it, reload it.
 
 Data: scikit-learn's 1,797 8x8 handwritten digits (shipped with it, no
 download). Writes `own_model.keras` into the current folder.
+
+Runs on: TensorFlow, JAX (`KERAS_BACKEND=jax`; TensorFlow not needed).
 """
 
 import argparse

@@ -8,6 +8,8 @@ Data: scikit-learn's digits (no download). For the folder part the script
 writes them as PNG files into `digits_png/` under the current folder, one
 folder per class, the layout advtrain's `folder` source reads:
 `digits_png/train/<class>/*.png` and `digits_png/test/<class>/*.png`.
+
+Runs on: TensorFlow, and JAX with TensorFlow installed (`tf.data`).
 """
 
 import argparse

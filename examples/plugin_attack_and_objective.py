@@ -8,6 +8,8 @@ objective `confidence_penalty`. This script writes a recipe that names
 them (its `plugins` key imports the module) and runs it with
 `advtrain.load_recipe` and `advtrain.run`, as `advtrain run plugins.yaml`
 would; the run folder is `runs/plugins` under the current folder.
+
+Runs on: TensorFlow (the plugins in `my_plugins.py` use `tf` ops).
 """
 
 import argparse

@@ -8,6 +8,9 @@ cross-entropy plus a penalty on the distance between the clean and the
 adversarial logits. The example trains the plain objective and the paired
 one from the same start and prints how far apart their logits end up.
 Data: scikit-learn's digits (no download).
+
+Runs on: TensorFlow (the loss uses `tf` ops; written with `keras.ops` it
+runs on JAX too).
 """
 
 import argparse

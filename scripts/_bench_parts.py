@@ -180,11 +180,15 @@ def time_fit(model, x, y, batch: int, steps: int, rounds: int) -> float:
 
 
 def compiled(fn):
-    """`fn` traced once, as the backend runs a step."""
-    if keras.backend.backend() == "tensorflow":
+    """`fn` traced once, as the backend runs a step (PyTorch: eagerly, as
+    Keras's torch trainer runs by default)."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
         import tensorflow as tf
 
         return tf.function(fn, reduce_retracing=True)
+    if backend == "torch":
+        return fn
     import jax
 
     return jax.jit(fn)

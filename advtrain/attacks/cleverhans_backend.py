@@ -35,8 +35,8 @@ def _cleverhans_attack(module: str) -> Callable:
         found = importlib.import_module(f"cleverhans.tf2.attacks.{module}")
     except ImportError as error:
         raise ImportError(
-            "The cleverhans backend needs TensorFlow and cleverhans: pip "
-            f"install tensorflow cleverhans. Received: {error}"
+            "The cleverhans backend needs TensorFlow and cleverhans: "
+            f"{backend.install_command(['tensorflow'])}. Received: {error}"
         ) from None
     return getattr(found, module)
 

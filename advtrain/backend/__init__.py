@@ -14,7 +14,8 @@ and never compares backend names (tests/test_backend_home.py holds that):
   TensorFlow-only features (tf.function tensors, cleverhans, the fused
   BatchNorm kernel) apply.
 - `HAS_TENSORFLOW`: TensorFlow is installed, as a library (tf.data,
-  TFDS, TensorBoard) on any backend; `is_dataset`, `tensorflow_or_none`.
+  TFDS, TensorBoard) on any backend; `is_dataset`, `tensorflow_or_none`,
+  `exports_saved_model`.
 - `GLOBAL_BATCHES`: a step sees the global batch, which the distribution
   shards (JAX), rather than each replica its own (`tf.distribute`).
 
@@ -129,6 +130,13 @@ def imports_tensorflow(name: str) -> bool:
     TensorFlow's own features (tf.function tensors, cleverhans, the fused
     BatchNorm kernel, the SavedModel export) apply on it."""
     return name == "tensorflow"
+
+
+def exports_saved_model(name: str) -> bool:
+    """Whether Keras can write a TensorFlow SavedModel from a model on the
+    backend `name`: TensorFlow installed, and the backend's own export
+    (TensorFlow's, or JAX's through jax2tf)."""
+    return HAS_TENSORFLOW and name in SUPPORTED
 
 
 IMPORTS_TENSORFLOW = imports_tensorflow(NAME)

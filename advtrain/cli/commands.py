@@ -21,6 +21,7 @@ from advtrain.utils.errors import (
     BAD_INPUT,
     ArgumentError,
     BackendNotInstalled,
+    exit_code_of,
     one_line,
 )
 
@@ -222,11 +223,7 @@ def _exits(recipe_path: Optional[Path] = None):
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
         from advtrain.train.preemption import Preempted, exit_preempted
 
-        # Its type's `exit_code`; else 2 for the user's input, else 1.
-        code = getattr(exc, "exit_code", None)
-        if not isinstance(code, int):
-            bad_input = isinstance(exc, (ValueError, TypeError, OSError))
-            code = BAD_INPUT if bad_input else 1
+        code = exit_code_of(exc)
         if isinstance(exc, Preempted):
             typer.echo(str(exc), err=True)
             exit_preempted(exc)  # multi-worker: without teardown (see there)
@@ -276,6 +273,7 @@ def _train(path: Path, resolved, output: Optional[Path]) -> None:
 
     _on_recipe_backend(path, resolved)
     with _exits(path):
+        resolved.check_runnable()
         check_recipe_paths(resolved, output)
     from advtrain.recipe.run import run as run_recipe
     from advtrain.recipe.summary import summary_table
@@ -376,12 +374,15 @@ def export(
     """Export a classifier as a TensorFlow SavedModel for TF Serving.
 
     Its serving_default signature takes uint8 images [N, H, W, C] (0..255)
-    and returns logits and probabilities.
+    and returns logits and probabilities. Runs on TensorFlow and JAX, with
+    TensorFlow installed.
     """
     with _exits():
+        from advtrain.evaluation.export import check_exportable, export_saved_model
         from advtrain.utils.io import check_keras_file, check_writable_dir
 
         model_path = _model_file(target)
+        check_exportable()
         check_keras_file(model_path)
         if output is not None:
             path = output
@@ -398,7 +399,6 @@ def export(
                 f"--output {path}: exists and is not empty; choose a new "
                 "folder so an earlier export is never overwritten."
             )
-        from advtrain.evaluation.export import export_saved_model
         from advtrain.recipe.saved import load_classifier
 
         classifier = load_classifier(model_path, safe_mode=not unsafe_load)
@@ -498,6 +498,7 @@ def launch(
         # The launcher on the recipe's backend, which sets up its workers.
         _on_recipe_backend(path, resolved)
         with _exits(path):
+            resolved.check_runnable()  # before N workers each say it
             check_recipe_paths(resolved, output)
         results = run_launch(
             str(path),

@@ -8,6 +8,7 @@ which part sets the pace, by how much, and what to change.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import time
 from typing import Optional
@@ -191,6 +192,18 @@ def _time_fit(model, dataset, steps: int, rounds: int) -> float:
     return statistics.median(seconds[1:]) / steps
 
 
+def _repeated(batch):
+    # One batch over and over, so that the step is timed without input: in
+    # tf.data where TensorFlow is installed (no per-step Python), else a
+    # Python iterator, which Keras's JAX trainer reads as fast.
+    from advtrain import backend
+
+    if not backend.HAS_TENSORFLOW:
+        return itertools.repeat(batch)
+    tf = backend.tensorflow_or_none()
+    return tf.data.Dataset.from_tensors(batch).repeat()
+
+
 def _time_input(dataset, steps: int, rounds: int) -> float:
     iterator = iter(dataset)
     times = []
@@ -217,7 +230,6 @@ def profile(
         rounds: timed rounds per measurement, after one warm-up.
     """
     import keras
-    import tensorflow as tf
 
     from advtrain.data import cache_mode, has_augmentation
     from advtrain.recipe.build import recipe_runtime, recipe_splits
@@ -238,7 +250,7 @@ def profile(
     compile_setup(
         setup, metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
     )
-    cached = tf.data.Dataset.from_tensors(next(iter(stream))).repeat()
+    cached = _repeated(next(iter(stream)))
     attack = recipe.attack
     report = ProfileReport(
         global_batch=plan.global_batch,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from advtrain import backend
 from advtrain.backend import tensorflow_or_none  # noqa: F401 (the data's way)
 from advtrain.utils.errors import ArgumentError
 
@@ -24,8 +25,8 @@ class DataArgumentError(DataError, ArgumentError):
 def needs_tensorflow(what: str, received: str) -> DataError:
     """The one-line error for a part of the data that needs TensorFlow."""
     return DataError(
-        f"{what} needs TensorFlow (tf.data), which is not installed: pip "
-        f"install tensorflow. Received: {received}"
+        f"{what} needs TensorFlow (tf.data), which is not installed: "
+        f"{backend.install_command(['tensorflow'])}. Received: {received}"
     )
 
 

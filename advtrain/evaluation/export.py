@@ -1,4 +1,6 @@
-"""`export_saved_model`: a trained classifier as a TF Serving SavedModel."""
+"""`export_saved_model`: a trained classifier as a TF Serving SavedModel,
+from TensorFlow or JAX (Keras's export converts a JAX model with jax2tf);
+either needs TensorFlow installed."""
 
 from __future__ import annotations
 
@@ -9,7 +11,26 @@ from typing import Union
 
 import keras
 
+from advtrain import backend
+
 SIGNATURE = "serving_default"
+
+
+def check_exportable() -> None:
+    """Raises the one-line `ValueError` where this process cannot write a
+    SavedModel: TensorFlow missing, or a backend Keras exports none from."""
+    if backend.exports_saved_model(backend.NAME):
+        return
+    why = (
+        f"TensorFlow: {backend.install_command(['tensorflow'])}"
+        if not backend.HAS_TENSORFLOW
+        else "a model on TensorFlow or JAX"
+    )
+    raise ValueError(
+        f"The SavedModel export needs {why} (model.keras loads on every "
+        f"backend). Received: backend={backend.NAME}, "
+        f"tensorflow_installed={backend.HAS_TENSORFLOW}"
+    )
 
 
 def export_saved_model(
@@ -21,6 +42,7 @@ def export_saved_model(
     and returns float32 `logits` and `probabilities`: no preprocessing or
     advtrain install needed to serve it. Written under a temporary name and
     renamed, so a crash leaves the old export or the new, never a mix.
+    Runs on TensorFlow and on JAX, with TensorFlow installed.
 
     Args:
         classifier: maps [0, 1] float pixels `[N, H, W, C]` to logits.
@@ -36,8 +58,8 @@ def export_saved_model(
     out["probabilities"]
     ```
     """
-    import tensorflow as tf  # here: a JAX run imports this module too
-
+    check_exportable()
+    tf = backend.tensorflow_or_none()
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path}: exists and is not a folder.")
@@ -52,10 +74,10 @@ def export_saved_model(
             f"[H, W, C]. Received: input_shape={classifier.input_shape}"
         )
 
-    def serve(images):
-        pixels = tf.cast(images, tf.float32) / 255.0
-        logits = tf.cast(classifier(pixels, training=False), tf.float32)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+    def serve(images):  # keras.ops: on JAX, jax2tf traces it with JAX arrays
+        pixels = keras.ops.cast(images, "float32") / 255.0
+        logits = keras.ops.cast(classifier(pixels, training=False), "float32")
+        return {"logits": logits, "probabilities": keras.ops.softmax(logits)}
 
     archive = keras.export.ExportArchive()
     archive.track(classifier)

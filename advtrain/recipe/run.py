@@ -17,6 +17,7 @@ from advtrain.recipe.keys import recipe_keys
 from advtrain.recipe.run_folder import (
     FINISHED_FILE,
     RECIPE_FILE,
+    RunFolderClaim,
     resolve_output_dir,
     resume_hint,
 )
@@ -25,6 +26,7 @@ from advtrain.recipe.summary import describe, describe_momentum
 from advtrain.train.callbacks import Preemption
 from advtrain.train.options import CheckpointOptions, PlanOptions
 from advtrain.train.preemption import restores_signal_handlers, watch_launcher
+from advtrain.utils.errors import BAD_INPUT, exit_code_of
 from advtrain.utils.io import atomic_path, atomic_write_json, atomic_write_text
 from advtrain.utils.progress import Echo
 
@@ -89,19 +91,38 @@ def run(
     """
     run_dir = resolve_output_dir(recipe, output)
     watch_launcher()  # a worker of `advtrain launch` ends with its launcher
-    setup = prepare(recipe, run_dir, echo=echo)
-    trained = train(recipe, setup, echo=echo, verbose=verbose)
+    # Bad input found by the setup or the first step, before a checkpoint,
+    # leaves the folder as it found it; any other failure (a NaN loss, a
+    # crash) keeps what it wrote to be looked at, a preemption to resume.
+    claim = RunFolderClaim(run_dir)
+    try:
+        setup = prepare(recipe, run_dir, echo=echo, claim=claim)
+        trained = train(recipe, setup, echo=echo, verbose=verbose)
+    except Exception as exc:
+        if exit_code_of(exc) == BAD_INPUT:
+            claim.release()
+        raise
     return finish(recipe, setup, trained, echo=echo)
 
 
-def prepare(recipe: Recipe, run_dir: Path, *, echo: Echo = print) -> RunSetup:
+def prepare(
+    recipe: Recipe,
+    run_dir: Path,
+    *,
+    echo: Echo = print,
+    claim: Optional[RunFolderClaim] = None,
+) -> RunSetup:
     """Stage 1: the data and `advtrain.prepare` with the recipe's sections
     (the runtime, the batch plan, the model); the resolved recipe written
-    into the run folder. `advtrain.fit` restores the last checkpoint."""
+    into the run folder (the chief's `claim` on it, when given, takes it
+    back if bad input stops the run). `advtrain.fit` restores the last
+    checkpoint."""
     from advtrain.train.fitting import resolve_monitor
 
     keras.utils.set_random_seed(recipe.train.seed)
     runtime = build.recipe_runtime(recipe)
+    if claim is not None:
+        claim.owner = runtime.is_chief
     hint = resume_hint(run_dir, runtime.workers)
     # Outside `advtrain.fit` (data, evaluation) a signal stops the run at
     # once with exit 75; `run` restores the caller's handlers.

@@ -1,13 +1,15 @@
 """The run folder's rules: a new folder, or an unfinished run of the same
 resolved recipe (resumed); anything else is refused before a byte is
 written. A run folder holds `RECIPE_FILE`, written first; it is finished
-once it holds `FINISHED_FILE`, written last.
+once it holds `FINISHED_FILE`, written last. What a run writes before its
+first checkpoint is taken back when bad input stops it (`RunFolderClaim`).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -24,6 +26,8 @@ from advtrain.utils.io import (
 
 RECIPE_FILE = "recipe.yaml"
 FINISHED_FILE = "metrics.json"
+HISTORY_FILE = "history.csv"
+CHECKPOINTS = "checkpoints"
 # Set by `advtrain launch` in each worker's environment.
 RESUME_COMMAND_ENV = "ADVTRAIN_RESUME_COMMAND"
 
@@ -156,8 +160,79 @@ def output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
 
 
 def resolve_output_dir(recipe: Recipe, output: Optional[Union[str, Path]]) -> Path:
-    """The run folder, checked (`check_recipe_paths`, `check_run_dir`)."""
+    """The run folder, checked (`Recipe.check_runnable`, `check_recipe_paths`,
+    `check_run_dir`)."""
+    recipe.check_runnable()
     output = output_dir(recipe, output)
     check_recipe_paths(recipe, output)
     check_run_dir(output, recipe)
     return output
+
+
+class RunFolderClaim:
+    """The run folder as a run found it, so that a run which bad input
+    stops before it holds a checkpoint of its own leaves the folder as it
+    was (none, if it made it): a setting that fails at the run's setup or
+    first step (the model, the attack's first call) writes nothing a rerun
+    would refuse as "a run of a different recipe". The caller decides what
+    is bad input (`run`: exit code 2); a crash keeps what it wrote.
+
+    Only the chief's claim takes anything back (`owner`, set once the
+    runtime says which worker this is): the others write elsewhere.
+
+    Example:
+
+    ```python
+    claim = RunFolderClaim(run_dir)
+    try:
+        train_the_run()
+    except ValueError:
+        claim.release()
+        raise
+    ```
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.existed = run_dir.exists()
+        self.owner = False
+        self.before = set(self._entries()) if self.existed else set()
+        # The files a run rewrites in place (a resume truncates the history).
+        self.texts = {
+            name: (run_dir / name).read_bytes()
+            for name in (RECIPE_FILE, HISTORY_FILE)
+            if (run_dir / name).is_file()
+        }
+
+    def _entries(self) -> list[Path]:
+        return list(self.run_dir.rglob("*")) if self.run_dir.is_dir() else []
+
+    def checkpointed(self) -> bool:
+        """Whether the run wrote a checkpoint (the folder holds progress)."""
+        folder = self.run_dir / CHECKPOINTS
+        if not folder.is_dir():
+            return False
+        return any(
+            p not in self.before and not p.name.startswith(TMP_PREFIX)
+            for p in folder.iterdir()
+        )
+
+    def release(self) -> bool:
+        """Takes back what the run wrote, unless it holds a checkpoint or
+        is not the chief's; True if it did."""
+        if not self.owner or self.checkpointed():
+            return False
+        if not self.existed:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return True
+        # Deepest first, so a new folder is empty when its turn comes.
+        for path in sorted(set(self._entries()) - self.before, reverse=True):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for name, data in self.texts.items():
+            path = self.run_dir / name
+            if not path.is_file() or path.read_bytes() != data:
+                path.write_bytes(data)
+        return True

@@ -347,11 +347,33 @@ class RuntimeConfig(RuntimeOptions):
 
 
 class OutputConfig(CheckpointOptions):
-    """The run folder (`advtrain.fit`'s `checkpoints`), plots and logs."""
+    """The run folder (`advtrain.fit`'s `checkpoints`), plots and logs.
+    `tensorboard` and `export_saved_model` need TensorFlow: `auto` writes
+    them where it can (the resolved recipe says which), `true` is refused
+    where it cannot (`Recipe.check_runnable`)."""
 
-    tensorboard: bool = True
+    tensorboard: Union[Literal["auto"], bool] = "auto"
     plots: bool = True
-    export_saved_model: bool = True
+    export_saved_model: Union[Literal["auto"], bool] = "auto"
+
+
+_INSTALL = f"TensorFlow: {backend.install_command(['tensorflow'])}"
+
+
+def _unwritable_outputs(backend_name: str) -> dict[str, str]:
+    """Why each TensorFlow output cannot be written for a run on
+    `backend_name` in this environment (absent: it can)."""
+    reasons = {}
+    if not backend.HAS_TENSORFLOW:
+        reasons["tensorboard"] = f"TensorBoard's logs need {_INSTALL}"
+    if not backend.exports_saved_model(backend_name):
+        reasons["export_saved_model"] = (
+            f"the SavedModel export needs {_INSTALL} (model.keras loads on "
+            "every backend)"
+            if not backend.HAS_TENSORFLOW
+            else f"Keras exports no SavedModel from {backend_name}"
+        )
+    return reasons
 
 
 class Recipe(Options):
@@ -378,23 +400,37 @@ class Recipe(Options):
 
     @model_validator(mode="after")
     def _tensorflow_only_output(self) -> Recipe:
-        # The SavedModel export and TensorBoard's logs need TensorFlow: off
-        # without it (the resolved recipe says so); an export asked for on
-        # another backend is refused.
+        # `auto`: the TensorFlow outputs this environment can write, resolved
+        # so that the saved recipe says what the run wrote; `true` stays
+        # (refused by `check_runnable` where it cannot be written).
         output = self.output
-        exports = backend.imports_tensorflow(self.runtime.backend)
-        if not exports and output.export_saved_model:
-            if "export_saved_model" in output.model_fields_set:
-                raise ValueError(
-                    "output.export_saved_model: the SavedModel export runs on "
-                    "TensorFlow only; set it false or runtime.backend: "
-                    "tensorflow (model.keras loads on every backend). Received: "
-                    "output.export_saved_model=true, runtime.backend=jax"
-                )
-            output.export_saved_model = False
-        if not backend.HAS_TENSORFLOW:
-            output.tensorboard = False
+        unwritable = _unwritable_outputs(self.runtime.backend)
+        for key in ("tensorboard", "export_saved_model"):
+            if getattr(output, key) == "auto":
+                setattr(output, key, key not in unwritable)
         return self
+
+    def check_runnable(self) -> None:
+        """Raises `RecipeError` for a setting this process cannot run, before
+        a run writes anything: a TensorFlow output set true (TensorBoard's
+        logs, the SavedModel export) that this environment cannot write, or
+        `attack.backend: cleverhans` where Keras does not run on TensorFlow.
+        Checked by the run, not at load: a recipe for another backend loads
+        anywhere, and the CLI restarts itself on the recipe's backend."""
+        name = self.runtime.backend
+        for key, reason in _unwritable_outputs(name).items():
+            if getattr(self.output, key) is True:
+                raise RecipeError(
+                    f"output.{key}: {reason}; set it auto or false. Received: "
+                    f"output.{key}=true, runtime.backend={name}"
+                )
+        if self.attack.backend == "cleverhans" and not backend.IMPORTS_TENSORFLOW:
+            raise RecipeError(
+                "attack.backend: the cleverhans backend runs on TensorFlow "
+                "only; set attack.backend: advtrain, or runtime.backend: "
+                "tensorflow with TensorFlow installed. Received: "
+                f"attack.backend=cleverhans, runtime.backend={name}"
+            )
 
     @field_validator("name")
     @classmethod

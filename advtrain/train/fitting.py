@@ -888,9 +888,9 @@ def _training_data(
     if not backend.HAS_TENSORFLOW and not _are_arrays(data):
         raise ImportError(
             "advtrain.fit takes a tf.data.Dataset or a function building one "
-            "only with TensorFlow, which is not installed: pip install "
-            "tensorflow, or pass (x, y) arrays or a stream function of skip. "
-            f"Received: {type(data).__name__}"
+            "only with TensorFlow, which is not installed: "
+            f"{backend.install_command(['tensorflow'])}, or pass (x, y) arrays "
+            f"or a stream function of skip. Received: {type(data).__name__}"
         )
     if callable(data) and not is_dataset:
         return _dataset_function(data, batch_size, seed)

@@ -49,6 +49,15 @@ class BackendNotInstalled(ImportError):
         return type(self), (self.summary, self.received)
 
 
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code of `exc`: its type's `exit_code`; else `BAD_INPUT` for
+    the user's input (`ValueError`, `TypeError`, `OSError`), else 1."""
+    code = getattr(exc, "exit_code", None)
+    if isinstance(code, int):
+        return code
+    return BAD_INPUT if isinstance(exc, (ValueError, TypeError, OSError)) else 1
+
+
 def one_line(exc: BaseException, limit: Optional[int] = None) -> str:
     """The first non-empty line of `exc`'s message (else its class name),
     cut to `limit` characters with "..."."""

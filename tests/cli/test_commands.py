@@ -219,6 +219,7 @@ def test_resume_interrupted_run(run_dir, tmp_path):
     assert json.loads((out / "metrics.json").read_text())["examples"] == 32
 
 
+@pytest.mark.backend_neutral  # the JAX tier: without TensorFlow too
 def test_profile_shipped_recipe():
     result = ok(advtrain("profile", "quickstart", *sets(SMALL), "--steps", "2"))
     assert "input pipeline alone" in result.stdout

@@ -11,9 +11,13 @@ the reloaded predictions match, the plugins ran with the recipe's
 settings, the pretrained weights were loaded and the head trained alone.
 
 Measured on the 2-core machine under load: 25-55 s per script, about
-3 minutes for the six (each pays ~6-12 s of TensorFlow import).
+3 minutes for the six (each pays ~6-12 s of TensorFlow import). Each
+docstring says which backends the script runs on; those that say JAX
+(without TensorFlow) run in the JAX tier too (`backend_neutral`): 45-130 s
+each there under load, 2026-12-07.
 """
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -41,6 +45,7 @@ def percent(pattern, text):
 
 
 @pytest.mark.slow
+@pytest.mark.backend_neutral  # its docstring: runs on JAX without TensorFlow
 def test_own_model_numpy(tmp_path):
     out = run_example("own_model_numpy.py", tmp_path)
     assert "reloaded own_model.keras: same predictions: True" in out, out
@@ -59,6 +64,7 @@ def test_own_tf_data_and_folder(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.backend_neutral  # its docstring: runs on JAX without TensorFlow
 def test_finetune_pretrained(tmp_path):
     out = run_example("finetune_pretrained.py", tmp_path)
     pretrained = tmp_path / "runs" / "example_pretrain" / "model.keras"
@@ -97,6 +103,7 @@ def test_plugin_attack_and_objective(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.backend_neutral  # its docstring: runs on JAX without TensorFlow
 def test_evaluate_saved_model(tmp_path):
     out = run_example("evaluate_saved_model.py", tmp_path)
     robust = percent("headline: robust accuracy", out)
@@ -109,3 +116,25 @@ def test_evaluate_saved_model(tmp_path):
     assert {"clean", "FGSM", "PGD"} <= set(rows), out
     assert min(rows.values()) == robust, out
     assert rows[next(k for k in rows if k.startswith("after square"))] == robust
+
+
+def _runs_on(path: Path) -> str:
+    """The "Runs on:" paragraph of a script's docstring ("" if none)."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    found = re.search(r"^Runs on: (.+?)(?:\n\n|\Z)", doc, re.M | re.S)
+    return " ".join(found.group(1).split()) if found else ""
+
+
+def test_every_example_says_which_backends_it_runs_on():
+    # A script that says it runs on JAX (a "TensorFlow, JAX" claim, not
+    # "JAX with TensorFlow installed") is run on JAX by the JAX tier: its
+    # test is marked backend_neutral, and only such a script's is.
+    for path in sorted(EXAMPLES.glob("*.py")):
+        runs_on = _runs_on(path)
+        assert runs_on.startswith("TensorFlow"), f"{path.name}: {runs_on!r}"
+        test = globals().get(f"test_{path.stem}")
+        if test is None:  # a module another example imports (my_plugins)
+            continue
+        marks = {mark.name for mark in getattr(test, "pytestmark", [])}
+        says_jax = runs_on.startswith("TensorFlow, JAX")
+        assert says_jax == ("backend_neutral" in marks), (path.name, runs_on)

@@ -124,12 +124,6 @@ BAD = [
     ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy: no TPU found"),
     ("runtime: {backend: torch}", [], "'runtime.backend'"),
     (
-        "runtime: {backend: jax}\noutput: {export_saved_model: true}",
-        [],
-        "output.export_saved_model: the SavedModel export runs on TensorFlow "
-        "only; set it false or runtime.backend: tensorflow",
-    ),
-    (
         "data: {source: mnist, path: /nonexistent/mnist}",
         [],
         "bad.yaml: data.path /nonexistent/mnist: not found.",

@@ -97,7 +97,18 @@ class AdversarialTrainer:
         return loss, aux, list(input_grads), list(weight_grads)
 
     def apply_gradients(self, gradients) -> None:
-        self.optimizer.apply(gradients, self.trainable_variables)
+        # Stateless, as Keras's JAX trainer: a stateful `apply` inside the
+        # step's scope leaks `LossScaleOptimizer`'s in-`cond` updates.
+        optimizer, trainable = self.optimizer, self.trainable_variables
+        weights, optimizer_values = optimizer.stateless_apply(
+            _values(optimizer.variables), gradients, _values(trainable)
+        )
+        for variable, value in zip(
+            [*trainable, *optimizer.variables],
+            [*weights, *optimizer_values],
+            strict=True,
+        ):
+            variable.assign(value)
 
     def attack_step(self, generate):
         optimizer = getattr(self, "optimizer", None)
