@@ -1,5 +1,8 @@
 """Small models and measures shared by the tests (import as `helpers`)."""
 
+import os
+import sys
+
 import keras
 import numpy as np
 
@@ -217,3 +220,27 @@ def run_replica_scripts(folder, names) -> dict:
                     f"{r}-replica process exit {code}:\n{logs[r][-3000:]}"
                 )
     return results
+
+
+def record_while_loops(monkeypatch) -> list:
+    """The advtrain functions that build a JAX while loop from now on, by
+    name (on other backends none are recorded): attacks driven from the
+    host build none around an input gradient."""
+    loops = []
+    if keras.backend.backend() == "jax":
+        import jax
+
+        import advtrain
+
+        home = os.path.dirname(advtrain.__file__)
+
+        def recorded(cond, body, init):
+            frame = sys._getframe(1)
+            while frame and not frame.f_code.co_filename.startswith(home):
+                frame = frame.f_back
+            loops.append(frame.f_code.co_name if frame else "?")
+            return while_loop(cond, body, init)
+
+        while_loop = jax.lax.while_loop
+        monkeypatch.setattr(jax.lax, "while_loop", recorded)
+    return loops

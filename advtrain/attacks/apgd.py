@@ -20,6 +20,7 @@ from advtrain.attacks.common import (
     LossFn,
     ModelFn,
     Norm,
+    Pieces,
     attack_inputs,
     check_count,
     checked_norm,
@@ -33,6 +34,7 @@ from advtrain.attacks.common import (
     project,
     random_in_ball,
     reduce_axes,
+    runs_until_fooled,
     seed_pair,
     steepest_step,
     worse_of,
@@ -77,18 +79,16 @@ def apgd_ce(
     ```
     """
     norm = _validate(eps, norm, steps, restarts, rho, momentum)
-    x, y = attack_inputs(model_fn, x, y)
-    loss_fn = loss_fn or per_example_cross_entropy
+    pieces = _pieces(model_fn, x, loss_scale)
+    x, y = attack_inputs(pieces, x, y)
     labels = int_labels(y)
-
-    def objective(run):  # every run attacks the same loss
-        return lambda logits: loss_fn(y, logits)
-
+    # Every run attacks the same loss.
+    loss = dict(kind="ce", loss_fn=loss_fn or per_example_cross_entropy)
     return _best_over_runs(
-        model_fn,
+        pieces,
         x,
-        labels,
-        objective,
+        (y, labels),
+        lambda run: labels,
         restarts,
         eps=eps,
         steps=steps,
@@ -99,6 +99,7 @@ def apgd_ce(
         clip_max=clip_max,
         loss_scale=loss_scale,
         seed=seed,
+        **loss,
     )
 
 
@@ -138,26 +139,26 @@ def apgd_dlr(
     norm = _validate(eps, norm, steps, restarts, rho, momentum)
     if not isinstance(targets, int) or isinstance(targets, bool) or targets < 0:
         raise ValueError(f"targets must be an int >= 0. Received: targets={targets!r}")
-    x, y = attack_inputs(model_fn, x, y)
+    pieces = _pieces(model_fn, x, loss_scale)
+    x, y = attack_inputs(pieces, x, y)
     labels = int_labels(y)
-    clean_logits = model_fn(x)
+    clean_logits = pieces(x)
     targets = _usable_targets(targets, clean_logits.shape[-1])
     # Classes by decreasing clean logit; target k is the (k + 2)-th, as in
     # AutoAttack (for a correctly classified input: the k-th wrong class).
     ranked = ops.argsort(-ops.cast(clean_logits, "float32"), axis=-1)
 
-    def objective(run):
+    def target_of(run):
         if not targets:
-            return lambda logits: _dlr(logits, labels)
-        target = ops.take(ranked, run // restarts + 1, axis=1)
-        return lambda logits: _dlr_targeted(logits, labels, target)
+            return labels  # the untargeted loss has no target
+        return ops.take(ranked, run // restarts + 1, axis=1)
 
     runs = restarts * max(targets, 1)
     return _best_over_runs(
-        model_fn,
+        pieces,
         x,
-        labels,
-        objective,
+        (y, labels),
+        target_of,
         runs,
         eps=eps,
         steps=steps,
@@ -168,7 +169,16 @@ def apgd_dlr(
         clip_max=clip_max,
         loss_scale=loss_scale,
         seed=seed,
+        kind="dlr_t" if targets else "dlr",
+        loss_fn=None,
     )
+
+
+def _pieces(model_fn, x, loss_scale) -> Pieces:
+    # A loss scale (a tensor) keeps the loops inline.
+    if loss_scale is not None and not isinstance(model_fn, Pieces):
+        return Pieces(model_fn)
+    return Pieces.of(model_fn, x)
 
 
 def _usable_targets(targets: int, classes: Optional[int]) -> int:
@@ -232,6 +242,15 @@ def _dlr_targeted(logits: Any, labels: Any, target: Any) -> Any:
     return -(true - aim) / scale
 
 
+def _objective(kind: str, loss_fn, y, labels, target):
+    # The loss a run ascends, of the logits.
+    if kind == "ce":
+        return lambda logits: loss_fn(y, logits)
+    if kind == "dlr":
+        return lambda logits: _dlr(logits, labels)
+    return lambda logits: _dlr_targeted(logits, labels, target)
+
+
 def _loss_gradient_wrong(model_fn, x, labels, objective, loss_scale):
     # Per-example loss, its input gradient and whether the model is wrong,
     # from one forward pass.
@@ -249,52 +268,48 @@ def _loss_gradient_wrong(model_fn, x, labels, objective, loss_scale):
     return loss, grad, predicted(logits) != labels
 
 
-def _best_over_runs(model_fn, x, labels, objective, runs, seed, **options):
-    # Run r attacks `objective(r)`; per example the worst case (`worse_of`),
-    # until every example is misclassified. Each run draws its start
-    # inside the loop, from its own folded seed.
+def _best_over_runs(pieces, x, given, target_of, runs, seed, steps, **options):
+    # Run r attacks its loss towards `target_of(r)`; per example the worst
+    # case (`worse_of`), until every example is misclassified. Each run
+    # draws its start from its own folded seed.
     pair = seed_pair(seed)
 
     def body(run, *best):
+        target = target_of(run)
         found = _apgd_run(
-            model_fn, x, labels, objective(run), seed=fold_seed(pair, run), **options
+            pieces, x, given, target, fold_seed(pair, run), steps, **options
         )
         return (run + 1, *worse_of(best, found))
 
     batch = ops.shape(x)[0]
     none_yet = (ops.zeros((batch,), "bool"), ops.full((batch,), -math.inf, "float32"))
-    _, best, _, _ = ops.while_loop(
-        lambda run, _, fooled, __: (run < runs) & ~ops.all(fooled),
-        body,
-        (ops.convert_to_tensor(0, "int32"), x, *none_yet),
-        maximum_iterations=runs,
-    )
+    state = (ops.convert_to_tensor(0, "int32"), x, *none_yet)
+    _, best, _, _ = runs_until_fooled(pieces, body, state, runs)
     return ops.stop_gradient(best)
 
 
-def _apgd_run(
-    model_fn,
-    x,
-    labels,
-    objective,
-    *,
-    eps,
-    steps,
-    norm,
-    rho,
-    momentum,
-    clip_min,
-    clip_max,
-    loss_scale,
-    seed,
-):
+def _apgd_run(pieces, x, given, target, seed, steps, *, eps, **options):
     # One run (paper, Algorithm 1): per example the last misclassified
     # point (else the highest-loss one), whether one was found, the highest
-    # loss. Where the paper leaves it open, the authors' code decides: the
-    # start is on the surface of the eps-ball; condition 1 halves the step
-    # when the loss rose in at most `rho` of the interval (the paper: "fewer
-    # than"); after a halving the search resumes at the best point with its
-    # gradient, and the momentum term keeps the previous point.
+    # loss; its start, then its steps in one loop or in chunks.
+    arrays = (x, given, target, eps)
+    s = pieces.run(_apgd_start, *arrays, seed, **_start_options(options))
+    for first, count in pieces.spans(steps):
+        s = pieces.run(
+            _apgd_steps, *arrays, first, s, count=count, steps=steps, **options
+        )
+    point = _where(s["fooled"], s["adversarial"], s["best"])
+    return point, s["fooled"], s["best_loss"]
+
+
+def _start_options(options: dict) -> dict:
+    return {k: v for k, v in options.items() if k not in ("rho", "momentum")}
+
+
+def _tools(model_fn, x, given, target, eps, *, norm, clip_min, clip_max, **loss):
+    # The run's projection onto the ball and its loss, gradient, verdict.
+    y, labels = given
+    objective = _objective(loss["kind"], loss["loss_fn"], y, labels, target)
     eps_t = ops.cast(eps, x.dtype)
 
     def to_ball(point):
@@ -302,21 +317,40 @@ def _apgd_run(
         return clip_pixels(x + delta, clip_min, clip_max)
 
     def gradient_at(point):
-        return _loss_gradient_wrong(model_fn, point, labels, objective, loss_scale)
+        scale = loss["loss_scale"]
+        return _loss_gradient_wrong(model_fn, point, labels, objective, scale)
 
-    start = to_ball(x + _on_sphere(x, eps_t, norm, seed))
-    state = _first_state(start, *gradient_at(start), eta=2.0 * eps_t)
+    return eps_t, to_ball, gradient_at
+
+
+def _apgd_start(model_fn, x, given, target, eps, seed, **options) -> dict:
+    # The start is on the surface of the eps-ball (the authors' code), the
+    # step 2 eps.
+    eps_t, to_ball, gradient_at = _tools(model_fn, x, given, target, eps, **options)
+    start = to_ball(x + _on_sphere(x, eps_t, options["norm"], seed))
+    return _first_state(start, *gradient_at(start), eta=2.0 * eps_t)
+
+
+def _apgd_steps(
+    model_fn, x, given, target, eps, first, s, *, count, steps, rho, momentum, **options
+) -> dict:
+    # Iterations first .. first + count - 1 of `steps`. Where the paper
+    # leaves it open, the authors' code decides: condition 1 halves the
+    # step when the loss rose in at most `rho` of the interval (the paper:
+    # "fewer than"); after a halving the search resumes at the best point
+    # with its gradient, and the momentum term keeps the previous point.
+    _, to_ball, gradient_at = _tools(model_fn, x, given, target, eps, **options)
     interval = _intervals(steps)
+    norm = options["norm"]
 
     def body(i, s):
         s = _step(i, s, to_ball, gradient_at, norm, momentum)
         length = ops.take(interval, i)
         return i + 1, ops.cond(length > 0, lambda: _review(s, length, rho), lambda: s)
 
-    state = (ops.convert_to_tensor(0, "int32"), state)
-    _, s = ops.while_loop(lambda i, _: i < steps, body, state, maximum_iterations=steps)
-    point = _where(s["fooled"], s["adversarial"], s["best"])
-    return point, s["fooled"], s["best_loss"]
+    state = (ops.convert_to_tensor(first, "int32"), s)
+    _, s = backend.counted_loop(body, state, count)
+    return s
 
 
 def _where(mask: Any, a: Any, b: Any) -> Any:

@@ -20,6 +20,7 @@ from advtrain import backend
 from advtrain.attacks.common import (
     ModelFn,
     Norm,
+    Pieces,
     attack_inputs,
     check_count,
     checked_norm,
@@ -27,6 +28,7 @@ from advtrain.attacks.common import (
     is_number,
     per_example,
     predicted,
+    runs_until_fooled,
 )
 from advtrain.utils.errors import ArgumentError
 
@@ -79,11 +81,12 @@ def fab_t(
             f"finite numbers, clip_min < clip_max. Received: clip_min={clip_min!r}"
             f", clip_max={clip_max!r}",
         )
-    x, y = attack_inputs(model_fn, x, y)
+    pieces = Pieces.of(model_fn, x)
+    x, y = attack_inputs(pieces, x, y)
     dtype = x.dtype
     x = ops.cast(x, "float32")
     labels = int_labels(y)
-    clean_logits = ops.cast(model_fn(x), "float32")
+    clean_logits = ops.cast(pieces(x), "float32")
     classes = clean_logits.shape[-1]
     if classes is not None and classes < 2:
         raise ValueError(f"FAB-T needs at least 2 classes. Received: classes={classes}")
@@ -102,16 +105,13 @@ def fab_t(
     def body(run, best, done):
         target = ops.take(ranked, run // restarts + 1, axis=1)
         start = x if starts is None else _start_of(x, starts, run % restarts)
-        point, distance = _fab_run(model_fn, x, start, labels, target, **options)
+        point, distance = _fab_run(pieces, x, start, labels, target, **options)
         new = ops.logical_and(ops.less_equal(distance, eps), ops.logical_not(done))
         best = ops.where(per_example(new, ops.ndim(x)), point, best)
         return run + 1, best, ops.logical_or(done, new)
 
-    def more(run, best, done):
-        return ops.logical_and(ops.less(run, runs), ops.logical_not(ops.all(done)))
-
     start = (ops.convert_to_tensor(0, "int32"), x, wrong)
-    _, best, _ = ops.while_loop(more, body, start, maximum_iterations=runs)
+    _, best, _ = runs_until_fooled(pieces, body, start, runs)
     return ops.cast(ops.stop_gradient(best), dtype)
 
 
@@ -157,9 +157,22 @@ def _margin(pair, logits):
     return chosen[:, 1] - chosen[:, 0]
 
 
-def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta, box):
+def _fab_run(pieces, x0, start, labels, target, *, steps, **options):
     # Per example the closest adversarial point found and its L-inf distance
-    # from `x0` (inf if none).
+    # from `x0` (inf if none): `steps` iterations, in one loop or in chunks.
+    state = (start, x0, ops.full((ops.shape(x0)[0],), math.inf, "float32"))
+    for _, count in pieces.spans(steps):
+        state = pieces.run(
+            _fab_steps, x0, labels, target, state, count=count, **options
+        )
+    _, best, distance = state
+    return best, distance
+
+
+def _fab_steps(
+    model_fn, x0, labels, target, state, *, count, alpha_max, eta, beta, box
+):
+    # `count` FAB iterations from `state`: (current point, best, distance).
     batch = ops.shape(x0)[0]
     flat = (batch, -1)
     pair = ops.stack([labels, target], axis=1)
@@ -168,8 +181,7 @@ def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta
         each = _margin(pair, model_fn(z))
         return ops.sum(each), each
 
-    def body(_, state):
-        x1, best, distance = state
+    def body(x1, best, distance):
         # One forward pass gives the margin and its gradient.
         (_, margin), grad = backend.value_and_grad(margins, x1)
         w = ops.reshape(backend.finite_or_zero(grad), flat)
@@ -198,9 +210,7 @@ def _fab_run(model_fn, x0, start, labels, target, *, steps, alpha_max, eta, beta
         x1 = ops.where(per_example(fooled, ops.ndim(x0)), x0 + (x1 - x0) * beta, x1)
         return x1, best, distance
 
-    state = (start, x0, ops.full((batch,), math.inf, "float32"))
-    _, best, distance = ops.fori_loop(0, steps, body, state)
-    return best, distance
+    return backend.counted_loop(body, state, count)
 
 
 def project_linf(t, w, b, low: float, high: float):

@@ -20,6 +20,7 @@ from advtrain import backend
 from advtrain.attacks.common import (
     ModelFn,
     Norm,
+    Pieces,
     attack_inputs,
     check_count,
     checked_norm,
@@ -73,7 +74,8 @@ def square(
     check_count("restarts", restarts, tensor=False)
     if not 0.0 < p_init <= 1.0:
         raise ValueError(f"p_init must be in (0, 1]. Received: p_init={p_init!r}")
-    x, y = attack_inputs(model_fn, x, y)
+    pieces = Pieces.of(model_fn, x)
+    x, y = attack_inputs(pieces, x, y)
     if ops.ndim(x) != 4:
         raise ValueError(
             "square attacks images of shape (batch, height, width, channels). "
@@ -85,25 +87,27 @@ def square(
     sides = _window_sides(iterations, p_init, height, width, norm, rescale_schedule)
     # Every stateless draw below follows from these two int32 words.
     base = seed_pair(seed)
-    run = _linf_run if norm == "inf" else _l2_run
+    start = _linf_start if norm == "inf" else _l2_start
+    tables = _tables(sides, norm)
     geometry = (height, width, channels)
     best, batch = x, ops.shape(x)[0]
     margin = ops.full((batch,), math.inf, "float32")
     used = ops.zeros((batch,), "int32")
     for r in range(restarts):
         seeds = base + ops.convert_to_tensor([0, 1_000_003 * r], "int32")
-        point, run_margin, run_used = run(
-            model_fn,
+        box = dict(clip_min=clip_min, clip_max=clip_max)
+        first = start(x, seeds, geometry, ops.cast(eps, x.dtype), **box)
+        point, run_margin, run_used = _search(
+            pieces,
             x,
             labels,
             margin,
-            sides,
+            first,
             iterations,
-            geometry,
-            seeds,
-            eps=eps,
-            clip_min=clip_min,
-            clip_max=clip_max,
+            (tables, seeds, eps),
+            norm=norm,
+            geometry=geometry,
+            **box,
         )
         better = run_margin < margin
         best = ops.where(per_example(better, 4), point, best)
@@ -170,14 +174,23 @@ def _signs(seeds, shape, dtype):
     return ops.cast(ops.where(draw < 0.5, -1.0, 1.0), dtype)
 
 
-def _search(model_fn, x, labels, done_margin, start, propose, iterations):
-    # The query loop of both norms: `propose(i, x_standing, best_standing)`
-    # gives candidates for the images still standing (margin > 0), kept
-    # where they lower the margin.
-    margin = margin_of(model_fn(start), labels)
+def _search(pieces, x, labels, done_margin, start, iterations, arrays, **static):
+    # The query loop of both norms: each query proposes candidates for the
+    # images still standing (margin > 0), kept where they lower the
+    # margin, until every image is fooled. One compiled loop, inline or as
+    # one piece from the host: queries take no input gradient, so an
+    # XLA:CPU while loop keeps its fast convolutions.
+    margin = margin_of(pieces(start), labels)
     # Images an earlier restart fooled stay out of this run.
     margin = ops.where(done_margin <= 0, done_margin, margin)
     used = ops.cast(done_margin > 0, "int32")
+    state = (start, margin, used)
+    return pieces.run(_queries, x, labels, state, iterations, arrays, **static)
+
+
+def _queries(model_fn, x, labels, state, iterations, arrays, *, norm, **static):
+    # The queries from `state`: (best, margin, used).
+    propose = (_linf_proposer if norm == "inf" else _l2_proposer)(x, *arrays, **static)
 
     def body(i, best, margin, used):
         index = backend.active_indices(margin > 0)
@@ -200,33 +213,34 @@ def _search(model_fn, x, labels, done_margin, start, propose, iterations):
     def more(i, best, margin, used):
         return (i < iterations) & ops.any(margin > 0)
 
-    state = (ops.convert_to_tensor(0, "int32"), start, margin, used)
-    _, best, margin, used = ops.while_loop(
-        more, body, state, maximum_iterations=iterations
-    )
-    return best, margin, used
+    loop = (ops.convert_to_tensor(0, "int32"), *state)
+    _, *state = ops.while_loop(more, body, loop)
+    return tuple(state)
 
 
-def _linf_run(
-    model_fn,
-    x,
-    labels,
-    done_margin,
-    sides,
-    iterations,
-    geometry,
-    seeds,
-    *,
-    eps,
-    clip_min,
-    clip_max,
-):
+def _tables(sides: list[int], norm: str) -> dict:
+    # The per-query window sides (and L2 patterns) as arrays.
+    tables = {"side_at": np.asarray(sides, np.int32)}
+    if norm == "2":
+        patterns, pattern_at = _padded_patterns(sides)
+        size = patterns.shape[-1]
+        tables["patterns"] = patterns.reshape(len(patterns), 2, size * size)
+        tables["pattern_at"] = np.asarray(pattern_at, np.int32)
+    return tables
+
+
+def _linf_start(x, seeds, geometry, eps, *, clip_min, clip_max):
     # AutoAttack adds +-2 eps and projects: the same points.
+    width, channels = geometry[1:]
+    stripes = _signs(seeds, (ops.shape(x)[0], 1, width, channels), x.dtype)
+    return clip_pixels(x + eps * stripes, clip_min, clip_max)
+
+
+def _linf_proposer(x, tables, seeds, eps, *, geometry, clip_min, clip_max):
+    # Each query sets one window to +-eps per channel around `x`.
     height, width, channels = geometry
     eps_t = ops.cast(eps, x.dtype)
-    stripes = _signs(seeds, (ops.shape(x)[0], 1, width, channels), x.dtype)
-    start = clip_pixels(x + eps_t * stripes, clip_min, clip_max)
-    side_at = ops.convert_to_tensor(sides, "int32")
+    side_at = ops.convert_to_tensor(tables["side_at"], "int32")
 
     def propose(i, x_now, best_now):
         count, side = ops.shape(x_now)[0], ops.take(side_at, i)
@@ -235,7 +249,7 @@ def _linf_run(
         candidate = ops.where(mask, x_now + eps_t * signs, best_now)
         return clip_pixels(candidate, clip_min, clip_max)
 
-    return _search(model_fn, x, labels, done_margin, start, propose, iterations)
+    return propose
 
 
 def _eta_rectangles(rows: int, cols: int) -> np.ndarray:
@@ -273,9 +287,10 @@ def _padded_patterns(sides: list[int]) -> tuple[np.ndarray, list[int]]:
     return patterns, [distinct.index(s) for s in sides]
 
 
-def _l2_start(x, seeds, height, width, channels, eps, clip_min, clip_max):
+def _l2_start(x, seeds, geometry, eps, *, clip_min, clip_max):
     # AutoAttack's: a grid of `_eta` blocks of side height // 5, each with a
     # random sign per channel and orientation, scaled to norm eps.
+    height, width, channels = geometry
     side = max(height // 5, 1)
     offset = (height - 5 * side) // 2
     block = np.full((height, width), -1, np.int32)
@@ -309,32 +324,15 @@ def _unit_l2(delta):
     return delta / (_norm(delta, (1, 2, 3)) + _TINY)
 
 
-def _l2_run(
-    model_fn,
-    x,
-    labels,
-    done_margin,
-    sides,
-    iterations,
-    geometry,
-    seeds,
-    *,
-    eps,
-    clip_min,
-    clip_max,
-):
+def _l2_proposer(x, tables, seeds, eps, *, geometry, clip_min, clip_max):
     # Each query moves the second window's perturbation mass into the first
     # (a fresh `_eta` plus its old content) and renormalises to eps.
     height, width, channels = geometry
     eps_t = ops.cast(eps, x.dtype)
-    start = _l2_start(x, seeds, height, width, channels, eps_t, clip_min, clip_max)
-    patterns, pattern_at = _padded_patterns(sides)
-    size = patterns.shape[-1]
-    patterns = ops.convert_to_tensor(
-        patterns.reshape(len(patterns), 2, size * size), x.dtype
-    )
-    pattern_at = ops.convert_to_tensor(pattern_at, "int32")
-    side_at = ops.convert_to_tensor(sides, "int32")
+    patterns = ops.convert_to_tensor(tables["patterns"], x.dtype)
+    size = math.isqrt(int(patterns.shape[-1]))
+    pattern_at = ops.convert_to_tensor(tables["pattern_at"], "int32")
+    side_at = ops.convert_to_tensor(tables["side_at"], "int32")
     axes = (1, 2)
 
     def propose(i, x_now, best_now):
@@ -367,7 +365,7 @@ def _l2_run(
         delta = delta * (1.0 - both) + new
         return clip_pixels(x_now + _unit_l2(delta) * eps_t, clip_min, clip_max)
 
-    return _search(model_fn, x, labels, done_margin, start, propose, iterations)
+    return propose
 
 
 def _norm(delta, axes):

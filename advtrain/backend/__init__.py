@@ -188,6 +188,13 @@ def counted_loop(body: Callable[..., Any], loop_vars: Sequence[Any], count: Any)
     return _impl.counted_loop(body, tuple(loop_vars), count)
 
 
+def host_jit(x: Any) -> Optional[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """A compiler (`fn -> fn compiled`) for an attack called directly on
+    the concrete `x` to drive its loops from the host over (`HOST_LOOPS`
+    backends); None where `x` is traced or loops compile whole."""
+    return _impl.host_jit(x)
+
+
 def compile_function(
     fn: Callable[..., Any],
     signature: Sequence[tuple[tuple[Optional[int], ...], str]],

@@ -33,6 +33,11 @@ value_and_grad = stateless_uniform = active_indices = _core
 counted_loop = compile_function = fused_batch_norm = _core
 
 
+def host_jit(x):
+    del x  # loops stay inline, where the core refuses in one line
+    return None
+
+
 class AdversarialTrainer:
     """The model builds, calls and saves; training refuses in one line."""
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from advtrain import backend
 from advtrain.attacks import Attack, canonical_norm
+from advtrain.attacks.common import HOST_CHUNK, Pieces
 from advtrain.attacks.pgd import (
     default_step_size,
     outcome,
@@ -260,6 +261,9 @@ class AttackRunner:
         if backend.HOST_LOOPS and "steps" in values:
             outputs = self._pgd_on_host(attack, x, y, values)
             outputs = outputs if points else outputs[1]
+        elif backend.HOST_LOOPS and attack.method in HOST_DRIVEN:
+            outputs = self._on_host(attack, x, y)
+            outputs = outputs if points else outputs[1]
         else:
             template = attack.replace(**{name: _UNSET[name] for name in values})
             names, generator = tuple(values), self._compiled.generator
@@ -337,6 +341,17 @@ class AttackRunner:
         )
         return best, self._call(("predict",), _labels, best)
 
+    def _on_host(self, attack: Attack, x, y) -> tuple:
+        # The attack itself, on `Pieces` compiled for this model: its loops
+        # run from the host over compiled chunks, its draws from the
+        # runner's stream as in the compiled attack.
+        def compile(key, fn, *arrays):
+            return self._call(key, lambda model, *a: fn(_inference(model), *a), *arrays)
+
+        x_adv = attack(Pieces(compile=compile), x, y, seed=self.generator)
+        x_adv = keras.ops.convert_to_numpy(x_adv)
+        return x_adv, self._call(("predict",), _labels, x_adv)
+
     def _call(self, key: tuple, fn: Callable, *arrays):
         """`fn(model, *arrays)` compiled once per `key` and signature for
         this model, run on this runner's random stream."""
@@ -350,8 +365,9 @@ class AttackRunner:
         return outputs
 
 
-# PGD's iterations per compiled call when run from the host.
-HOST_CHUNK = 10
+# The methods whose loops a `HOST_LOOPS` backend runs from the host, as
+# `Pieces` (PGD: `_pgd_on_host`).
+HOST_DRIVEN = ("apgd_ce", "apgd_dlr", "fab_t", "square")
 
 
 def _inference(model):

@@ -206,3 +206,85 @@ def test_counted_loop_unrolls_an_int_count_on_jax_and_matches_a_tensor_count():
             )
         )
         assert "while" not in text
+
+
+# Budgets over several host chunks (of 4 here; APGD's and FAB's own are
+# 10, Square's 20), with restarts and targets.
+HOST_DRIVEN = [
+    ("apgd_ce", {"steps": 12, "restarts": 2}),
+    ("apgd_dlr", {"steps": 11, "targets": 2}),
+    ("apgd_dlr", {"steps": 6, "targets": 0, "restarts": 2}),
+    ("fab_t", {"steps": 11, "targets": 2, "restarts": 2}),
+    ("square", {"queries": 45, "restarts": 2}),
+    ("square", {"queries": 25, "norm": 2, "eps": 1.0}),
+]
+
+
+@pytest.mark.parametrize(
+    "method,settings", HOST_DRIVEN, ids=[m for m, _ in HOST_DRIVEN]
+)
+def test_loops_from_the_host_give_the_points_of_the_compiled_loops(
+    method, settings, monkeypatch
+):
+    """APGD, FAB-T and Square driven from the host in chunks (`Pieces` with
+    a compiler: on every backend here, eagerly; on JAX an eager call does
+    so itself, over jitted pieces, with no while loop around a gradient)
+    give the points they give compiled whole for the same seed."""
+    from helpers import bn_classifier, record_while_loops
+
+    from advtrain.attacks.common import Pieces
+
+    model = bn_classifier()
+    x = np.random.default_rng(5).random((6, 8, 8, 1)).astype("float32")
+    # The model's own labels: every example starts right, so the later
+    # runs (restarts, targets) and the early stop between them matter.
+    y = np.argmax(keras.ops.convert_to_numpy(model(x, training=False)), -1)
+    attack = Attack(method, **{"eps": 0.1, **settings})
+    whole = _run(model, attack, x, y)
+    f = lambda z: model(z, training=False)  # noqa: E731
+    keys = []
+
+    def eager(key, fn, *arrays):
+        keys.append(key)
+        return fn(f, *arrays)
+
+    host = attack(Pieces(f, compile=eager).chunked(4), x, y, seed=1)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(host), whole, atol=1e-6)
+    assert keys  # the pieces ran through the compiler
+    loops = record_while_loops(monkeypatch)
+    called = keras.ops.convert_to_numpy(attack(f, x, y, seed=1))
+    np.testing.assert_allclose(called, whole, atol=1e-6)
+    # Square's queries take no gradient: its loop stays one compiled loop.
+    assert set(loops) <= {"_queries"}
+
+
+def test_pieces_run_loops_in_chunks_from_the_host_and_stop_early():
+    """`Pieces`: inline, one loop with a tensor count; from the host,
+    chunks of `chunk` iterations, and runs stop once every example is
+    fooled."""
+    from advtrain.attacks.common import Pieces, runs_until_fooled
+
+    inline = Pieces(lambda z: z)
+    [(first, count)] = inline.spans(25)
+    assert first == 0 and int(ops.convert_to_numpy(count)) == 25
+    compiled = []
+
+    def compile(key, fn, *arrays):
+        compiled.append(key)
+        return fn(lambda z: z, *arrays)
+
+    host = Pieces(compile=compile).chunked(10)
+    assert host.spans(25) == [(0, 10), (10, 10), (20, 5)]
+    calls = []
+
+    def body(run, best, fooled):
+        calls.append(run)
+        return run + 1, best, fooled | (ops.arange(3) <= run)
+
+    state = (ops.convert_to_tensor(0, "int32"), ops.zeros(3), ops.zeros(3, "bool"))
+    run, _, fooled = runs_until_fooled(host, body, state, 9)
+    assert int(ops.convert_to_numpy(run)) == 3 and len(calls) == 3
+    assert bool(ops.convert_to_numpy(ops.all(fooled)))
+    doubled = host.run(lambda f, z, *, k: f(z) * k, np.ones(2, np.float32), k=2)
+    np.testing.assert_allclose(ops.convert_to_numpy(doubled), 2.0)
+    assert compiled and compiled[0][-1] == ("k", 2)

@@ -10,7 +10,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from helpers import bn_classifier, run_fresh
+from helpers import bn_classifier, record_while_loops, run_fresh
 
 import advtrain
 from advtrain.attacks import Attack
@@ -166,6 +166,64 @@ def test_the_runners_pgd_restarts_start_where_pgds_do(norm, eps):
         lambda z: model(z, training=False), x, y, seed=keras.random.SeedGenerator(5)
     )
     np.testing.assert_allclose(x_adv, keras.ops.convert_to_numpy(expected), atol=1e-5)
+
+
+# AutoAttack's members with budgets that span several host chunks (APGD
+# and FAB: 10 steps; Square: 20 queries), restarts and targets.
+HOST_DRIVEN = [
+    Attack("apgd_ce", eps=EPS, steps=13, restarts=2),
+    Attack("apgd_dlr", eps=EPS, steps=12, targets=3),
+    Attack("fab_t", eps=EPS, steps=12, targets=2, restarts=2),
+    Attack("square", eps=EPS, queries=45, restarts=2),
+    Attack("square", eps=1.0, norm=2, queries=25),
+]
+
+
+@pytest.mark.backend_neutral
+@pytest.mark.parametrize("attack", HOST_DRIVEN, ids=lambda a: a.method)
+def test_the_runners_autoattack_members_are_the_attack_functions(attack, monkeypatch):
+    """One implementation, one seeding: the runner's APGD, FAB-T and Square
+    (on JAX: compiled pieces driven from the host, no while loop around a
+    gradient) give the points of the attack compiled whole for the same
+    seed."""
+    from advtrain.evaluation.robustness import compile_on, signature
+
+    model = bn_classifier()
+    x = np.random.default_rng(3).random((8, 8, 8, 1)).astype("float32")
+    y = np.arange(8) % 10
+
+    stream = keras.random.SeedGenerator(4)
+
+    def whole(x, y):
+        return attack(lambda z: model(z, training=False), x, y, seed=stream)
+
+    expected = compile_on(model, whole, signature(x, y), stream)(x, y)
+    loops = record_while_loops(monkeypatch)
+    x_adv, labels = AttackRunner(model, seed=4).adversarial(attack, x, y)
+    np.testing.assert_allclose(x_adv, keras.ops.convert_to_numpy(expected), atol=1e-6)
+    np.testing.assert_array_equal(labels, AttackRunner(model, seed=0).predict(x_adv))
+    assert set(loops) <= {"_queries"}  # Square's, around no gradient
+
+
+@pytest.mark.backend_neutral
+def test_evaluate_runs_the_autoattack_cascade_from_the_host_on_jax(
+    monkeypatch,
+):
+    """On JAX the standard cascade's gradient attacks run from the host
+    over compiled chunks (an XLA:CPU while loop around an input gradient
+    misses the fast convolutions), Square as one compiled loop; only the
+    still-robust examples go on."""
+    model = bn_classifier()
+    x = np.random.default_rng(4).random((24, 8, 8, 1)).astype("float32")
+    y = np.arange(24) % 10
+    loops = record_while_loops(monkeypatch)
+    budget = dict(apgd_steps=12, square_queries=30, batch_size=16)
+    result = advtrain.evaluate(model, (x, y), eps=EPS, attacks=["autoattack"], **budget)
+    steps = result["autoattack"]["steps"]
+    assert [s["attack"] for s in steps] == ["apgd_ce", "apgd_t", "fab_t", "square"]
+    for before, after in zip(steps[:-1], steps[1:], strict=True):
+        assert after["attacked"] == before["attacked"] - before["broken"]
+    assert set(loops) <= {"_queries"}  # Square's, around no gradient
 
 
 class _BlindQuantize(keras.layers.Layer):

@@ -39,6 +39,11 @@ def counted_loop(body, loop_vars, count):
     )
 
 
+def host_jit(x):
+    # A tracer means the attack is part of a larger jit: it loops inside.
+    return None if isinstance(x, jax.core.Tracer) else jax.jit
+
+
 def compile_function(fn, signature, variables, updated):
     del signature  # jax.jit compiles per concrete shape
     variables = list(variables)
