@@ -20,6 +20,7 @@ from advtrain.backend.torch.ops import (
     compile_function,
     counted_loop,
     fused_batch_norm,
+    host_jit,
     stateless_uniform,
     value_and_grad,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "counted_loop",
     "fused_batch_norm",
     "holds_variables",
+    "host_jit",
     "leave_processes",
     "metric_count",
     "place",
