@@ -38,7 +38,7 @@ from typing import Any, Optional
 from advtrain.backend._tfimport import import_tensorflow
 from advtrain.utils.errors import ArgumentError, BackendNotInstalled
 
-# The Keras backends advtrain runs on, in the order it prefers them when
+# The Keras backends this package runs on, in the order it prefers them when
 # neither KERAS_BACKEND nor keras.json names an installed one. Each is a
 # module of its name and an extra of its name: pip install "advtrain[jax]".
 SUPPORTED = ("tensorflow", "jax", "torch")
@@ -279,7 +279,7 @@ def resolve(requested: str) -> str:
 def worker_environments(addresses: list[str]) -> list[dict[str, str]]:
     """The environment variables of each process of a cluster whose
     processes listen at `addresses` (`host:port`, the first one the chief
-    or coordinator): what `advtrain launch` sets for its workers."""
+    or coordinator): what a launcher sets for its workers."""
     return _impl.worker_environments(addresses)
 
 

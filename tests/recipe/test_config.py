@@ -122,7 +122,7 @@ BAD = [
     ),
     ("train: {learning_rate: 0}", [], "'train.learning_rate'"),
     ("runtime: {strategy: tpu}", [], "bad.yaml: runtime.strategy: no TPU found"),
-    ("runtime: {backend: torch}", [], "'runtime.backend'"),
+    ("runtime: {backend: mxnet}", [], "'runtime.backend'"),
     (
         "data: {source: mnist, path: /nonexistent/mnist}",
         [],

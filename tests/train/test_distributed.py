@@ -118,7 +118,10 @@ def test_launch_two_workers_identical_weights_only_chief_writes(tmp_path):
     assert "worker 0 (chief): exit code 0" in text
     assert "worker 1 (worker): exit code 0" in text
     assert "multi_worker strategy on cpu, 2 replica(s) (2 workers" in text
-    assert "batch: global 64 = 2 replica(s) x 32; 4 steps/epoch x 1" in text
+    assert (
+        "batch: global 64 = 2 replica(s) x 32, 32 from each of 2 worker "
+        "processes; 4 steps/epoch x 1 epochs"
+    ) in text
     assert "final weights identical on all workers (BatchNorm" in text
     assert "workers 1-1 wrote only to temporary folders, now removed" in text
     for name in ("recipe.yaml", "model.keras", "metrics.json", "history.csv"):

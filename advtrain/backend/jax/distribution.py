@@ -1,7 +1,7 @@
 """Device placement on JAX: data parallelism over the local devices with
 `keras.distribution.DataParallel` (Keras shards each global batch and
 replicates the variables), where TensorFlow has `tf.distribute`; over
-several processes (`multi_worker`, as `advtrain launch` starts them) after
+several processes (`multi_worker`, one process per worker) after
 `keras.distribution.initialize`, JAX's own multi-process runtime.
 """
 
@@ -56,7 +56,7 @@ def _join_processes() -> None:
             "strategy",
             f"multi_worker on JAX needs a cluster: {_ADDRESSES_ENV}, "
             f"{_PROCESSES_ENV} (2 or more) and {_PROCESS_ID_ENV}, as "
-            "`advtrain launch` sets them for each process; found none. "
+            "a launcher sets them for each process; found none. "
             "Received: strategy=multi_worker",
         )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

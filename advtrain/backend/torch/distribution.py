@@ -54,8 +54,8 @@ def prepare_model(model, runtime):
 def worker_environments(addresses: list[str]) -> list[dict[str, str]]:
     raise ArgumentError(
         "backend",
-        "advtrain launch starts TensorFlow or JAX workers; on PyTorch "
-        "advtrain trains on one device in one process. "
+        "several worker processes train on TensorFlow or JAX; on PyTorch "
+        "training runs on one device in one process. "
         f"Received: {len(addresses)} workers on KERAS_BACKEND=torch",
     )
 
