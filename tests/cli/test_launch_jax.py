@@ -5,8 +5,10 @@ stops both after one checkpoint at a step they agree on (exit 75), and
 launching again resumes from it.
 
 The launches run in fresh interpreters with KERAS_BACKEND=jax (the recipe
-says `runtime.backend: jax`), so they check the JAX launch from either
-tier; every process is bounded in time and killed in a `finally`.
+says `runtime.backend: jax`), in the JAX tier only: there without
+TensorFlow, as a JAX user runs them (the TensorFlow tier's launch group
+holds TensorFlow's launches). Every process is bounded in time and killed
+in a `finally`.
 """
 
 import importlib.util
@@ -31,6 +33,11 @@ pytestmark = [
         importlib.util.find_spec("jax") is None, reason="JAX is not installed"
     ),
 ]
+# The launches themselves: the JAX tier (no TensorFlow) runs them.
+jax_tier_only = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is not None,
+    reason="TensorFlow is installed (the JAX tier runs this)",
+)
 
 # 256 examples / global batch 16: 16 steps per epoch, 2 epochs.
 TINY = {
@@ -43,12 +50,12 @@ TINY = {
     "runtime": {"backend": "jax", "steps_per_execution": 1},
     "output": {"tensorboard": False, "plots": False, "export_saved_model": False},
 }
-# Global batch 8: 128 steps per epoch, 3 epochs, so a signal sent when the
+# Global batch 8: 64 steps per epoch, 3 epochs, so a signal sent when the
 # first epoch's checkpoint appears reaches the processes inside training.
 LONGER = {
     **TINY,
     "name": "launch-jax-preempted",
-    "data": {"source": "digits", "limit_train": 1024, "limit_test": 32},
+    "data": {"source": "digits", "limit_train": 512, "limit_test": 32},
     "train": {"epochs": 3, "batch_size": 8},
 }
 
@@ -153,6 +160,7 @@ def test_multi_worker_without_a_cluster_is_one_line(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.launch
+@jax_tier_only
 def test_launch_two_processes_split_the_batch_and_only_the_chief_writes(tmp_path):
     out = tmp_path / "out"
     command = advtrain_command(
@@ -209,6 +217,7 @@ def test_launch_two_processes_split_the_batch_and_only_the_chief_writes(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.launch
+@jax_tier_only
 def test_sigterm_to_launch_stops_both_processes_after_one_checkpoint(tmp_path):
     out = tmp_path / "out"
     log = tmp_path / "launch.log"
