@@ -40,7 +40,7 @@ def test_import_on_jax_loads_no_tensorflow(tmp_path):
         assert lines[-1] == (
             "error: ImportError advtrain.fit takes a tf.data.Dataset or a "
             "function building one only with TensorFlow, which is not "
-            "installed: pip install "
-            "tensorflow, or pass (x, y) arrays or a stream function of skip. "
+            'installed: pip install "advtrain[tensorflow]", or pass (x, y) '
+            "arrays or a stream function of skip. "
             "Received: function"
         )

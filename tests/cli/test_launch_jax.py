@@ -158,30 +158,12 @@ def test_multi_worker_without_a_cluster_is_one_line(monkeypatch):
         place("multi_worker", None, False)
 
 
-@pytest.mark.slow
-@pytest.mark.launch
-@jax_tier_only
-def test_launch_two_processes_split_the_batch_and_only_the_chief_writes(tmp_path):
-    out = tmp_path / "out"
-    command = advtrain_command(
-        "--debug", "launch", "--workers", 2, write_recipe(tmp_path, TINY), "-o", out
-    )
-    started = time.monotonic()
-    result = subprocess.run(
-        command,
-        env=jax_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        start_new_session=True,
-    )
-    seconds = time.monotonic() - started
-    text = result.stdout
-    assert result.returncode == 0, text[-3000:] + result.stderr[-3000:]
+def assert_split_and_only_the_chief_writes(text: str, out: Path, batch: int) -> None:
+    """A `--debug` launch's output (worker 1's lines prefixed): each process
+    says it is one of two and feeds half of the global `batch`, both end on
+    the same metrics and weights, and only the chief wrote `out`."""
     assert "worker 0 (chief): exit code 0" in text
     assert "worker 1 (worker): exit code 0" in text
-    # Each process says it is one of two and feeds 8 of the global 16
-    # (`--debug` echoes worker 1's lines too, prefixed).
     for prefix, index in (("", 0), ("[worker 1] ", 1)):
         assert (
             f"\n{prefix}runtime: multi_worker strategy "
@@ -189,12 +171,12 @@ def test_launch_two_processes_split_the_batch_and_only_the_chief_writes(tmp_path
             f"(2 workers, this is process {index})"
         ) in text
         assert (
-            f"\n{prefix}batch: global 16 = 2 replica(s) x 8, 8 from each of 2 "
-            "worker processes; 16 steps/epoch x 2 epochs"
+            f"\n{prefix}batch: global {batch} = 2 replica(s) x {batch // 2}, "
+            f"{batch // 2} from each of 2 worker processes;"
         ) in text
     # The epochs' metrics are over the global batch: the same in both.
     epochs = [
-        re.findall(rf"\n{re.escape(prefix)}epoch 2/2  (accuracy .*) \(", text)
+        re.findall(rf"\n{re.escape(prefix)}epoch \d+/\d+  (accuracy .*) \(", text)
         for prefix in ("", "[worker 1] ")
     ]
     assert epochs[0] and epochs[0] == epochs[1], epochs
@@ -212,7 +194,6 @@ def test_launch_two_processes_split_the_batch_and_only_the_chief_writes(tmp_path
         "checkpoints",
     }
     assert json.loads((out / "metrics.json").read_text())["examples"] == 32
-    print(f"launch of 2 JAX processes: {seconds:.1f} s")
 
 
 @pytest.mark.slow
@@ -256,8 +237,12 @@ def test_sigterm_to_launch_stops_both_processes_after_one_checkpoint(tmp_path):
     assert (out / "checkpoints" / named[0]).is_dir()
     assert "Traceback" not in text
 
+    # The relaunch resumes; there (`--debug` shows worker 1's lines) each
+    # process feeds half of each global batch and only the chief writes.
     resumed = subprocess.run(
-        advtrain_command("launch", "--workers", 2, out / "recipe.yaml", "-o", out),
+        advtrain_command(
+            "--debug", "launch", "--workers", 2, out / "recipe.yaml", "-o", out
+        ),
         env=jax_env(),
         capture_output=True,
         text=True,
@@ -266,6 +251,5 @@ def test_sigterm_to_launch_stops_both_processes_after_one_checkpoint(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resuming {out} from {named[0]}" in resumed.stdout
-    assert "final weights identical on all workers" in resumed.stdout
-    assert (out / "metrics.json").is_file()
+    assert_split_and_only_the_chief_writes(resumed.stdout, out, batch=8)
     assert processes_of(str(out)) == []
