@@ -1,7 +1,10 @@
 """Small models and measures shared by the tests (import as `helpers`)."""
 
 import os
+import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -244,3 +247,30 @@ def record_while_loops(monkeypatch) -> list:
         while_loop = jax.lax.while_loop
         monkeypatch.setattr(jax.lax, "while_loop", recorded)
     return loops
+
+
+def processes_of(marker: str) -> list[int]:
+    """Pids of live processes whose command line mentions `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def kill_everything(proc: subprocess.Popen, marker: str) -> None:
+    """SIGKILLs `proc`, its process group and every process of `marker`."""
+    for pid in [proc.pid, *processes_of(marker)]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    proc.wait()

@@ -211,7 +211,7 @@ def _queries(model_fn, x, labels, state, iterations, arrays, *, norm, **static):
         return i + 1, best, margin, ops.scatter_update(used, at, counted)
 
     def more(i, best, margin, used):
-        return (i < iterations) & ops.any(margin > 0)
+        return ops.logical_and(ops.less(i, iterations), ops.any(margin > 0))
 
     loop = (ops.convert_to_tensor(0, "int32"), *state)
     _, *state = ops.while_loop(more, body, loop)

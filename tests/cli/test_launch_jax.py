@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import kill_everything, processes_of
 
 from advtrain.train.preemption import PREEMPTED_EXIT_CODE
 
@@ -75,32 +76,6 @@ def jax_env() -> dict:
 
 def advtrain_command(*args) -> list[str]:
     return [sys.executable, "-m", "advtrain.cli", *map(str, args)]
-
-
-def processes_of(marker: str) -> list[int]:
-    """Pids of live processes whose command line mentions `marker`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def kill_everything(proc: subprocess.Popen, marker: str) -> None:
-    for pid in [proc.pid, *processes_of(marker)]:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    proc.wait()
 
 
 def test_each_process_feeds_its_share_of_the_global_batch(monkeypatch):
