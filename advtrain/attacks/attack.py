@@ -105,12 +105,25 @@ def attack_settings(method: str, backend: str = "advtrain") -> Optional[dict]:
 def _parameters(method: str, backend: str) -> Optional[dict[str, Any]]:
     # Every setting the method's function takes, shared ones included.
     fn = attacks.get(_function_name(method, backend))
-    names = keyword_names(fn)
+    names, defaults = _signature(fn)
     if names is None:
         return None
-    defaults = inspect.signature(fn).parameters
     skip = CALL_KEYS + tuple(defaults)[:3]  # model_fn, x, y
     return {k: defaults[k].default for k in names if k not in skip}
+
+
+# Per attack function: its keyword names and parameters, read once. An
+# eager step (PyTorch) builds and calls its attack every step, and
+# `inspect.signature` costs about as much as a small tensor op.
+_SIGNATURES: dict[int, tuple[Callable, Optional[tuple[str, ...]], Any]] = {}
+
+
+def _signature(fn: Callable) -> tuple[Optional[tuple[str, ...]], Any]:
+    entry = _SIGNATURES.get(id(fn))
+    if entry is None or entry[0] is not fn:
+        entry = (fn, keyword_names(fn), inspect.signature(fn).parameters)
+        _SIGNATURES[id(fn)] = entry
+    return entry[1], entry[2]
 
 
 _UNSET = object()  # a shared setting the caller did not give
@@ -239,7 +252,7 @@ class Attack:
         return fn(model_fn, x, y, **self._arguments(fn, per_call), **extra)
 
     def _arguments(self, fn: Callable, per_call: dict[str, Any]) -> dict[str, Any]:
-        takes = keyword_names(fn)  # None: **kwargs, any name
+        takes, _ = _signature(fn)  # None: **kwargs, any name
         return {
             **{k: v for k, v in self._shared.items() if takes is None or k in takes},
             **self._own,

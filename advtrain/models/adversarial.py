@@ -343,11 +343,10 @@ class AdversarialModel(AdversarialTrainer, keras.Model):
     def track_losses(self, clean=None, adv=None) -> None:
         """Logs `clean_loss` / `adv_loss` from loss shares (as they enter
         the loss); the logs show the per-example mean on any replica count."""
-        replicas = am.replicas_in_sync()
         if clean is not None:
-            self.clean_loss_tracker.update_state(ops.cast(clean, "float32") * replicas)
+            self.clean_loss_tracker.update_state(am.global_mean(clean))
         if adv is not None:
-            self.adv_loss_tracker.update_state(ops.cast(adv, "float32") * replicas)
+            self.adv_loss_tracker.update_state(am.global_mean(adv))
 
     # ------------------------------------------------------------ steps
     # The backend trainer's `train_step` / `test_step` call these.

@@ -55,10 +55,16 @@ def logged(metrics: Iterable[Any], results: dict, in_step: bool) -> dict:
 def track_loss(tracker: keras.metrics.Mean, loss, batch) -> None:
     """Feeds Keras-style `loss`, the per-example mean over the global batch,
     from this replica's share `loss` of the batch `batch`."""
-    tracker.update_state(
-        ops.cast(loss, "float32") * replicas_in_sync(),
-        sample_weight=ops.shape(batch)[0],
-    )
+    tracker.update_state(global_mean(loss), sample_weight=ops.shape(batch)[0])
+
+
+def global_mean(share) -> Any:
+    """The per-example mean over the global batch from this replica's
+    share of it, in float32 (on one replica the share itself: an eager
+    step pays per op)."""
+    share = ops.cast(share, "float32")
+    replicas = replicas_in_sync()
+    return share if replicas == 1 else share * replicas
 
 
 def track_zero_gradients(tracker: keras.metrics.Mean, grad) -> None:

@@ -43,7 +43,9 @@ def value_and_grad(fn, x):
         grad = torch.zeros_like(z)
     if outer:
         return (value, aux), grad
-    return (value.detach(), keras.tree.map_structure(_detached, aux)), grad
+    if aux is not None:  # an attack's input gradient has none
+        aux = keras.tree.map_structure(_detached, aux)
+    return (value.detach(), aux), grad
 
 
 def _detached(value):
