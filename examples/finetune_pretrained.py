@@ -79,7 +79,7 @@ else:
                 "model.input_size=[28,28]",
                 "train.batch_size=64",
                 "train.learning_rate=0.005",
-                "eval.attacks=[fgsm]",  # a glance; the fine-tune gets the full check
+                "eval.attacks=[fgsm]",  # a glance
             ]
         )
     recipe = advtrain.load_recipe(RECIPES / "mnist_pretrain.yaml", pretrain)
@@ -94,7 +94,11 @@ else:
 # inference mode), then the whole network trains with FGSM-RS at eps 0.1.
 overrides += [f"model.weights={weights}"]
 if not args.full:
-    overrides += QUICK_MODEL + QUICK_EVAL + ["train.epochs=2"]
+    # FGSM and PGD; --full runs the recipe's whole evaluation (the standard
+    # AutoAttack set), as examples/evaluate_saved_model.py does.
+    overrides += (
+        QUICK_MODEL + QUICK_EVAL + ["train.epochs=2", "eval.attacks=[fgsm,pgd]"]
+    )
 recipe = advtrain.load_recipe(RECIPES / "digits_transfer.yaml", overrides)
 result = advtrain.run(recipe, fresh(Path("runs/example_transfer")), echo=print)
 headline("fine-tuned", result.metrics)

@@ -248,19 +248,3 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_bad_recipe_name_is_one_line():
     result = advtrain("run", "missing.yaml")
     one_error_line(result, 2, "missing.yaml: recipe file not found")
-
-
-@pytest.mark.slow
-@pytest.mark.launch
-def test_launch_two_workers(tmp_path):
-    # The launcher in a fresh interpreter too (test_distributed checks
-    # what launch does, with the launcher inside the test process).
-    out = tmp_path / "mw"
-    overrides = [*SMALL, "train.epochs=1", "output.export_saved_model=false"]
-    result = ok(
-        advtrain("launch", "--workers", "2", "quickstart", *sets(overrides), "-o", out)
-    )
-    assert "worker 0 (chief): exit code 0" in result.stdout
-    assert "worker 1 (worker): exit code 0" in result.stdout
-    for name in ("recipe.yaml", "model.keras", "metrics.json"):
-        assert (out / name).is_file(), name

@@ -40,7 +40,10 @@ RUN_BY = {
         "tests/cli/test_show.py::test_show_prints_the_plan_and_writes_nothing"
     ],
     "advtrain profile": ["tests/cli/test_commands.py::test_profile_shipped_recipe"],
-    "advtrain launch": ["tests/cli/test_commands.py::test_launch_two_workers"],
+    "advtrain launch": [
+        "tests/train/test_preemption.py::"
+        "test_sigterm_to_launch_stops_all_workers_after_one_checkpoint"
+    ],
     "advtrain --version": ["tests/cli/test_commands.py::test_version"],
     "advtrain --debug run": [
         "tests/cli/test_commands.py::test_debug_shows_the_traceback"

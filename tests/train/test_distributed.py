@@ -1,22 +1,13 @@
-"""Reductions under tf.distribute: replicas and workers agree with one device.
+"""Reductions under tf.distribute: replicas agree with one device (two
+worker processes under `advtrain launch`: tests/train/test_preemption.py).
 
 Logical CPU devices must be configured before TensorFlow starts, so each
 configuration runs in its own process.
 """
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
-import yaml
 from helpers import on_replicas
-from typer.testing import CliRunner
-
-from advtrain.cli.commands import app
-
-ROOT = Path(__file__).resolve().parents[2]
-runner = CliRunner()
 
 # Trains a BN-free classifier for 4 steps of a global batch of 32 with three
 # training steps (FGSM, fused FGSM, PGD without random start: random starts
@@ -75,59 +66,6 @@ def test_two_cpu_replicas_match_one_replica(replica_runs):
     # Epoch metrics aggregate over replicas: the same as on one device.
     for key in metrics:
         np.testing.assert_allclose(two[key], one[key], atol=1e-5, err_msg=key)
-
-
-@pytest.mark.slow
-@pytest.mark.launch
-def test_launch_two_workers_identical_weights_only_chief_writes(tmp_path):
-    recipe = tmp_path / "tiny.yaml"
-    recipe.write_text(
-        yaml.safe_dump(
-            {
-                "name": "tiny-mw",
-                "data": {"source": "digits", "limit_train": 256, "limit_test": 32},
-                "model": {"width": 4},
-                "attack": {"method": "fgsm_rs", "eps": 0.1},
-                "train": {"epochs": 1, "batch_size": 64},
-                "eval": {"attacks": ["pgd"], "pgd_steps": 1, "sanity_examples": 0},
-                "output": {
-                    "tensorboard": False,
-                    "plots": False,
-                    "export_saved_model": False,
-                },
-            }
-        )
-    )
-    out = tmp_path / "run"
-    old_cwd = os.getcwd()
-    os.chdir(ROOT)
-    old_path = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(ROOT)
-    try:
-        result = runner.invoke(
-            app, ["launch", "--workers", "2", str(recipe), "--output", str(out)]
-        )
-    finally:
-        os.chdir(old_cwd)
-        if old_path is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old_path
-    text = result.output
-    assert result.exit_code == 0, text[-4000:]
-    assert "worker 0 (chief): exit code 0" in text
-    assert "worker 1 (worker): exit code 0" in text
-    assert "multi_worker strategy on cpu, 2 replica(s) (2 workers" in text
-    assert (
-        "batch: global 64 = 2 replica(s) x 32, 32 from each of 2 worker "
-        "processes; 4 steps/epoch x 1 epochs"
-    ) in text
-    assert "final weights identical on all workers (BatchNorm" in text
-    assert "workers 1-1 wrote only to temporary folders, now removed" in text
-    for name in ("recipe.yaml", "model.keras", "metrics.json", "history.csv"):
-        assert (out / name).is_file(), name
-    saved = yaml.safe_load((out / "recipe.yaml").read_text())
-    assert saved["runtime"]["strategy"] == "multi_worker"
 
 
 # The training stream of `advtrain run` under two logical replicas: each

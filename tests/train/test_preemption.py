@@ -3,8 +3,10 @@
 SIGTERM to `advtrain run` mid-epoch checkpoints the step and exits 75, and
 the resumed run ends bitwise where an uninterrupted one does; SIGTERM to
 `advtrain launch` stops every worker after a checkpoint at a step they
-agree on; a worker killed under `--max-restarts 1` is named and the run
-completes; no process of a run outlives its launcher.
+agree on, and the relaunch resumes there, splits the global batch across
+the two processes and leaves only the chief's files; a worker killed
+under `--max-restarts 1` is named and the run completes; no process of a
+run outlives its launcher.
 
 Every process runs on loopback, is bounded in time and is killed in a
 `finally`.
@@ -259,10 +261,25 @@ def test_sigterm_to_launch_stops_all_workers_after_one_checkpoint(tmp_path):
         timeout=600,
         start_new_session=True,
     )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"resuming {out} from {named[0]}" in resumed.stdout
-    assert "final weights identical on all workers" in resumed.stdout
-    assert (out / "metrics.json").is_file()
+    text = resumed.stdout
+    assert resumed.returncode == 0, text[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming {out} from {named[0]}" in text
+    # The launch itself, from a fresh interpreter as users run it: both
+    # workers finish, the global batch is split across the two processes,
+    # the weights agree, and only the chief wrote the run folder.
+    assert "worker 0 (chief): exit code 0" in text
+    assert "worker 1 (worker): exit code 0" in text
+    assert "multi_worker strategy on cpu, 2 replica(s) (2 workers" in text
+    assert (
+        "batch: global 8 = 2 replica(s) x 4, 4 from each of 2 worker "
+        "processes; 64 steps/epoch x 3 epochs"
+    ) in text
+    assert "final weights identical on all workers (BatchNorm" in text
+    assert "workers 1-1 wrote only to temporary folders, now removed" in text
+    for name in ("recipe.yaml", "model.keras", "metrics.json", "history.csv"):
+        assert (out / name).is_file(), name
+    saved = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert saved["runtime"]["strategy"] == "multi_worker"
     assert processes_of(str(out)) == []
 
 
