@@ -73,6 +73,15 @@ def bn_classifier(input_shape=(8, 8, 1), classes=10, seed=0):
     return keras.Model(inputs, outputs)
 
 
+def sgd_compiled(model):
+    """`model` compiled with SGD at 0.1 and cross-entropy on logits."""
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
 def art_classifier(model, input_shape=(8, 8, 1), classes=10):
     """`model` wrapped for ART (the independent attack implementations the
     tests compare against): logits out, pixels in [0, 1]."""

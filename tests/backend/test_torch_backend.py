@@ -7,6 +7,7 @@ runtime. The PyTorch tier (scripts/test_torch) runs these."""
 import keras
 import numpy as np
 import pytest
+from helpers import sgd_compiled
 from keras import ops
 
 from advtrain import backend
@@ -31,14 +32,6 @@ def _cnn(seed=0):
     return keras.Model(inputs, keras.layers.Dense(10)(h))
 
 
-def _compiled(model):
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return model
-
-
 def _moving(model):
     return [
         ops.convert_to_numpy(v).copy()
@@ -49,7 +42,7 @@ def _moving(model):
 
 def test_the_attack_moves_no_batchnorm_statistics_and_runs_in_evaluate(digits):
     x, y = digits[0][:32], digits[1][:32]
-    model = _compiled(AdversarialModel(_cnn(), Attack("pgd", eps=0.1, steps=2), 1.0))
+    model = sgd_compiled(AdversarialModel(_cnn(), Attack("pgd", eps=0.1, steps=2), 1.0))
     model.build((None, 8, 8, 1))
     before = _moving(model)
     x_adv = model.attack_step(
@@ -69,11 +62,15 @@ def test_one_training_step_updates_batchnorm_once(digits):
     # The attack's passes leave the statistics alone, so the moving mean
     # moves exactly as one training pass over the adversarial batch does.
     x, y = digits[0][:16], digits[1][:16]
-    model = _compiled(AdversarialModel(_cnn(), Attack("fgsm_rs", eps=0.1), 1.0, seed=0))
+    model = sgd_compiled(
+        AdversarialModel(_cnn(), Attack("fgsm_rs", eps=0.1), 1.0, seed=0)
+    )
     model.build((None, 8, 8, 1))
     model.train_on_batch(x, y)
     after_one = _moving(model)
-    twin = _compiled(AdversarialModel(_cnn(), Attack("fgsm_rs", eps=0.1), 1.0, seed=0))
+    twin = sgd_compiled(
+        AdversarialModel(_cnn(), Attack("fgsm_rs", eps=0.1), 1.0, seed=0)
+    )
     twin.build((None, 8, 8, 1))
     x_adv = twin.attack_step(
         lambda: twin.generate_adversarial(ops.convert_to_tensor(x), y)
@@ -93,7 +90,7 @@ def test_grad_align_penalty_reaches_the_weights(digits):
         model = GradAlign(
             _cnn(seed=1), Attack("fgsm", eps=0.1), grad_align, adv_weight=0.5
         )
-        _compiled(model).build((None, 8, 8, 1))
+        sgd_compiled(model).build((None, 8, 8, 1))
 
         def loss_fn():
             y_pred = model(x, training=False)

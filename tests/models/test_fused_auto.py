@@ -4,7 +4,7 @@ with a clean loss term, never for a subclass overriding a hook it bypasses."""
 import keras
 import numpy as np
 import pytest
-from helpers import bn_classifier, dense_classifier
+from helpers import bn_classifier, dense_classifier, sgd_compiled
 
 import advtrain
 from advtrain.attacks import Attack
@@ -14,14 +14,6 @@ from advtrain.recipe.build import build_training_model
 from advtrain.recipe.loader import recipe_from_dict
 from advtrain.recipe.schema import AttackConfig
 from advtrain.utils.errors import ArgumentError
-
-
-def _compile(model):
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return model
 
 
 @pytest.mark.parametrize(
@@ -83,7 +75,7 @@ SUBCLASSES = {
 @pytest.mark.parametrize("hook", REUSE_GRADIENT_BYPASSES)
 def test_a_subclass_overriding_a_bypassed_hook_gets_the_inference_step(hook):
     cls = SUBCLASSES[hook]
-    model = _compile(cls(dense_classifier(), Attack("fgsm", eps=0.1), 0.5))
+    model = sgd_compiled(cls(dense_classifier(), Attack("fgsm", eps=0.1), 0.5))
     assert model.reuse_gradient_step is False
     assert f"{cls.__name__} overrides {hook}" in model.step_note
     model.called = False
@@ -127,7 +119,7 @@ def test_the_default_trains_exactly_as_the_fused_step(digits):
     # input gradient sees batch statistics, the other step's moving ones.
     x, y = digits[0][:64], digits[1][:64]
     models = {
-        fused: _compile(
+        fused: sgd_compiled(
             AdversarialModel(bn_classifier(seed=2), Attack("fgsm", eps=0.1), 0.5, **kw)
         )
         for fused, kw in (
@@ -155,7 +147,7 @@ def test_without_batchnorm_the_two_steps_are_the_same_algorithm(digits):
     x, y = digits[0][:64], digits[1][:64]
     weights = []
     for fused in (True, False):
-        model = _compile(
+        model = sgd_compiled(
             AdversarialModel(
                 dense_classifier(seed=3),
                 Attack("fgsm", eps=0.1),
@@ -171,7 +163,7 @@ def test_without_batchnorm_the_two_steps_are_the_same_algorithm(digits):
 
 
 def test_config_round_trip_keeps_the_choices(tmp_path):
-    model = _compile(
+    model = sgd_compiled(
         AdversarialModel(
             dense_classifier(), Attack("fgsm", eps=0.1), check_inputs=False
         )

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import dense_classifier, on_replicas
+from helpers import dense_classifier, on_replicas, sgd_compiled
 
 from advtrain.attacks import Attack
 from advtrain.models import TRADES, AdversarialModel
@@ -101,14 +101,6 @@ class LogitPairing(AdversarialModel):
         return loss + 0.5 * self.reduce_per_example(gap, sample_weight)
 
 
-def _compile(model):
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return model
-
-
 def test_reduce_per_example_is_the_weighted_batch_mean_on_one_replica(digits):
     x, y = tf.constant(digits[0][:32]), tf.constant(digits[1][:32])
     model = LogitPairing(dense_classifier(), Attack("fgsm", eps=0.1), 0.5)
@@ -121,7 +113,7 @@ def test_reduce_per_example_is_the_weighted_batch_mean_on_one_replica(digits):
         model.reduce_per_example(tf.constant(1.0))
     # The term reaches the loss: the logged loss is the mix plus 0.5 * gap.
     clf = model.classifier
-    _compile(model)
+    sgd_compiled(model)
     x_adv = model.generate_adversarial(x, y)
     ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     gap = tf.reduce_sum(tf.square(clf(x) - clf(x_adv)), axis=-1)
@@ -168,7 +160,7 @@ def test_reduce_per_example_is_the_weighted_batch_mean_on_one_replica(digits):
 )
 def test_only_measured_metrics_are_logged(digits, make, expected):
     x, y = digits[0][:64], digits[1][:64]
-    model = _compile(make())
+    model = sgd_compiled(make())
     history = model.fit(x, y, batch_size=32, epochs=1, verbose=0).history
     assert set(history) == expected
 
@@ -195,7 +187,9 @@ def test_probability_output_with_a_from_logits_loss_warns(digits, top):
         layers.append(keras.layers.Dense(10, activation="softmax"))
     else:
         layers += [keras.layers.Dense(10), top]
-    model = _compile(AdversarialModel(keras.Sequential(layers), Attack("fgsm"), 0.5))
+    model = sgd_compiled(
+        AdversarialModel(keras.Sequential(layers), Attack("fgsm"), 0.5)
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.train_on_batch(digits[0][:8], digits[1][:8])
@@ -204,7 +198,7 @@ def test_probability_output_with_a_from_logits_loss_warns(digits, top):
     assert len(messages) == 1 and "\n" not in messages[0]
     assert "remove the final activation" in messages[0]
     # Logits out: no warning.
-    plain = _compile(AdversarialModel(dense_classifier(), Attack("fgsm"), 0.5))
+    plain = sgd_compiled(AdversarialModel(dense_classifier(), Attack("fgsm"), 0.5))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plain.train_on_batch(digits[0][:8], digits[1][:8])
